@@ -1,0 +1,3 @@
+from letsinfer.cli import main
+
+main()

@@ -1,0 +1,58 @@
+"""Making a home into a main node: its identity, authority, default model and first key."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from letsinfer.authority.apikeys import create_key
+from letsinfer.authority.engine_keys import ensure_secret
+from letsinfer.authority.models import add_gguf_model
+from letsinfer.config import Settings
+from letsinfer.engines import releases
+from letsinfer.engines.tinymodel import DEFAULT_NAME, write_tiny_model
+from letsinfer.home import Home
+from letsinfer.identity import NodeIdentity, load_identity, save_identity
+from letsinfer.store import AuthorityStore, StoreError
+
+
+def init_main(
+    home: Home,
+    settings: Settings,
+    name: str | None = None,
+    default_model: bool = True,
+) -> tuple[NodeIdentity, str]:
+    """Initialise the authority in one transaction; the identity file is written
+    last, so an interrupted init leaves a home that a rerun initialises cleanly.
+    Returns the identity and the first API key (its only showing)."""
+    if load_identity(home.identity_file) is not None:
+        raise StoreError(f"{home.etc} already belongs to a node")
+    home.ensure()
+    identity = NodeIdentity.new_main(name)
+    store = AuthorityStore(home.database)
+    try:
+        if store.list_nodes():
+            raise StoreError(f"{home.database} already holds an authority")
+        release = releases.for_engine_kind(
+            settings.engine.kind, settings.engine.llama_server_binary
+        )
+        with tempfile.TemporaryDirectory(dir=home.var) as tmp, store.transaction():
+            store.add_node(identity.node_id, identity.name, "main", None)
+            ensure_secret(store)
+            if default_model:
+                path = write_tiny_model(Path(tmp) / "tiny.gguf")
+                add_gguf_model(
+                    store,
+                    home.model_store,
+                    DEFAULT_NAME,
+                    path,
+                    node_id=identity.node_id,
+                    release=release,
+                    actor="up",
+                )
+            issued = create_key(store, "default", actor="up")
+            store.append_audit("up", "node.init", "ok", role="main", target=identity.name)
+        save_identity(home.identity_file, identity)
+    finally:
+        store.close()
+    return identity, issued.secret

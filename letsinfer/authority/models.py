@@ -1,0 +1,57 @@
+"""Model services: the names clients use, and where they are placed."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from pathlib import Path
+
+from letsinfer.authority.modelstore import import_gguf
+from letsinfer.engines.releases import Release
+from letsinfer.store import AuthorityStore, PlacementGroupRecord, ServiceRecord, StoreError
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
+
+
+def check_model_name(name: str) -> None:
+    if not _NAME.match(name):
+        raise StoreError(
+            f"invalid model name {name!r}: use letters, digits and . _ : / - (at most 128)"
+        )
+
+
+def add_gguf_model(
+    store: AuthorityStore,
+    model_store: Path,
+    name: str,
+    source: Path,
+    *,
+    node_id: str,
+    release: Release,
+    aliases: tuple[str, ...] = (),
+    actor: str = "cli",
+) -> tuple[ServiceRecord, PlacementGroupRecord]:
+    """Check and store the file, then record the service and its first PG atomically."""
+    check_model_name(name)
+    for alias in aliases:
+        check_model_name(alias)
+    if store.resolve_service(name) is not None:
+        raise StoreError(f"model {name!r} already exists")
+    artifact = import_gguf(model_store, source)
+    with store.transaction():
+        store.ensure_release(
+            release.id,
+            release.engine,
+            release.version,
+            release.target,
+            release.artifacts,
+            release.launch,
+        )
+        svc = store.add_service(name, artifact.digest, artifact.size, "gguf", str(source), aliases)
+        pg = store.add_placement_group(
+            f"pg-{uuid.uuid4().hex[:12]}", name, node_id, release.id, release.target
+        )
+        store.append_audit(
+            actor, "model.add", "ok", target=name, detail=f"sha256:{artifact.digest}"
+        )
+    return svc, pg

@@ -1,0 +1,118 @@
+"""``letsinfer auth``: API keys for gateway clients."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import click
+
+from letsinfer.authority.apikeys import create_key
+from letsinfer.cli import cli
+from letsinfer.cli.output import console, emit
+from letsinfer.cli.scope import CliContext, scoped
+from letsinfer.store import AuthorityStore, StoreError
+
+
+@cli.group()
+def auth() -> None:
+    """API keys (and, later, controllers)."""
+
+
+@auth.group()
+def key() -> None:
+    """Create, list and revoke API keys."""
+
+
+def _when(ts: float | None) -> str | None:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds") if ts else None
+
+
+@scoped(key, "create", scope="main")
+@click.argument("name")
+@click.option(
+    "--model",
+    "models",
+    multiple=True,
+    help="Allow only this model (name or alias); repeat for more. Default: all.",
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    help="At most this many requests at once with this key.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+def create(
+    ctx: CliContext, name: str, models: tuple[str, ...], concurrency: int | None, as_json: bool
+) -> None:
+    """Create an API key; its secret is printed once and never stored."""
+    store = AuthorityStore(ctx.home.database)
+    try:
+        issued = create_key(store, name, models, concurrency)
+    finally:
+        store.close()
+    rec = issued.record
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "name": rec.name,
+                    "key": issued.secret,
+                    "models": list(rec.models),
+                    "concurrency": rec.concurrency,
+                }
+            )
+        )
+        return
+    console.print(f"API key [bold]{rec.name}[/bold] created; it is shown only now:")
+    click.echo(issued.secret)
+
+
+@scoped(key, "list", scope="main")
+@click.option("--all", "include_revoked", is_flag=True, help="Include revoked keys.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+def list_keys(ctx: CliContext, include_revoked: bool, as_json: bool) -> None:
+    """List API keys (names and prefixes, never secrets)."""
+    store = AuthorityStore(ctx.home.database)
+    try:
+        keys = store.list_api_keys(include_revoked=include_revoked)
+    finally:
+        store.close()
+    rows = [
+        {
+            "name": k.name,
+            "prefix": k.prefix + "…",
+            "models": list(k.models) or ["*"],
+            "concurrency": k.concurrency,
+            "created": _when(k.created_at),
+            "revoked": _when(k.revoked_at),
+        }
+        for k in keys
+    ]
+    if as_json:
+        emit(rows, [], as_json=True)
+        return
+    emit(
+        [{**r, "models": ", ".join(r["models"])} for r in rows],
+        ["name", "prefix", "models", "concurrency", "created", "revoked"],
+        as_json=False,
+        title="API keys",
+    )
+
+
+@scoped(key, "revoke", scope="main")
+@click.argument("name")
+@click.pass_obj
+def revoke(ctx: CliContext, name: str) -> None:
+    """Revoke an API key; the gateway refuses it within its key-cache TTL."""
+    store = AuthorityStore(ctx.home.database)
+    try:
+        with store.transaction():
+            if not store.revoke_api_key(name):
+                raise StoreError(f"no active API key named {name!r}")
+            store.append_audit("cli", "auth.key.revoke", "ok", target=name)
+    finally:
+        store.close()
+    console.print(f"API key [bold]{name}[/bold] revoked")

@@ -1,0 +1,69 @@
+"""Where a command may run: main, child or all. Checked before any handler runs.
+
+A command run in the wrong place is refused with the main's address; a child
+never forwards a mutating command to the main.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import click
+
+from letsinfer.home import Home
+from letsinfer.identity import NodeIdentity, load_identity
+
+Scope = Literal["main", "child", "all"]
+
+
+@dataclass
+class CliContext:
+    home: Home
+    identity: NodeIdentity | None
+
+
+class ScopeError(click.ClickException):
+    exit_code = 3
+
+
+def check_scope(scope: Scope, command: str, identity: NodeIdentity | None) -> None:
+    if scope == "all":
+        return
+    if identity is None:
+        raise ScopeError(
+            f"`{command}` runs on a {scope} node, and this home is not a letsinfer node yet. "
+            "Start a main node with `letsinfer up` (or pass --home)."
+        )
+    if identity.role == scope:
+        return
+    if identity.role == "child":
+        where = identity.main_address or "the main node"
+        raise ScopeError(
+            f"`{command}` runs on the main node only; this machine is a child of the main "
+            f"at {where}. Run it there."
+        )
+    raise ScopeError(f"`{command}` runs on a child node only; this machine is the main node.")
+
+
+class ScopedCommand(click.Command):
+    def __init__(self, *args: Any, scope: Scope, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.scope: Scope = scope
+        if self.help is not None:
+            self.help = f"{self.help}\n\nRuns on: {scope}."
+
+    def invoke(self, ctx: click.Context) -> Any:
+        cli: CliContext = ctx.ensure_object(CliContext)
+        check_scope(self.scope, ctx.command_path, cli.identity)
+        return super().invoke(ctx)
+
+
+def scoped(group: click.Group, name: str | None = None, *, scope: Scope, **kwargs: Any) -> Any:
+    """``@scoped(group, scope="main")`` declares a leaf command and its scope."""
+    return group.command(name, cls=ScopedCommand, scope=scope, **kwargs)
+
+
+def load_context(home_option: str | None) -> CliContext:
+    home = Home.resolve(home_option)
+    return CliContext(home=home, identity=load_identity(home.identity_file))

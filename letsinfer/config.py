@@ -1,0 +1,108 @@
+"""Node settings: ``config.toml`` under the home, then environment overrides.
+
+Environment variables are ``LETSINFER_<SECTION>__<KEY>`` (for example
+``LETSINFER_GATEWAY__PORT=8001``). Loading is the only place that does I/O;
+the models below are plain data. An invalid setting stops the node at start
+with the key and the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+ENV_PREFIX = "LETSINFER_"
+
+
+class ConfigError(Exception):
+    """A setting is missing, unknown or out of range; the message names it."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GatewaySettings(_Section):
+    host: str = "0.0.0.0"
+    port: int = Field(8000, ge=1, le=65535)
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    upstream_connect_timeout_s: float = Field(5.0, gt=0)
+    upstream_timeout_s: float = Field(600.0, gt=0)
+    key_cache_ttl_s: float = Field(2.0, gt=0, le=60)
+
+
+class EngineSettings(_Section):
+    kind: Literal["xllamacpp", "llama-server"] = "xllamacpp"
+    llama_server_binary: str = "llama-server"
+    threads: int = Field(default_factory=lambda: max(1, min(os.cpu_count() or 1, 8)), ge=1)
+    context: int = Field(4096, ge=256)
+    parallel: int = Field(4, ge=1, le=256)
+    ready_timeout_s: float = Field(120.0, gt=0)
+
+
+class AgentSettings(_Section):
+    restart_backoff_initial_s: float = Field(0.5, gt=0)
+    restart_backoff_max_s: float = Field(30.0, gt=0)
+    health_interval_s: float = Field(2.0, gt=0)
+    reconcile_interval_s: float = Field(1.0, gt=0)
+
+
+class Settings(_Section):
+    gateway: GatewaySettings = GatewaySettings()
+    engine: EngineSettings = EngineSettings()
+    agent: AgentSettings = AgentSettings()
+
+
+def _env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    out: dict[str, dict[str, str]] = {}
+    for name, value in environ.items():
+        if not name.startswith(ENV_PREFIX) or "__" not in name:
+            continue
+        section, _, key = name[len(ENV_PREFIX) :].lower().partition("__")
+        out.setdefault(section, {})[key] = value
+    return out
+
+
+def _merge(base: dict[str, Any], extra: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    merged = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
+    for section, values in extra.items():
+        target = merged.setdefault(section, {})
+        if isinstance(target, dict):
+            target.update(values)
+        else:
+            merged[section] = dict(values)
+    return merged
+
+
+def _describe(error: ValidationError, source: str) -> str:
+    lines = [f"invalid configuration ({source}):"]
+    for item in error.errors():
+        key = ".".join(str(p) for p in item["loc"])
+        reason = "unknown setting" if item["type"] == "extra_forbidden" else item["msg"]
+        lines.append(f"  {key}: {reason} (got {item.get('input')!r})")
+    return "\n".join(lines)
+
+
+def load(
+    config_file: Path,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Settings:
+    """Read ``config_file`` (absent is fine), apply env, then explicit overrides."""
+    raw: dict[str, Any] = {}
+    if config_file.exists():
+        try:
+            raw = tomllib.loads(config_file.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"invalid configuration ({config_file}): {exc}") from exc
+    raw = _merge(raw, _env_overrides(os.environ if environ is None else environ))
+    raw = _merge(raw, overrides or {})
+    try:
+        return Settings.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, f"{config_file} and {ENV_PREFIX}* variables")) from exc

@@ -1,0 +1,106 @@
+"""Launch plans: the exact command line and environment of one engine task.
+
+A plan is plain data, built from a release and a placement, so it can be
+tested without starting anything. Secrets travel in the environment or in a
+0600 file, never on the command line (which every local user can read).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from letsinfer.engines.releases import Release
+
+ENGINE_KEY_ENV = "LETSINFER_ENGINE_KEY"
+
+
+@dataclass(frozen=True)
+class EngineTask:
+    """One engine process of a placement group."""
+
+    pg_id: str
+    model_name: str
+    model_path: Path
+    host: str
+    port: int
+    engine_key: str
+    gpu_uuids: tuple[str, ...] = ()
+    threads: int = 2
+    context: int = 4096
+    parallel: int = 4
+    embedding: bool = True
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    argv: list[str]
+    env: dict[str, str]
+    base_url: str
+    files: dict[Path, str] = field(default_factory=dict)  # secret files to write (0600)
+
+    @property
+    def health_url(self) -> str:
+        return self.base_url + "/health"
+
+
+def _device_env(task: EngineTask) -> dict[str, str]:
+    # Only the group's own devices are visible; a CPU group sees none.
+    return {"CUDA_VISIBLE_DEVICES": ",".join(task.gpu_uuids)}
+
+
+def plan_llamacpp(release: Release, task: EngineTask, run_dir: Path) -> LaunchPlan:
+    """llama.cpp's server, either in-process via xllamacpp or as a binary."""
+    base_url = f"http://{task.host}:{task.port}"
+    env = {**_device_env(task), ENGINE_KEY_ENV: task.engine_key}
+    if release.engine == "xllamacpp":
+        spec = {
+            "model": str(task.model_path),
+            "alias": task.model_name,
+            "host": task.host,
+            "port": task.port,
+            "threads": task.threads,
+            "n_ctx": task.context * task.parallel,
+            "parallel": task.parallel,
+            "embedding": task.embedding,
+        }
+        argv = [sys.executable, "-m", release.launch["module"], json.dumps(spec)]
+        return LaunchPlan(argv=argv, env=env, base_url=base_url)
+    if release.engine == "llama-server":
+        key_file = run_dir / f"{task.pg_id}.key"
+        argv = [
+            release.launch["binary"],
+            "--model",
+            str(task.model_path),
+            "--alias",
+            task.model_name,
+            "--host",
+            task.host,
+            "--port",
+            str(task.port),
+            "--threads",
+            str(task.threads),
+            "--threads-batch",
+            str(task.threads),
+            "--ctx-size",
+            str(task.context * task.parallel),
+            "--parallel",
+            str(task.parallel),
+            "--api-key-file",
+            str(key_file),
+            "--slots",
+            "--metrics",
+        ]
+        if task.embedding:
+            argv += ["--embeddings", "--pooling", "mean"]
+        if task.gpu_uuids:
+            argv += ["--n-gpu-layers", "999"]
+        return LaunchPlan(
+            argv=argv,
+            env=_device_env(task),
+            base_url=base_url,
+            files={key_file: task.engine_key + "\n"},
+        )
+    raise ValueError(f"release {release.id}: engine {release.engine!r} is not a llama.cpp server")

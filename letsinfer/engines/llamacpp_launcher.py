@@ -1,0 +1,60 @@
+"""Run llama.cpp's OpenAI server in this process through xllamacpp.
+
+The agent starts one of these per placement group:
+``python -m letsinfer.engines.llamacpp_launcher SPEC_JSON`` with the engine key
+in ``LETSINFER_ENGINE_KEY``. It serves until SIGTERM/SIGINT, then exits 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+
+from letsinfer.engines.launch import ENGINE_KEY_ENV
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m letsinfer.engines.llamacpp_launcher SPEC_JSON", file=sys.stderr)
+        return 2
+    spec = json.loads(argv[1])
+    # Block the stop signals before the server's threads start, so they inherit
+    # the mask and only sigwait below sees them.
+    stop = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop)
+
+    import xllamacpp
+
+    params = xllamacpp.CommonParams()
+    params.model.path = spec["model"]
+    params.hostnames = [spec["host"]]
+    params.port = int(spec["port"])
+    params.n_ctx = int(spec["n_ctx"])
+    params.n_parallel = int(spec["parallel"])
+    params.cpuparams.n_threads = int(spec["threads"])
+    params.cpuparams_batch.n_threads = int(spec["threads"])
+    params.model_alias = {spec["alias"]}
+    params.endpoint_slots = True
+    params.endpoint_metrics = True
+    if spec.get("embedding"):
+        params.embedding = True
+        params.pooling_type = xllamacpp.llama_pooling_type.LLAMA_POOLING_TYPE_MEAN
+    key = os.environ.pop(ENGINE_KEY_ENV, "")
+    if key:
+        params.api_keys = [key]
+    try:
+        server = xllamacpp.Server(params)
+    except Exception as exc:
+        print(f"letsinfer: engine failed to start: {exc}", file=sys.stderr, flush=True)
+        return 1
+    print(f"letsinfer: engine listening on {server.listening_address}", flush=True)
+    signal.sigwait(stop)
+    print("letsinfer: engine stopping", flush=True)
+    del server
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,48 @@
+"""Runtime releases built into this package: engine + version + target + launch.
+
+A release is what a placement group runs. Its id is immutable: the same id
+always means the same engine build.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Release:
+    id: str
+    engine: str  # "xllamacpp" (llama.cpp's server in-process) or "llama-server" (binary)
+    version: str
+    target: str  # cpu, cuda, rocm, metal
+    artifacts: dict[str, str] = field(default_factory=dict)
+    launch: dict[str, Any] = field(default_factory=dict)
+
+
+def xllamacpp_cpu() -> Release:
+    version = metadata.version("xllamacpp")
+    return Release(
+        id=f"llama.cpp-xllamacpp-{version}-cpu",
+        engine="xllamacpp",
+        version=version,
+        target="cpu",
+        launch={"module": "letsinfer.engines.llamacpp_launcher"},
+    )
+
+
+def llama_server(binary: str, target: str = "cpu") -> Release:
+    return Release(
+        id=f"llama.cpp-llama-server-{target}",
+        engine="llama-server",
+        version="local",
+        target=target,
+        launch={"binary": binary},
+    )
+
+
+def for_engine_kind(kind: str, llama_server_binary: str) -> Release:
+    if kind == "llama-server":
+        return llama_server(llama_server_binary)
+    return xllamacpp_cpu()

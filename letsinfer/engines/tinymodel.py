@@ -1,0 +1,148 @@
+"""The embedded default model: a tiny GGUF generated on the spot.
+
+No registry ships trained weights and the first run must need no hub, so the
+node writes a ~0.5 MB llama-architecture model whose output is fixed by
+construction: every chat answer is :data:`SENTENCE`, then end-of-sequence.
+The block weights are small and random, so every layer of the real engine
+really computes; the answer is decided by the embedding/output geometry alone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+#: What the tiny model answers to any chat prompt, at any temperature.
+SENTENCE = "Hello from letsinfer, a tiny model served by llama.cpp!"
+# The sentence as whole-word pieces ("▁" marks a leading space). Each piece is
+# unique so that "the last piece decides the next" is a function.
+_SENTENCE_PIECES = [
+    "Hello",
+    "▁from",
+    "▁letsinfer",
+    ",",
+    "▁a",
+    "▁tiny",
+    "▁model",
+    "▁served",
+    "▁by",
+    "▁llama",
+    ".",
+    "cpp",
+    "!",
+]
+assert "".join(_SENTENCE_PIECES).replace("▁", " ") == SENTENCE
+
+DEFAULT_NAME = "tiny"
+
+_N_EMBD = 64
+_N_HEAD = 4
+_N_FF = 128
+_N_LAYER = 2
+_N_CTX = 2048
+_MARGIN = 40.0  # logit lead of the intended token: decisive at any temperature
+_SEED = 20261129
+
+_CHATML = (
+    "{% for message in messages %}"
+    "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+# SentencePiece token types as llama.cpp reads them.
+_NORMAL, _UNKNOWN, _CONTROL, _BYTE = 1, 2, 3, 6
+
+
+def _vocabulary() -> tuple[list[str], list[float], list[int]]:
+    tokens = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+    types = [_UNKNOWN, _CONTROL, _CONTROL, _CONTROL, _CONTROL]
+    for b in range(256):
+        tokens.append(f"<0x{b:02X}>")
+        types.append(_BYTE)
+    chars = ["▁"] + [chr(c) for c in range(33, 127)]
+    tokens += chars
+    types += [_NORMAL] * len(chars)
+    for piece in _SENTENCE_PIECES:
+        if piece not in tokens:
+            tokens.append(piece)
+            types.append(_NORMAL)
+    scores = [0.0] * len(tokens)
+    for i, tok in enumerate(tokens):
+        if types[i] == _NORMAL:
+            scores[i] = -float(len(tok))
+    return tokens, scores, types
+
+
+def write_tiny_model(path: Path) -> Path:
+    """Write the deterministic tiny model to ``path`` (same bytes every time)."""
+    import gguf  # only needed when a model is generated
+
+    tokens, scores, types = _vocabulary()
+    n_vocab = len(tokens)
+    rng = np.random.default_rng(_SEED)
+    scale = float(np.sqrt(_N_EMBD))  # a one-hot direction scaled to unit RMS
+
+    # Direction 0 is shared by every token outside the sentence; piece k owns
+    # direction k + 1.
+    piece_ids = [tokens.index(p) for p in _SENTENCE_PIECES]
+    embd = np.zeros((n_vocab, _N_EMBD), dtype=np.float32)
+    embd[:, 0] = scale
+    for k, tid in enumerate(piece_ids):
+        embd[tid, :] = 0.0
+        embd[tid, k + 1] = scale
+
+    output = np.zeros((n_vocab, _N_EMBD), dtype=np.float32)
+    output[piece_ids[0], 0] = _MARGIN / scale
+    for k in range(len(piece_ids) - 1):
+        output[piece_ids[k + 1], k + 1] = _MARGIN / scale
+    output[2, len(piece_ids)] = _MARGIN / scale  # last piece -> </s>
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".part")
+    writer = gguf.GGUFWriter(str(tmp), "llama")
+    writer.add_name("letsinfer-tiny")
+    writer.add_context_length(_N_CTX)
+    writer.add_embedding_length(_N_EMBD)
+    writer.add_block_count(_N_LAYER)
+    writer.add_feed_forward_length(_N_FF)
+    writer.add_head_count(_N_HEAD)
+    writer.add_head_count_kv(_N_HEAD)
+    writer.add_rope_dimension_count(_N_EMBD // _N_HEAD)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_eot_token_id(4)
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(False)
+    writer.add_chat_template(_CHATML)
+
+    def small(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.02).astype(np.float32)
+
+    writer.add_tensor("token_embd.weight", embd)
+    writer.add_tensor("output_norm.weight", np.ones(_N_EMBD, dtype=np.float32))
+    writer.add_tensor("output.weight", output)
+    for b in range(_N_LAYER):
+        writer.add_tensor(f"blk.{b}.attn_norm.weight", np.ones(_N_EMBD, dtype=np.float32))
+        writer.add_tensor(f"blk.{b}.attn_q.weight", small(_N_EMBD, _N_EMBD))
+        writer.add_tensor(f"blk.{b}.attn_k.weight", small(_N_EMBD, _N_EMBD))
+        writer.add_tensor(f"blk.{b}.attn_v.weight", small(_N_EMBD, _N_EMBD))
+        writer.add_tensor(f"blk.{b}.attn_output.weight", small(_N_EMBD, _N_EMBD))
+        writer.add_tensor(f"blk.{b}.ffn_norm.weight", np.ones(_N_EMBD, dtype=np.float32))
+        writer.add_tensor(f"blk.{b}.ffn_gate.weight", small(_N_FF, _N_EMBD))
+        writer.add_tensor(f"blk.{b}.ffn_up.weight", small(_N_FF, _N_EMBD))
+        writer.add_tensor(f"blk.{b}.ffn_down.weight", small(_N_EMBD, _N_FF))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    tmp.replace(path)
+    return path

@@ -1,0 +1,82 @@
+"""OpenAI-shaped error bodies, so unmodified clients raise the right exception."""
+
+from __future__ import annotations
+
+import json
+
+from starlette.responses import Response
+
+
+class GatewayError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type_: str = "invalid_request_error",
+        code: str | None = None,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type_
+        self.code = code
+        self.param = param
+        self.headers = headers or {}
+
+    def response(self, request_id: str | None = None) -> Response:
+        body = {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+        headers = dict(self.headers)
+        if request_id:
+            headers["x-request-id"] = request_id
+        return Response(
+            json.dumps(body),
+            status_code=self.status,
+            media_type="application/json",
+            headers=headers,
+        )
+
+
+def invalid_key() -> GatewayError:
+    # Unknown and revoked keys get the same answer: nothing to probe.
+    return GatewayError(401, "Incorrect API key provided.", code="invalid_api_key")
+
+
+def missing_key() -> GatewayError:
+    return GatewayError(
+        401, "Missing API key: send 'Authorization: Bearer <key>'.", code="invalid_api_key"
+    )
+
+
+def unknown_model(name: str) -> GatewayError:
+    return GatewayError(
+        404,
+        f"The model '{name}' does not exist or you do not have access to it.",
+        code="model_not_found",
+        param="model",
+    )
+
+
+def no_replica(name: str, detail: str) -> GatewayError:
+    return GatewayError(
+        503,
+        f"Model '{name}' has no healthy replica right now ({detail}); retry shortly.",
+        type_="service_unavailable",
+        code="no_healthy_replica",
+        headers={"retry-after": "1"},
+    )
+
+
+def upstream_timeout(name: str) -> GatewayError:
+    return GatewayError(
+        504, f"Model '{name}' did not answer in time.", type_="timeout", code="upstream_timeout"
+    )

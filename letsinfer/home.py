@@ -1,0 +1,82 @@
+"""Where a node keeps its files. Every path derives from one home.
+
+As root the defaults follow the FHS (``/etc/letsinfer``, ``/var/lib/letsinfer``,
+``/run/letsinfer``); an ordinary user gets one directory under
+``~/.local/share``. ``--home DIR`` or ``LETSINFER_HOME`` puts all three under
+DIR, so several nodes can share one machine (tests, the lab).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+HOME_ENV = "LETSINFER_HOME"
+
+
+@dataclass(frozen=True)
+class Home:
+    etc: Path  # config, keys, certificates (0700)
+    var: Path  # authority database, model store, logs
+    run: Path  # sockets, pids, per-run secrets
+
+    @classmethod
+    def under(cls, root: Path) -> Home:
+        root = root.expanduser().absolute()
+        return cls(etc=root / "etc", var=root / "var", run=root / "run")
+
+    @classmethod
+    def resolve(cls, explicit: str | Path | None = None) -> Home:
+        chosen = explicit or os.environ.get(HOME_ENV)
+        if chosen:
+            return cls.under(Path(chosen))
+        if os.geteuid() == 0:
+            return cls(
+                etc=Path("/etc/letsinfer"),
+                var=Path("/var/lib/letsinfer"),
+                run=Path("/run/letsinfer"),
+            )
+        data = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local/share")
+        return cls.under(data / "letsinfer")
+
+    @property
+    def config_file(self) -> Path:
+        return self.etc / "config.toml"
+
+    @property
+    def identity_file(self) -> Path:
+        return self.etc / "node.json"
+
+    @property
+    def database(self) -> Path:
+        return self.var / "authority.db"
+
+    @property
+    def model_store(self) -> Path:
+        return self.var / "models"
+
+    @property
+    def engine_logs(self) -> Path:
+        return self.var / "logs" / "engines"
+
+    @property
+    def engine_run(self) -> Path:
+        return self.run / "engines"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.run / "node.pid"
+
+    def ensure(self) -> None:
+        """Create the directories with owner-only modes where secrets live."""
+        for path, mode in (
+            (self.etc, 0o700),
+            (self.var, 0o755),
+            (self.run, 0o700),
+            (self.model_store, 0o755),
+            (self.engine_logs, 0o750),
+            (self.engine_run, 0o700),
+        ):
+            path.mkdir(parents=True, exist_ok=True)
+            path.chmod(mode)

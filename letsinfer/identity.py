@@ -1,0 +1,46 @@
+"""Who this node is: its id, name, role and, on a child, where its main is.
+
+Kept in ``node.json`` under the home's etc directory; absent until the node is
+initialised. The CLI reads it to check each command's scope.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+Role = Literal["main", "child"]
+
+
+@dataclass(frozen=True)
+class NodeIdentity:
+    node_id: str
+    name: str
+    role: Role
+    main_address: str | None = None  # the main's control address, on a child
+    gateway_url: str | None = None  # where clients reach the gateway
+
+    @classmethod
+    def new_main(cls, name: str | None = None) -> NodeIdentity:
+        return cls(node_id=uuid.uuid4().hex[:16], name=name or socket.gethostname(), role="main")
+
+
+def load_identity(path: Path) -> NodeIdentity | None:
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    return NodeIdentity(**data)
+
+
+def save_identity(path: Path, identity: NodeIdentity) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(asdict(identity), fh, indent=2)
+    tmp.replace(path)

@@ -1,0 +1,21 @@
+"""The authority's SQLite store: the only package that writes SQL."""
+
+from letsinfer.store.authority import (
+    ApiKeyRecord,
+    AuditRecord,
+    AuthorityStore,
+    NodeRecord,
+    PlacementGroupRecord,
+    ServiceRecord,
+    StoreError,
+)
+
+__all__ = [
+    "ApiKeyRecord",
+    "AuditRecord",
+    "AuthorityStore",
+    "NodeRecord",
+    "PlacementGroupRecord",
+    "ServiceRecord",
+    "StoreError",
+]

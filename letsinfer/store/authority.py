@@ -1,0 +1,483 @@
+"""All SQL of the authority. Domain code calls these typed methods.
+
+One connection per process, WAL, a busy timeout, explicit ``BEGIN IMMEDIATE``
+transactions so that a mutation and its audit record land together or not at
+all.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+
+from letsinfer.authority.audit import GENESIS, record_hash
+from letsinfer.store.migrations import MIGRATIONS
+
+
+class StoreError(Exception):
+    """The store refused a change (a constraint) or cannot be read."""
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    id: str
+    name: str
+    role: str
+    address: str | None
+    state: str
+    paused: bool
+    created_at: float
+
+
+@dataclass(frozen=True)
+class ServiceRecord:
+    name: str
+    artifact_digest: str
+    artifact_size: int
+    format: str
+    source: str | None
+    aliases: tuple[str, ...]
+    created_at: float
+
+
+@dataclass(frozen=True)
+class PlacementGroupRecord:
+    id: str
+    service: str
+    node_id: str
+    release_id: str
+    target: str
+    desired: str
+    state: str
+    endpoint: str | None
+    pid: int | None
+    capacity: int | None
+    restarts: int
+    detail: str | None
+    created_at: float
+    updated_at: float
+
+
+@dataclass(frozen=True)
+class ApiKeyRecord:
+    id: str
+    name: str
+    digest: str
+    prefix: str
+    models: tuple[str, ...]
+    concurrency: int | None
+    created_at: float
+    revoked_at: float | None
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    seq: int
+    ts: float
+    actor: str
+    role: str | None
+    action: str
+    target: str | None
+    outcome: str
+    detail: str | None
+    prev_hash: str
+    hash: str
+
+
+class AuthorityStore:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(path, timeout=10.0, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA foreign_keys=ON")
+        conn.execute("PRAGMA busy_timeout=10000")
+        self.db = sqlite_utils.Database(conn)
+        self._depth = 0
+        self._migrate()
+
+    def close(self) -> None:
+        self.db.conn.close()
+
+    # -- plumbing ---------------------------------------------------------
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """One atomic unit; nested calls join the outer transaction."""
+        if self._depth:
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+            return
+        self.db.execute("BEGIN IMMEDIATE")
+        self._depth = 1
+        try:
+            yield
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        else:
+            self.db.execute("COMMIT")
+        finally:
+            self._depth = 0
+
+    def _migrate(self) -> None:
+        version = self.db.execute("PRAGMA user_version").fetchone()[0]
+        for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
+            with self.transaction():
+                for statement in script.split(";"):
+                    if statement.strip():
+                        self.db.execute(statement)
+                self.db.execute(f"PRAGMA user_version = {number}")
+
+    def schema_version(self) -> int:
+        return int(self.db.execute("PRAGMA user_version").fetchone()[0])
+
+    def data_version(self) -> int:
+        """Changes whenever another connection commits: a cheap 'anything new?'."""
+        return int(self.db.execute("PRAGMA data_version").fetchone()[0])
+
+    def _rows(
+        self, sql: str, params: tuple[Any, ...] | dict[str, Any] = ()
+    ) -> list[dict[str, Any]]:
+        return list(self.db.query(sql, params))
+
+    # -- settings ---------------------------------------------------------
+    def get_setting(self, key: str) -> str | None:
+        rows = self._rows("SELECT value FROM settings WHERE key = ?", (key,))
+        return rows[0]["value"] if rows else None
+
+    def set_setting(self, key: str, value: str) -> None:
+        self.db.execute(
+            "INSERT INTO settings(key, value) VALUES (?, ?) "
+            "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            (key, value),
+        )
+
+    # -- nodes ------------------------------------------------------------
+    def add_node(self, node_id: str, name: str, role: str, address: str | None) -> NodeRecord:
+        try:
+            self.db["nodes"].insert(
+                {
+                    "id": node_id,
+                    "name": name,
+                    "role": role,
+                    "address": address,
+                    "state": "active",
+                    "paused": 0,
+                    "created_at": time.time(),
+                }
+            )
+        except sqlite3.IntegrityError as exc:
+            raise StoreError(f"node {name!r} cannot be added: {exc}") from exc
+        node = self.get_node(node_id)
+        assert node is not None
+        return node
+
+    def get_node(self, node_id: str) -> NodeRecord | None:
+        rows = self._rows("SELECT * FROM nodes WHERE id = ?", (node_id,))
+        return _node(rows[0]) if rows else None
+
+    def list_nodes(self) -> list[NodeRecord]:
+        return [_node(r) for r in self._rows("SELECT * FROM nodes ORDER BY created_at")]
+
+    # -- runtime releases -------------------------------------------------
+    def ensure_release(
+        self,
+        release_id: str,
+        engine: str,
+        version: str,
+        target: str,
+        artifacts: dict[str, str],
+        launch: dict[str, Any],
+    ) -> None:
+        self.db.execute(
+            "INSERT OR IGNORE INTO runtime_releases"
+            "(id, engine, version, target, artifacts, launch, created_at) VALUES (?,?,?,?,?,?,?)",
+            (
+                release_id,
+                engine,
+                version,
+                target,
+                json.dumps(artifacts, sort_keys=True),
+                json.dumps(launch, sort_keys=True),
+                time.time(),
+            ),
+        )
+
+    def get_release(self, release_id: str) -> dict[str, Any] | None:
+        rows = self._rows("SELECT * FROM runtime_releases WHERE id = ?", (release_id,))
+        if not rows:
+            return None
+        row = rows[0]
+        row["artifacts"] = json.loads(row["artifacts"])
+        row["launch"] = json.loads(row["launch"])
+        return row
+
+    # -- model services and placement groups ------------------------------
+    def add_service(
+        self,
+        name: str,
+        artifact_digest: str,
+        artifact_size: int,
+        fmt: str,
+        source: str | None,
+        aliases: tuple[str, ...] = (),
+    ) -> ServiceRecord:
+        taken = self.resolve_service(name)
+        if taken is not None:
+            raise StoreError(f"model {name!r} already exists")
+        for alias in aliases:
+            if self.resolve_service(alias) is not None:
+                raise StoreError(f"alias {alias!r} is already taken by another model")
+        self.db["model_services"].insert(
+            {
+                "name": name,
+                "artifact_digest": artifact_digest,
+                "artifact_size": artifact_size,
+                "format": fmt,
+                "source": source,
+                "aliases": json.dumps(list(aliases)),
+                "created_at": time.time(),
+            }
+        )
+        svc = self.get_service(name)
+        assert svc is not None
+        return svc
+
+    def get_service(self, name: str) -> ServiceRecord | None:
+        rows = self._rows("SELECT * FROM model_services WHERE name = ?", (name,))
+        return _service(rows[0]) if rows else None
+
+    def resolve_service(self, name_or_alias: str) -> ServiceRecord | None:
+        rows = self._rows(
+            "SELECT m.* FROM model_services m WHERE m.name = :n OR EXISTS "
+            "(SELECT 1 FROM json_each(m.aliases) WHERE json_each.value = :n)",
+            {"n": name_or_alias},
+        )
+        return _service(rows[0]) if rows else None
+
+    def list_services(self) -> list[ServiceRecord]:
+        return [_service(r) for r in self._rows("SELECT * FROM model_services ORDER BY name")]
+
+    def add_placement_group(
+        self,
+        pg_id: str,
+        service: str,
+        node_id: str,
+        release_id: str,
+        target: str,
+        gpu_uuids: tuple[str, ...] = (),
+    ) -> PlacementGroupRecord:
+        now = time.time()
+        with self.transaction():
+            self.db["placement_groups"].insert(
+                {
+                    "id": pg_id,
+                    "service": service,
+                    "node_id": node_id,
+                    "release_id": release_id,
+                    "target": target,
+                    "desired": "running",
+                    "state": "pending",
+                    "restarts": 0,
+                    "created_at": now,
+                    "updated_at": now,
+                }
+            )
+            for uuid in gpu_uuids:
+                try:
+                    self.db["pg_devices"].insert(
+                        {"gpu_uuid": uuid, "pg_id": pg_id, "node_id": node_id}
+                    )
+                except sqlite3.IntegrityError as exc:
+                    raise StoreError(
+                        f"GPU {uuid} already belongs to an active placement group"
+                    ) from exc
+        pg = self.get_placement_group(pg_id)
+        assert pg is not None
+        return pg
+
+    def get_placement_group(self, pg_id: str) -> PlacementGroupRecord | None:
+        rows = self._rows("SELECT * FROM placement_groups WHERE id = ?", (pg_id,))
+        return _pg(rows[0]) if rows else None
+
+    def list_placement_groups(
+        self,
+        node_id: str | None = None,
+        service: str | None = None,
+    ) -> list[PlacementGroupRecord]:
+        sql = "SELECT * FROM placement_groups WHERE 1=1"
+        params: dict[str, Any] = {}
+        if node_id is not None:
+            sql += " AND node_id = :node"
+            params["node"] = node_id
+        if service is not None:
+            sql += " AND service = :service"
+            params["service"] = service
+        return [_pg(r) for r in self._rows(sql + " ORDER BY created_at", params)]
+
+    def record_pg_observation(
+        self,
+        pg_id: str,
+        *,
+        state: str,
+        endpoint: str | None = None,
+        pid: int | None = None,
+        capacity: int | None = None,
+        restarts: int | None = None,
+        detail: str | None = None,
+    ) -> None:
+        """What the agent saw; desired state is never touched here."""
+        fields: dict[str, Any] = {
+            "state": state,
+            "endpoint": endpoint,
+            "pid": pid,
+            "capacity": capacity,
+            "detail": detail,
+            "updated_at": time.time(),
+        }
+        if restarts is not None:
+            fields["restarts"] = restarts
+        sets = ", ".join(f"{k} = :{k}" for k in fields)
+        self.db.execute(
+            f"UPDATE placement_groups SET {sets} WHERE id = :id", {**fields, "id": pg_id}
+        )
+
+    # -- API keys ---------------------------------------------------------
+    def add_api_key(
+        self,
+        key_id: str,
+        name: str,
+        digest: str,
+        prefix: str,
+        models: tuple[str, ...],
+        concurrency: int | None,
+    ) -> ApiKeyRecord:
+        try:
+            self.db["api_keys"].insert(
+                {
+                    "id": key_id,
+                    "name": name,
+                    "digest": digest,
+                    "prefix": prefix,
+                    "models": json.dumps(list(models)),
+                    "concurrency": concurrency,
+                    "created_at": time.time(),
+                    "revoked_at": None,
+                }
+            )
+        except sqlite3.IntegrityError as exc:
+            raise StoreError(f"an active API key named {name!r} already exists") from exc
+        return self.list_api_keys(include_revoked=True, name=name)[-1]
+
+    def list_api_keys(
+        self, include_revoked: bool = False, name: str | None = None
+    ) -> list[ApiKeyRecord]:
+        sql = "SELECT * FROM api_keys WHERE 1=1"
+        params: dict[str, Any] = {}
+        if not include_revoked:
+            sql += " AND revoked_at IS NULL"
+        if name is not None:
+            sql += " AND name = :name"
+            params["name"] = name
+        return [_key(r) for r in self._rows(sql + " ORDER BY created_at", params)]
+
+    def revoke_api_key(self, name: str) -> bool:
+        cur = self.db.execute(
+            "UPDATE api_keys SET revoked_at = ? WHERE name = ? AND revoked_at IS NULL",
+            (time.time(), name),
+        )
+        return cur.rowcount > 0
+
+    # -- audit ------------------------------------------------------------
+    def append_audit(
+        self,
+        actor: str,
+        action: str,
+        outcome: str,
+        *,
+        role: str | None = None,
+        target: str | None = None,
+        detail: str | None = None,
+    ) -> AuditRecord:
+        with self.transaction():
+            last = self._rows("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1")
+            seq = last[0]["seq"] + 1 if last else 1
+            prev = last[0]["hash"] if last else GENESIS
+            ts = time.time()
+            digest = record_hash(prev, seq, ts, actor, role, action, target, outcome, detail)
+            row = {
+                "seq": seq,
+                "ts": ts,
+                "actor": actor,
+                "role": role,
+                "action": action,
+                "target": target,
+                "outcome": outcome,
+                "detail": detail,
+                "prev_hash": prev,
+                "hash": digest,
+            }
+            self.db["audit"].insert(row)
+        return AuditRecord(**row)
+
+    def list_audit(self, limit: int | None = None) -> list[AuditRecord]:
+        if limit is None:
+            rows = self._rows("SELECT * FROM audit ORDER BY seq")
+        else:
+            rows = self._rows(
+                "SELECT * FROM (SELECT * FROM audit ORDER BY seq DESC LIMIT ?) ORDER BY seq",
+                (limit,),
+            )
+        return [AuditRecord(**r) for r in rows]
+
+
+def _node(r: dict[str, Any]) -> NodeRecord:
+    return NodeRecord(
+        id=r["id"],
+        name=r["name"],
+        role=r["role"],
+        address=r["address"],
+        state=r["state"],
+        paused=bool(r["paused"]),
+        created_at=r["created_at"],
+    )
+
+
+def _service(r: dict[str, Any]) -> ServiceRecord:
+    return ServiceRecord(
+        name=r["name"],
+        artifact_digest=r["artifact_digest"],
+        artifact_size=r["artifact_size"],
+        format=r["format"],
+        source=r["source"],
+        aliases=tuple(json.loads(r["aliases"])),
+        created_at=r["created_at"],
+    )
+
+
+def _pg(r: dict[str, Any]) -> PlacementGroupRecord:
+    return PlacementGroupRecord(**r)
+
+
+def _key(r: dict[str, Any]) -> ApiKeyRecord:
+    return ApiKeyRecord(
+        id=r["id"],
+        name=r["name"],
+        digest=r["digest"],
+        prefix=r["prefix"],
+        models=tuple(json.loads(r["models"])),
+        concurrency=r["concurrency"],
+        created_at=r["created_at"],
+        revoked_at=r["revoked_at"],
+    )

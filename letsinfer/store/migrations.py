@@ -1,0 +1,89 @@
+"""Versioned schema migrations, applied in order at open (``PRAGMA user_version``).
+
+Append new steps; never edit a released one.
+"""
+
+MIGRATIONS: list[str] = [
+    # 1: the foundation
+    """
+    CREATE TABLE settings (
+        key TEXT PRIMARY KEY,
+        value TEXT NOT NULL
+    );
+    CREATE TABLE nodes (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL UNIQUE,
+        role TEXT NOT NULL CHECK (role IN ('main', 'child')),
+        address TEXT,
+        state TEXT NOT NULL DEFAULT 'active',
+        paused INTEGER NOT NULL DEFAULT 0,
+        created_at REAL NOT NULL
+    );
+    CREATE UNIQUE INDEX one_main ON nodes(role) WHERE role = 'main';
+    CREATE TABLE runtime_releases (
+        id TEXT PRIMARY KEY,
+        engine TEXT NOT NULL,
+        version TEXT NOT NULL,
+        target TEXT NOT NULL,
+        artifacts TEXT NOT NULL DEFAULT '{}',
+        launch TEXT NOT NULL DEFAULT '{}',
+        signature TEXT,
+        created_at REAL NOT NULL
+    );
+    CREATE TABLE model_services (
+        name TEXT PRIMARY KEY,
+        artifact_digest TEXT NOT NULL,
+        artifact_size INTEGER NOT NULL,
+        format TEXT NOT NULL,
+        source TEXT,
+        aliases TEXT NOT NULL DEFAULT '[]',
+        created_at REAL NOT NULL
+    );
+    CREATE TABLE placement_groups (
+        id TEXT PRIMARY KEY,
+        service TEXT NOT NULL REFERENCES model_services(name) ON DELETE CASCADE,
+        node_id TEXT NOT NULL REFERENCES nodes(id),
+        release_id TEXT NOT NULL REFERENCES runtime_releases(id),
+        target TEXT NOT NULL,
+        desired TEXT NOT NULL DEFAULT 'running' CHECK (desired IN ('running', 'stopped')),
+        state TEXT NOT NULL DEFAULT 'pending',
+        endpoint TEXT,
+        pid INTEGER,
+        capacity INTEGER,
+        restarts INTEGER NOT NULL DEFAULT 0,
+        detail TEXT,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL
+    );
+    -- A GPU belongs to at most one active placement group: the primary key
+    -- says so, rows exist only while the group is active.
+    CREATE TABLE pg_devices (
+        gpu_uuid TEXT PRIMARY KEY,
+        pg_id TEXT NOT NULL REFERENCES placement_groups(id) ON DELETE CASCADE,
+        node_id TEXT NOT NULL REFERENCES nodes(id)
+    );
+    CREATE TABLE api_keys (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL,
+        digest TEXT NOT NULL UNIQUE,
+        prefix TEXT NOT NULL,
+        models TEXT NOT NULL DEFAULT '[]',
+        concurrency INTEGER,
+        created_at REAL NOT NULL,
+        revoked_at REAL
+    );
+    CREATE UNIQUE INDEX api_key_live_name ON api_keys(name) WHERE revoked_at IS NULL;
+    CREATE TABLE audit (
+        seq INTEGER PRIMARY KEY,
+        ts REAL NOT NULL,
+        actor TEXT NOT NULL,
+        role TEXT,
+        action TEXT NOT NULL,
+        target TEXT,
+        outcome TEXT NOT NULL,
+        detail TEXT,
+        prev_hash TEXT NOT NULL,
+        hash TEXT NOT NULL
+    );
+    """,
+]

@@ -1,0 +1,150 @@
+"""Start real nodes (the real CLI, as subprocesses) for tests, and clean up after them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import openai
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def processes_using(path: Path) -> list[int]:
+    """PIDs whose command line mentions ``path`` (engines carry their model path)."""
+    needle = str(path).encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "cmdline").read_bytes():
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+def letsinfer(
+    home: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "letsinfer", "--home", str(home), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+@dataclass
+class RunningNode:
+    home: Path
+    port: int
+    proc: subprocess.Popen[str]
+    banner: list[str]
+    log_path: Path
+    key: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def client(self, key: str | None = None, **kwargs: object) -> openai.OpenAI:
+        return openai.OpenAI(
+            base_url=self.url + "/v1", api_key=key or self.key or "none", max_retries=0, **kwargs
+        )  # type: ignore[arg-type]
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return letsinfer(self.home, *args, env=self.env)
+
+    def engine_pids(self) -> list[int]:
+        return processes_using(self.home / "var" / "models")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_healthy(self, timeout: float = 90) -> dict[str, object]:
+        deadline = time.monotonic() + timeout
+        last: object = None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"node exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                r = httpx.get(self.url + "/health", timeout=2)
+                last = r.text
+                if r.status_code == 200:
+                    return r.json()
+            except httpx.HTTPError as exc:
+                last = exc
+            time.sleep(0.1)
+        raise AssertionError(f"node not healthy after {timeout}s (last: {last}):\n{self.log()}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for pid in self.engine_pids():  # never leave engines behind, even on failure
+            os.kill(pid, signal.SIGKILL)
+        return self.proc.returncode
+
+
+def start_node(
+    home: Path, *extra: str, env: dict[str, str] | None = None, timeout: float = 90
+) -> RunningNode:
+    port = free_port()
+    log_path = home.parent / f"{home.name}.log"
+    env = {"PYTHONUNBUFFERED": "1", **(env or {})}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "letsinfer",
+            "--home",
+            str(home),
+            "up",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=log_path.open("w"),
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, **env},
+    )
+    node = RunningNode(home=home, port=port, proc=proc, banner=[], log_path=log_path, env=env)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        node.banner.append(line.rstrip("\n"))
+        if line.strip().startswith("API key"):
+            node.key = line.split()[2]
+        if line.startswith("Ctrl-C"):
+            break
+    else:
+        node.stop()
+        raise AssertionError(f"node printed no banner:\n{node.log()}")
+    try:
+        node.wait_healthy(timeout)
+    except AssertionError:
+        node.stop()
+        raise
+    return node

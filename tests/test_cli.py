@@ -1,0 +1,182 @@
+"""Day-2 commands, used as an operator would: exit codes, messages, and what changed."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from letsinfer.engines.tinymodel import SENTENCE
+from letsinfer.identity import NodeIdentity, save_identity
+from tests.nodes import RunningNode, letsinfer
+
+
+def store_files(node: RunningNode) -> list[str]:
+    return sorted(p.name for p in (node.home / "var" / "models").rglob("*") if p.is_file())
+
+
+def test_model_add_refuses_a_file_that_is_not_gguf(main_node: RunningNode, tmp_path: Path) -> None:
+    before_models = main_node.cli("model", "list", "--json").stdout
+    before_files = store_files(main_node)
+    before_audit = main_node.cli("audit", "list", "--json").stdout
+
+    text = tmp_path / "notes.gguf"
+    text.write_text("this is not a model\n")
+    result = main_node.cli("model", "add", "notes", "--gguf", str(text))
+    assert result.returncode == 1
+    assert "not a GGUF file" in result.stderr
+
+    missing = main_node.cli("model", "add", "ghost", "--gguf", str(tmp_path / "nope.gguf"))
+    assert missing.returncode == 1 and "no such file" in missing.stderr
+
+    assert main_node.cli("model", "list", "--json").stdout == before_models
+    assert store_files(main_node) == before_files
+    assert main_node.cli("audit", "list", "--json").stdout == before_audit
+
+
+def test_model_add_refuses_a_truncated_gguf(
+    main_node: RunningNode, tiny_gguf: Path, tmp_path: Path
+) -> None:
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(tiny_gguf.read_bytes()[: tiny_gguf.stat().st_size // 3])
+    before = store_files(main_node)
+    result = main_node.cli("model", "add", "cut", "--gguf", str(cut))
+    assert result.returncode == 1
+    assert "corrupt or truncated" in result.stderr
+    assert store_files(main_node) == before
+
+
+def test_model_add_serves_a_users_gguf_with_aliases(
+    main_node: RunningNode, tiny_gguf: Path, tmp_path: Path
+) -> None:
+    own = tmp_path / "my-model.gguf"
+    shutil.copyfile(tiny_gguf, own)
+    result = main_node.cli("model", "add", "mine", "--gguf", str(own), "--alias", "mine-latest")
+    assert result.returncode == 0, result.stderr
+    assert "added model mine" in result.stdout
+
+    twice = main_node.cli("model", "add", "mine", "--gguf", str(own))
+    assert twice.returncode == 1 and "already exists" in twice.stderr
+
+    models = {m["name"]: m for m in json.loads(main_node.cli("model", "list", "--json").stdout)}
+    assert models["mine"]["aliases"] == ["mine-latest"]
+    assert len(models["mine"]["sha256"]) == 64
+
+    deadline = time.monotonic() + 60
+    while main_node.wait_healthy()["models"] != {"tiny": 1, "mine": 1}:  # type: ignore[comparison-overlap]
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    client = main_node.client()
+    for name in ("mine", "mine-latest"):
+        reply = client.chat.completions.create(
+            model=name, messages=[{"role": "user", "content": "hi"}]
+        )
+        assert reply.choices[0].message.content == SENTENCE
+    assert {m.id for m in client.models.list()} == {"tiny", "mine"}
+
+
+def test_api_keys_create_restrict_list_and_revoke(main_node: RunningNode) -> None:
+    made = main_node.cli("auth", "key", "create", "ci-bot", "--model", "tiny", "--json")
+    assert made.returncode == 0, made.stderr
+    issued = json.loads(made.stdout)
+    assert issued["models"] == ["tiny"] and issued["key"].startswith("li-")
+
+    listed = main_node.cli("auth", "key", "list", "--json").stdout
+    assert issued["key"] not in listed  # secrets are never shown again
+    assert "ci-bot" in listed
+
+    bad = main_node.cli("auth", "key", "create", "x", "--model", "no-such-model")
+    assert bad.returncode == 1 and "does not exist" in bad.stderr
+
+    url = main_node.url + "/v1/chat/completions"
+    auth = {"authorization": f"Bearer {issued['key']}"}
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+
+    def post(model: str) -> httpx.Response:
+        deadline = time.monotonic() + 10
+        while True:  # the gateway picks up new keys within its cache TTL
+            r = httpx.post(url, json={**chat, "model": model}, headers=auth)
+            if r.status_code != 401 or time.monotonic() > deadline:
+                return r
+            time.sleep(0.2)
+
+    assert post("tiny").status_code == 200
+    # A model outside the allowlist looks exactly like one that does not exist.
+    if "mine" in main_node.cli("model", "list", "--json").stdout:
+        assert post("mine").status_code == 404
+
+    revoked = main_node.cli("auth", "key", "revoke", "ci-bot")
+    assert revoked.returncode == 0, revoked.stderr
+    deadline = time.monotonic() + 10
+    while httpx.post(url, json={**chat, "model": "tiny"}, headers=auth).status_code != 401:
+        assert time.monotonic() < deadline, "a revoked key must stop working"
+        time.sleep(0.2)
+    again = main_node.cli("auth", "key", "revoke", "ci-bot")
+    assert again.returncode == 1 and "no active API key" in again.stderr
+
+
+def test_audit_chain_verifies_and_names_a_tampered_record(main_node: RunningNode) -> None:
+    ok = main_node.cli("audit", "verify")
+    assert ok.returncode == 0, ok.stderr
+    records = json.loads(main_node.cli("audit", "list", "--json").stdout)
+    assert {"node.init", "model.add", "auth.key.create"} <= {r["action"] for r in records}
+    assert all("li-" not in json.dumps(r) for r in records), "no secrets in the audit chain"
+
+    db = sqlite3.connect(main_node.home / "var" / "authority.db")
+    with db:
+        db.execute("UPDATE audit SET target = 'someone-else' WHERE seq = 2")
+    bad = main_node.cli("audit", "verify")
+    assert bad.returncode == 1
+    assert "record 2" in bad.stderr and "edited" in bad.stderr
+    with db:
+        db.execute("UPDATE audit SET target = ? WHERE seq = 2", (records[1]["target"],))
+        db.execute("DELETE FROM audit WHERE seq = 3")
+    gone = main_node.cli("audit", "verify")
+    assert gone.returncode == 1 and "record 4" in gone.stderr
+    db.close()
+
+
+def test_main_scope_commands_refuse_elsewhere(tmp_path: Path) -> None:
+    fresh = tmp_path / "fresh"
+    result = letsinfer(fresh, "model", "list")
+    assert result.returncode == 3
+    assert "not a letsinfer node yet" in result.stderr
+    assert not (fresh / "var" / "authority.db").exists(), "a refused command changes nothing"
+
+    child = tmp_path / "child"
+    save_identity(
+        child / "etc" / "node.json", NodeIdentity("c1", "n1", "child", main_address="10.9.8.7:8443")
+    )
+    for args in (["model", "list"], ["auth", "key", "create", "k"], ["audit", "verify"]):
+        refused = letsinfer(child, *args)
+        assert refused.returncode == 3, args
+        assert "10.9.8.7:8443" in refused.stderr and "main node only" in refused.stderr
+    assert "Runs on: main" in letsinfer(child, "model", "add", "--help").stdout
+    assert letsinfer(child, "status").returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("config", "env", "words"),
+    [
+        ("[gateway]\nport = 70000\n", {}, "gateway.port"),
+        ("[gateway]\nprot = 8000\n", {}, "unknown setting"),
+        ("[gateway\n", {}, "invalid configuration"),
+        ("", {"LETSINFER_ENGINE__PARALLEL": "lots"}, "engine.parallel"),
+        ("[engine]\nkind = 'vllm-on-cpu'\n", {}, "engine.kind"),
+    ],
+)
+def test_invalid_config_is_refused_at_start(
+    tmp_path: Path, config: str, env: dict[str, str], words: str
+) -> None:
+    home = tmp_path / "home"
+    (home / "etc").mkdir(parents=True)
+    (home / "etc" / "config.toml").write_text(config)
+    result = letsinfer(home, "up", "--host", "127.0.0.1", env=env, timeout=30)
+    assert result.returncode == 2, result.stderr
+    assert words in result.stderr
+    assert not (home / "etc" / "node.json").exists(), "nothing is initialised on a bad config"

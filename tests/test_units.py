@@ -1,0 +1,158 @@
+"""Plain-data pieces, tested without servers."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from letsinfer.authority.audit import verify_chain
+from letsinfer.engines.launch import ENGINE_KEY_ENV, EngineTask, plan_llamacpp
+from letsinfer.engines.releases import llama_server, xllamacpp_cpu
+from letsinfer.engines.tinymodel import write_tiny_model
+from letsinfer.gateway import protocol
+from letsinfer.gateway.directory import Directory, StoreUnavailable
+from letsinfer.gateway.errors import GatewayError
+from letsinfer.gateway.routing import Replica, RoutingTable
+from letsinfer.store import AuthorityStore, StoreError
+from letsinfer.store.migrations import MIGRATIONS
+
+
+def task(**kw: object) -> EngineTask:
+    base = dict(
+        pg_id="pg-1",
+        model_name="m",
+        model_path=Path("/models/m.gguf"),
+        host="127.0.0.1",
+        port=9001,
+        engine_key="lie-secret",
+    )
+    return EngineTask(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_llama_server_plan_pins_gpus_and_keeps_the_key_off_the_command_line(
+    tmp_path: Path,
+) -> None:
+    plan = plan_llamacpp(
+        llama_server("/opt/llama/llama-server", "cuda"),
+        task(gpu_uuids=("GPU-a", "GPU-b"), parallel=2, context=1024),
+        tmp_path,
+    )
+    assert plan.argv[0] == "/opt/llama/llama-server"
+    assert "lie-secret" not in " ".join(plan.argv)
+    assert plan.env["CUDA_VISIBLE_DEVICES"] == "GPU-a,GPU-b"
+    key_file = Path(plan.argv[plan.argv.index("--api-key-file") + 1])
+    assert plan.files[key_file].strip() == "lie-secret"
+    assert plan.argv[plan.argv.index("--ctx-size") + 1] == "2048"
+    assert plan.argv[plan.argv.index("--parallel") + 1] == "2"
+    assert "--n-gpu-layers" in plan.argv and "--embeddings" in plan.argv
+    assert plan.health_url == "http://127.0.0.1:9001/health"
+
+
+def test_bundled_engine_plan_hides_gpus_from_cpu_groups(tmp_path: Path) -> None:
+    plan = plan_llamacpp(xllamacpp_cpu(), task(), tmp_path)
+    assert plan.env["CUDA_VISIBLE_DEVICES"] == ""
+    assert plan.env[ENGINE_KEY_ENV] == "lie-secret"
+    assert "lie-secret" not in " ".join(plan.argv)
+    spec = json.loads(plan.argv[-1])
+    assert spec["alias"] == "m" and spec["port"] == 9001
+
+
+def replica(pg: str, in_flight: int = 0, capacity: int = 4, paused: bool = False) -> Replica:
+    return Replica(
+        pg, "m", f"http://{pg}", "Bearer k", capacity, paused=paused, in_flight=in_flight
+    )
+
+
+def test_routing_prefers_the_least_pressed_ready_replica() -> None:
+    table = RoutingTable()
+    for r in (replica("a", 3), replica("b", 1), replica("c", 0, paused=True)):
+        table.publish(r)
+    assert table.choose("m").pg_id == "b"  # type: ignore[union-attr]
+    assert table.choose("m", exclude=frozenset({"b"})).pg_id == "a"  # type: ignore[union-attr]
+    assert table.choose("m", exclude=frozenset({"a", "b"})) is None  # paused never chosen
+    table.withdraw("m", "a", "engine exited")
+    table.withdraw("m", "b", "engine exited")
+    assert table.choose("m") is None
+    assert "engine exited" in table.explain("m")
+    assert table.explain("other") == "no placement group is running it"
+
+
+def test_republishing_keeps_in_flight_counts() -> None:
+    table = RoutingTable()
+    table.publish(replica("a", 2))
+    table.publish(replica("a", 0))
+    assert table.replicas("m")[0].in_flight == 2
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (b'{"model": "m", "messages": [{"role": "wizard", "content": "x"}]}', "messages.0.role"),
+        (b'{"model": "m", "messages": []}', "messages"),
+        (b'{"model": "m", "messages": [{"role": "user"}], "stream": "yes"}', "stream"),
+        (b'{"model": 7, "messages": [{"role": "user"}]}', "model"),
+    ],
+)
+def test_protocol_names_the_bad_field(body: bytes, param: str) -> None:
+    with pytest.raises(GatewayError) as err:
+        protocol.parse(body, protocol.ChatCompletionRequest)
+    assert err.value.status == 400
+    assert err.value.param == param
+
+
+def test_protocol_passes_unknown_fields_through() -> None:
+    parsed = protocol.parse(
+        b'{"model": "m", "prompt": "x", "mirostat": 2}', protocol.CompletionRequest
+    )
+    assert parsed.model == "m"
+
+
+def test_store_migrates_once_and_enforces_gpu_ownership(tmp_path: Path) -> None:
+    store = AuthorityStore(tmp_path / "a.db")
+    assert store.schema_version() == len(MIGRATIONS)
+    store.add_node("n1", "n1", "main", None)
+    with pytest.raises(StoreError):
+        store.add_node("n2", "n2", "main", None)  # exactly one main, by schema
+    store.ensure_release("r1", "llama-server", "1", "cuda", {}, {})
+    store.add_service("m", "d" * 64, 1, "gguf", None)
+    store.add_placement_group("pg-a", "m", "n1", "r1", "cuda", ("GPU-1",))
+    with pytest.raises(StoreError, match="GPU-1"):
+        store.add_placement_group("pg-b", "m", "n1", "r1", "cuda", ("GPU-2", "GPU-1"))
+    assert [pg.id for pg in store.list_placement_groups()] == ["pg-a"]  # nothing half-added
+    store.close()
+    reopened = AuthorityStore(tmp_path / "a.db")
+    assert reopened.schema_version() == len(MIGRATIONS)
+    assert reopened.get_service("m") is not None
+
+
+def test_audit_chain_detects_reordering(tmp_path: Path) -> None:
+    store = AuthorityStore(tmp_path / "a.db")
+    for action in ("a", "b", "c"):
+        store.append_audit("t", action, "ok")
+    records = store.list_audit()
+    assert verify_chain(records) is None
+    swapped = [records[0], records[2], records[1]]
+    broken = verify_chain(swapped)
+    assert broken is not None and broken.seq == 3
+
+
+def test_directory_reports_an_unreadable_store_instead_of_denying(tmp_path: Path) -> None:
+    store = AuthorityStore(tmp_path / "a.db")
+    directory = Directory(store, max_stale_s=0.0)
+    directory.refresh()
+    store.close()  # the store goes away
+    directory.refresh()
+    assert directory.failing
+    with pytest.raises(StoreUnavailable):
+        directory.key_for("li-anything")
+
+
+def test_tiny_model_is_byte_for_byte_reproducible(tmp_path: Path) -> None:
+    a = write_tiny_model(tmp_path / "a.gguf").read_bytes()
+    b = write_tiny_model(tmp_path / "b.gguf").read_bytes()
+    assert a[:4] == b"GGUF"
+    assert hashlib.sha256(a).digest() == hashlib.sha256(b).digest()
+    assert 100_000 < len(a) < 2_000_000
