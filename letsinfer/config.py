@@ -45,7 +45,26 @@ class EngineSettings(_Section):
     ready_timeout_s: float = Field(120.0, gt=0)
 
 
+class ControlSettings(_Section):
+    """The main's mutual-TLS control plane: enrolled nodes and paired controllers."""
+
+    host: str = "0.0.0.0"
+    port: int = Field(8443, ge=1, le=65535)
+    advertise: str | None = None  # address children use for the main; default: host
+    enrollment_ttl_s: float = Field(900.0, gt=0)
+    pairing_code_ttl_s: float = Field(600.0, gt=0)
+    heartbeat_interval_s: float = Field(5.0, gt=0)
+    node_stale_after_s: float = Field(20.0, gt=0)
+
+
+class DiscoverySettings(_Section):
+    enabled: bool = True
+
+
 class AgentSettings(_Section):
+    api_host: str = "0.0.0.0"
+    api_port: int = Field(8444, ge=1, le=65535)
+    advertise: str | None = None  # address the main uses for this agent; default: api_host
     restart_backoff_initial_s: float = Field(0.5, gt=0)
     restart_backoff_max_s: float = Field(30.0, gt=0)
     health_interval_s: float = Field(2.0, gt=0)
@@ -56,6 +75,8 @@ class Settings(_Section):
     gateway: GatewaySettings = GatewaySettings()
     engine: EngineSettings = EngineSettings()
     agent: AgentSettings = AgentSettings()
+    control: ControlSettings = ControlSettings()
+    discovery: DiscoverySettings = DiscoverySettings()
 
 
 def _env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:

@@ -65,6 +65,42 @@ class Home:
         return self.run / "engines"
 
     @property
+    def pki(self) -> Path:
+        """This node's own key and pairing certificate: never leave the home."""
+        return self.etc / "pki"
+
+    @property
+    def node_key(self) -> Path:
+        return self.pki / "node.key"
+
+    @property
+    def pairing_cert(self) -> Path:
+        return self.pki / "pairing.crt"
+
+    def cluster_dir(self, cluster: str) -> Path:
+        """CA and node certificate for one cluster. Moving to another cluster
+        writes a new directory and then switches node.json: one atomic step."""
+        return self.etc / "clusters" / cluster[:16]
+
+    @property
+    def ca_key(self) -> Path:  # main only
+        return self.etc / "ca" / "ca.key"
+
+    @property
+    def enrollment_dir(self) -> Path:
+        """Pending enrollment requests a candidate has received."""
+        return self.var / "enrollment"
+
+    @property
+    def controller_dir(self) -> Path:
+        """On an operator's workstation: the controller key and certificate."""
+        return self.etc / "controller"
+
+    @property
+    def admin_socket(self) -> Path:
+        return self.run / "admin.sock"
+
+    @property
     def pid_file(self) -> Path:
         return self.run / "node.pid"
 

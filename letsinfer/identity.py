@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
-Role = Literal["main", "child"]
+Role = Literal["main", "child", "candidate"]
 
 
 @dataclass(frozen=True)
@@ -23,18 +23,33 @@ class NodeIdentity:
     name: str
     role: Role
     main_address: str | None = None  # the main's control address, on a child
+    main_id: str | None = None  # the main's node id, checked in its certificate
     gateway_url: str | None = None  # where clients reach the gateway
+    cluster: str | None = None  # sha256 fingerprint of the cluster CA certificate
+
+    @property
+    def enrolled(self) -> bool:
+        return self.role in ("main", "child")
 
     @classmethod
     def new_main(cls, name: str | None = None) -> NodeIdentity:
-        return cls(node_id=uuid.uuid4().hex[:16], name=name or socket.gethostname(), role="main")
+        return cls(node_id=new_node_id(), name=name or socket.gethostname(), role="main")
+
+    @classmethod
+    def new_candidate(cls, name: str | None = None) -> NodeIdentity:
+        return cls(node_id=new_node_id(), name=name or socket.gethostname(), role="candidate")
+
+
+def new_node_id() -> str:
+    return uuid.uuid4().hex[:16]
 
 
 def load_identity(path: Path) -> NodeIdentity | None:
     if not path.exists():
         return None
     data = json.loads(path.read_text())
-    return NodeIdentity(**data)
+    known = {f for f in NodeIdentity.__dataclass_fields__}
+    return NodeIdentity(**{k: v for k, v in data.items() if k in known})
 
 
 def save_identity(path: Path, identity: NodeIdentity) -> None:

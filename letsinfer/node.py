@@ -15,11 +15,14 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from letsinfer.agent.api import create_agent_app
 from letsinfer.agent.ports import free_port
+from letsinfer.agent.runtime import advertise_address, advertiser_for, instance_name
 from letsinfer.agent.supervisor import EngineStatus, EngineSupervisor, SupervisionPolicy
 from letsinfer.authority import engine_keys
 from letsinfer.authority.modelstore import ModelFileError, verify_artifact
 from letsinfer.config import Settings
+from letsinfer.control.app import ControlContext, create_control_app
 from letsinfer.engines.launch import EngineTask, LaunchPlan, plan_llamacpp
 from letsinfer.engines.releases import Release
 from letsinfer.gateway.app import Gateway, create_app
@@ -28,7 +31,10 @@ from letsinfer.gateway.routing import Replica, RoutingTable
 from letsinfer.gateway.upstream import Upstream
 from letsinfer.home import Home
 from letsinfer.identity import NodeIdentity
+from letsinfer.planes import RunningPlane, tls_server
 from letsinfer.store import AuthorityStore, PlacementGroupRecord
+from letsinfer.trust.material import ClusterCA, presented_fingerprint, tls_files
+from letsinfer.trust.peer import server_context
 
 log = logging.getLogger("letsinfer.node")
 
@@ -69,10 +75,65 @@ class MainNode:
     def app(self) -> FastAPI:
         return create_app(self.gateway, lifespan=self._lifespan)
 
+    def gateway_url(self) -> str:
+        gw = self.settings.gateway
+        host = advertise_address(gw.host, None)
+        return f"http://{host}:{gw.port}/v1"
+
+    def control_address(self) -> str:
+        control = self.settings.control
+        return f"{advertise_address(control.host, control.advertise)}:{control.port}"
+
+    async def _start_planes(self) -> list[RunningPlane]:
+        files = tls_files(self.home, self.identity)
+        ctx = server_context(files.cert, files.key, files.ca)
+        control = ControlContext(
+            store=self.store,
+            ca=ClusterCA(self.home, self.identity),
+            identity=self.identity,
+            gateway_url=self.gateway_url(),
+            heartbeat_interval_s=self.settings.control.heartbeat_interval_s,
+        )
+        fingerprint = presented_fingerprint(self.home, self.identity)
+        agent = self.settings.agent
+        planes = [
+            RunningPlane(
+                tls_server(
+                    create_control_app(control),
+                    self.settings.control.host,
+                    self.settings.control.port,
+                    ctx,
+                )
+            ),
+            RunningPlane(
+                tls_server(
+                    create_agent_app(self.home, lambda: self.identity, fingerprint, self.store),
+                    agent.api_host,
+                    agent.api_port,
+                    ctx,
+                )
+            ),
+        ]
+        for plane in planes:
+            await plane.start()
+        return planes
+
     @asynccontextmanager
     async def _lifespan(self, app: FastAPI) -> AsyncIterator[None]:
         self.directory.refresh()
         self.reconcile()
+        planes = await self._start_planes()
+        adv = None
+        if self.settings.discovery.enabled:
+            gw = self.settings.gateway
+            adv = advertiser_for(
+                self.identity,
+                presented_fingerprint(self.home, self.identity),
+                self.settings.control.host,
+                self.settings.control.port,
+                gateway=f"http://{instance_name(self.identity)}.local:{gw.port}/v1",
+            )
+            await adv.start()
         loop = asyncio.create_task(self._background())
         try:
             yield
@@ -80,6 +141,10 @@ class MainNode:
             loop.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await loop
+            if adv is not None:
+                await adv.stop()
+            for plane in planes:
+                await plane.stop()
             await self.supervisor.stop_all()
             await asyncio.gather(*self._stopping, return_exceptions=True)
             await self.upstream.aclose()

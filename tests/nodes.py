@@ -110,7 +110,16 @@ def start_node(
 ) -> RunningNode:
     port = free_port()
     log_path = home.parent / f"{home.name}.log"
-    env = {"PYTHONUNBUFFERED": "1", **(env or {})}
+    # Every plane on loopback with its own port; no mDNS on the machine's links.
+    env = {
+        "PYTHONUNBUFFERED": "1",
+        "LETSINFER_CONTROL__HOST": "127.0.0.1",
+        "LETSINFER_CONTROL__PORT": str(free_port()),
+        "LETSINFER_AGENT__API_HOST": "127.0.0.1",
+        "LETSINFER_AGENT__API_PORT": str(free_port()),
+        "LETSINFER_DISCOVERY__ENABLED": "false",
+        **(env or {}),
+    }
     proc = subprocess.Popen(
         [
             sys.executable,

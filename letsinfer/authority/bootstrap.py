@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from letsinfer.authority.apikeys import create_key
@@ -14,6 +15,7 @@ from letsinfer.engines.tinymodel import DEFAULT_NAME, write_tiny_model
 from letsinfer.home import Home
 from letsinfer.identity import NodeIdentity, load_identity, save_identity
 from letsinfer.store import AuthorityStore, StoreError
+from letsinfer.trust.material import ensure_pairing_cert, init_main_pki, presented_fingerprint
 
 
 def init_main(
@@ -29,6 +31,8 @@ def init_main(
         raise StoreError(f"{home.etc} already belongs to a node")
     home.ensure()
     identity = NodeIdentity.new_main(name)
+    cluster = init_main_pki(home, identity.node_id)
+    identity = replace(identity, cluster=cluster, main_id=identity.node_id)
     store = AuthorityStore(home.database)
     try:
         if store.list_nodes():
@@ -37,7 +41,9 @@ def init_main(
             settings.engine.kind, settings.engine.llama_server_binary
         )
         with tempfile.TemporaryDirectory(dir=home.var) as tmp, store.transaction():
-            store.add_node(identity.node_id, identity.name, "main", None)
+            store.add_node(
+                identity.node_id, identity.name, "main", None, presented_fingerprint(home, identity)
+            )
             ensure_secret(store)
             if default_model:
                 path = write_tiny_model(Path(tmp) / "tiny.gguf")
@@ -56,3 +62,19 @@ def init_main(
     finally:
         store.close()
     return identity, issued.secret
+
+
+def init_candidate(home: Home, name: str | None = None) -> NodeIdentity:
+    """A node waiting to be enrolled: its key and pairing certificate, no authority."""
+    if load_identity(home.identity_file) is not None:
+        raise StoreError(f"{home.etc} already belongs to a node")
+    home.ensure()
+    identity = NodeIdentity.new_candidate(name)
+    ensure_pairing_cert(home, identity.node_id)
+    store = AuthorityStore(home.database)  # local audit chain of this node
+    try:
+        store.append_audit("cli", "node.init", "ok", role="candidate", target=identity.name)
+    finally:
+        store.close()
+    save_identity(home.identity_file, identity)
+    return identity

@@ -16,16 +16,23 @@ from letsinfer.store import AuthorityStore
 
 @cli.group()
 def audit() -> None:
-    """The audit chain of every mutation and denial."""
+    """The audit chain of every mutation and denial (on the main: the cluster's;
+    on another node: what happened on that node)."""
 
 
-@scoped(audit, "list", scope="main")
+def _open(ctx: CliContext) -> AuthorityStore:
+    if ctx.identity is None or not ctx.home.database.exists():
+        raise click.ClickException("no letsinfer node here, so no audit chain")
+    return AuthorityStore(ctx.home.database)
+
+
+@scoped(audit, "list", scope="all")
 @click.option("--limit", type=click.IntRange(min=1), help="Only the newest N records.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
 def list_audit(ctx: CliContext, limit: int | None, as_json: bool) -> None:
     """List audit records, oldest first."""
-    store = AuthorityStore(ctx.home.database)
+    store = _open(ctx)
     try:
         records = store.list_audit(limit)
     finally:
@@ -42,11 +49,11 @@ def list_audit(ctx: CliContext, limit: int | None, as_json: bool) -> None:
     )
 
 
-@scoped(audit, "verify", scope="main")
+@scoped(audit, "verify", scope="all")
 @click.pass_obj
 def verify(ctx: CliContext) -> None:
     """Check every link of the chain; exit 1 naming the first bad record."""
-    store = AuthorityStore(ctx.home.database)
+    store = _open(ctx)
     try:
         records = store.list_audit()
     finally:

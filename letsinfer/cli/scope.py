@@ -35,9 +35,10 @@ def check_scope(scope: Scope, command: str, identity: NodeIdentity | None) -> No
             f"`{command}` runs on a {scope} node, and this home is not a letsinfer node yet. "
             "Start a main node with `letsinfer up` (or pass --home)."
         )
-    if identity.role == scope:
+    role = "child" if identity.role == "candidate" else identity.role
+    if role == scope:
         return
-    if identity.role == "child":
+    if role == "child":
         where = identity.main_address or "the main node"
         raise ScopeError(
             f"`{command}` runs on the main node only; this machine is a child of the main "

@@ -15,7 +15,6 @@ from letsinfer import config
 from letsinfer.authority.bootstrap import init_main
 from letsinfer.cli import cli
 from letsinfer.cli.scope import CliContext, scoped
-from letsinfer.identity import load_identity
 from letsinfer.store import AuthorityStore
 
 
@@ -92,22 +91,27 @@ def up(
     settings = config.load(ctx.home.config_file, overrides=overrides)
     gw = settings.gateway
     lock = _lock_pid_file(ctx)
-    _check_port_free(gw.host, gw.port)
-
-    identity = load_identity(ctx.home.identity_file)
-    first_key = None
-    if identity is None:
-        identity, first_key = init_main(ctx.home, settings, name=name)
-    if identity.role != "main":
-        raise click.ClickException(
-            "this home is a child node; child agents start after "
-            "enrollment with a main (`letsinfer node accept`)"
-        )
-
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per probe is noise
+    if ctx.identity is not None and ctx.identity.role != "main":
+        try:
+            _run_agent(ctx, settings)
+        finally:
+            lock.close()
+        return
+    for host, port_ in (
+        (gw.host, gw.port),
+        (settings.control.host, settings.control.port),
+        (settings.agent.api_host, settings.agent.api_port),
+    ):
+        _check_port_free(host, port_)
+
+    identity = ctx.identity
+    first_key = None
+    if identity is None:
+        identity, first_key = init_main(ctx.home, settings, name=name)
     import uvicorn
 
     from letsinfer.node import MainNode
@@ -140,3 +144,37 @@ def up(
         server.run()
     finally:
         lock.close()
+
+
+def _run_agent(ctx: CliContext, settings: config.Settings) -> None:
+    """A candidate or child: the agent plane until stopped; rebuilt after enrollment."""
+    from letsinfer.agent.runtime import AgentNode
+    from letsinfer.planes import tls_server
+
+    agent = settings.agent
+    _check_port_free(agent.api_host, agent.api_port)
+    while True:
+        node = AgentNode(ctx.home, settings)
+        ident = node.identity
+        click.echo(f"letsinfer {ident.role} node '{ident.name}' ({ident.node_id})")
+        click.echo(f"  agent     https://{agent.api_host}:{agent.api_port}")
+        click.echo(f"  cert      sha256:{node.fingerprint}")
+        if ident.role == "candidate":
+            click.echo("  waiting for enrollment: `letsinfer node requests` shows offers")
+        else:
+            click.echo(f"  main      {ident.main_address}")
+        click.echo("Ctrl-C stops the node.")
+        sys.stdout.flush()
+
+        server = tls_server(
+            node.app(),
+            agent.api_host,
+            agent.api_port,
+            node.ssl_context(),
+            embedded=False,
+            lifespan="on",
+        )
+        node.server = server
+        server.run()
+        if not node.reload_requested:
+            return

@@ -35,6 +35,36 @@ class NodeRecord:
     state: str
     paused: bool
     created_at: float
+    cert_fingerprint: str | None = None
+    last_seen: float | None = None
+
+
+@dataclass(frozen=True)
+class EnrollmentRecord:
+    id: str
+    candidate_id: str
+    name: str
+    address: str
+    pubkey_sha256: str
+    token_digest: str
+    state: str
+    detail: str | None
+    created_at: float
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class ControllerRecord:
+    id: str
+    name: str
+    role: str
+    state: str
+    code_digest: str | None
+    code_expires_at: float | None
+    cert_fingerprint: str | None
+    created_at: float
+    paired_at: float | None
+    revoked_at: float | None
 
 
 @dataclass(frozen=True)
@@ -164,7 +194,14 @@ class AuthorityStore:
         )
 
     # -- nodes ------------------------------------------------------------
-    def add_node(self, node_id: str, name: str, role: str, address: str | None) -> NodeRecord:
+    def add_node(
+        self,
+        node_id: str,
+        name: str,
+        role: str,
+        address: str | None,
+        cert_fingerprint: str | None = None,
+    ) -> NodeRecord:
         try:
             self.db["nodes"].insert(
                 {
@@ -175,6 +212,7 @@ class AuthorityStore:
                     "state": "active",
                     "paused": 0,
                     "created_at": time.time(),
+                    "cert_fingerprint": cert_fingerprint,
                 }
             )
         except sqlite3.IntegrityError as exc:
@@ -187,8 +225,166 @@ class AuthorityStore:
         rows = self._rows("SELECT * FROM nodes WHERE id = ?", (node_id,))
         return _node(rows[0]) if rows else None
 
-    def list_nodes(self) -> list[NodeRecord]:
-        return [_node(r) for r in self._rows("SELECT * FROM nodes ORDER BY created_at")]
+    def list_nodes(self, include_removed: bool = False) -> list[NodeRecord]:
+        where = "" if include_removed else " WHERE state != 'removed'"
+        return [_node(r) for r in self._rows(f"SELECT * FROM nodes{where} ORDER BY created_at")]
+
+    def find_node(self, name_or_id: str) -> NodeRecord | None:
+        rows = self._rows(
+            "SELECT * FROM nodes WHERE (id = :n OR name = :n) AND state != 'removed'",
+            {"n": name_or_id},
+        )
+        return _node(rows[0]) if rows else None
+
+    def node_seen(self, node_id: str, address: str | None, cert_fingerprint: str) -> None:
+        self.db.execute(
+            "UPDATE nodes SET last_seen = ?, address = COALESCE(?, address), "
+            "cert_fingerprint = ? WHERE id = ?",
+            (time.time(), address, cert_fingerprint, node_id),
+        )
+
+    def set_node_fingerprint(self, node_id: str, cert_fingerprint: str) -> None:
+        self.db.execute(
+            "UPDATE nodes SET cert_fingerprint = ? WHERE id = ?", (cert_fingerprint, node_id)
+        )
+
+    def remove_node(self, node_id: str) -> None:
+        """Mark removed and revoke its certificate; the row stays for the record."""
+        with self.transaction():
+            node = self.get_node(node_id)
+            if node is None:
+                raise StoreError(f"no node {node_id}")
+            self.db.execute("UPDATE nodes SET state = 'removed' WHERE id = ?", (node_id,))
+            if node.cert_fingerprint:
+                self.revoke_certificate(node.cert_fingerprint, f"node:{node_id}")
+
+    # -- certificates -----------------------------------------------------
+    def revoke_certificate(self, fingerprint: str, subject: str) -> None:
+        self.db.execute(
+            "INSERT OR IGNORE INTO revoked_certificates(fingerprint, subject, revoked_at) "
+            "VALUES (?, ?, ?)",
+            (fingerprint, subject, time.time()),
+        )
+
+    def is_revoked(self, fingerprint: str) -> bool:
+        return bool(
+            self._rows("SELECT 1 FROM revoked_certificates WHERE fingerprint = ?", (fingerprint,))
+        )
+
+    # -- enrollment -------------------------------------------------------
+    def add_enrollment(
+        self,
+        enrollment_id: str,
+        candidate_id: str,
+        name: str,
+        address: str,
+        pubkey_sha256: str,
+        token_digest: str,
+        ttl_s: float,
+    ) -> EnrollmentRecord:
+        now = time.time()
+        self.db["enrollments"].insert(
+            {
+                "id": enrollment_id,
+                "candidate_id": candidate_id,
+                "name": name,
+                "address": address,
+                "pubkey_sha256": pubkey_sha256,
+                "token_digest": token_digest,
+                "state": "pending",
+                "detail": None,
+                "created_at": now,
+                "expires_at": now + ttl_s,
+            }
+        )
+        rec = self.get_enrollment(enrollment_id)
+        assert rec is not None
+        return rec
+
+    def get_enrollment(self, enrollment_id: str) -> EnrollmentRecord | None:
+        rows = self._rows("SELECT * FROM enrollments WHERE id = ?", (enrollment_id,))
+        return EnrollmentRecord(**rows[0]) if rows else None
+
+    def list_enrollments(self) -> list[EnrollmentRecord]:
+        return [
+            EnrollmentRecord(**r)
+            for r in self._rows("SELECT * FROM enrollments ORDER BY created_at")
+        ]
+
+    def set_enrollment_state(
+        self, enrollment_id: str, state: str, detail: str | None = None
+    ) -> None:
+        self.db.execute(
+            "UPDATE enrollments SET state = ?, detail = ? WHERE id = ?",
+            (state, detail, enrollment_id),
+        )
+
+    # -- controllers ------------------------------------------------------
+    def add_controller(
+        self, controller_id: str, name: str, role: str, code_digest: str, ttl_s: float
+    ) -> ControllerRecord:
+        now = time.time()
+        self.db["controllers"].insert(
+            {
+                "id": controller_id,
+                "name": name,
+                "role": role,
+                "state": "pending",
+                "code_digest": code_digest,
+                "code_expires_at": now + ttl_s,
+                "cert_fingerprint": None,
+                "created_at": now,
+                "paired_at": None,
+                "revoked_at": None,
+            }
+        )
+        rec = self.get_controller(controller_id)
+        assert rec is not None
+        return rec
+
+    def get_controller(self, controller_id: str) -> ControllerRecord | None:
+        rows = self._rows("SELECT * FROM controllers WHERE id = ?", (controller_id,))
+        return ControllerRecord(**rows[0]) if rows else None
+
+    def find_controller(self, name_or_id: str) -> ControllerRecord | None:
+        rows = self._rows(
+            "SELECT * FROM controllers WHERE (id = :n OR name = :n) AND state != 'revoked' "
+            "ORDER BY created_at DESC",
+            {"n": name_or_id},
+        )
+        return ControllerRecord(**rows[0]) if rows else None
+
+    def pending_controller_by_code(self, code_digest: str) -> ControllerRecord | None:
+        rows = self._rows(
+            "SELECT * FROM controllers WHERE code_digest = ? AND state = 'pending'", (code_digest,)
+        )
+        return ControllerRecord(**rows[0]) if rows else None
+
+    def list_controllers(self) -> list[ControllerRecord]:
+        return [
+            ControllerRecord(**r)
+            for r in self._rows("SELECT * FROM controllers ORDER BY created_at")
+        ]
+
+    def controller_paired(self, controller_id: str, cert_fingerprint: str) -> None:
+        self.db.execute(
+            "UPDATE controllers SET state = 'paired', code_digest = NULL, paired_at = ?, "
+            "cert_fingerprint = ? WHERE id = ? AND state = 'pending'",
+            (time.time(), cert_fingerprint, controller_id),
+        )
+
+    def revoke_controller(self, controller_id: str) -> None:
+        with self.transaction():
+            rec = self.get_controller(controller_id)
+            if rec is None:
+                raise StoreError(f"no controller {controller_id}")
+            self.db.execute(
+                "UPDATE controllers SET state = 'revoked', code_digest = NULL, revoked_at = ? "
+                "WHERE id = ?",
+                (time.time(), controller_id),
+            )
+            if rec.cert_fingerprint:
+                self.revoke_certificate(rec.cert_fingerprint, f"controller:{controller_id}")
 
     # -- runtime releases -------------------------------------------------
     def ensure_release(
@@ -326,6 +522,13 @@ class AuthorityStore:
             params["service"] = service
         return [_pg(r) for r in self._rows(sql + " ORDER BY created_at", params)]
 
+    def set_service_desired(self, service: str, desired: str) -> int:
+        cur = self.db.execute(
+            "UPDATE placement_groups SET desired = ?, updated_at = ? WHERE service = ?",
+            (desired, time.time(), service),
+        )
+        return cur.rowcount
+
     def record_pg_observation(
         self,
         pg_id: str,
@@ -451,6 +654,8 @@ def _node(r: dict[str, Any]) -> NodeRecord:
         state=r["state"],
         paused=bool(r["paused"]),
         created_at=r["created_at"],
+        cert_fingerprint=r["cert_fingerprint"],
+        last_seen=r["last_seen"],
     )
 
 

@@ -86,4 +86,38 @@ MIGRATIONS: list[str] = [
         hash TEXT NOT NULL
     );
     """,
+    # 2: trust: enrollment, controllers, revocation, liveness
+    """
+    ALTER TABLE nodes ADD COLUMN cert_fingerprint TEXT;
+    ALTER TABLE nodes ADD COLUMN last_seen REAL;
+    CREATE TABLE enrollments (
+        id TEXT PRIMARY KEY,
+        candidate_id TEXT NOT NULL,
+        name TEXT NOT NULL,
+        address TEXT NOT NULL,
+        pubkey_sha256 TEXT NOT NULL,
+        token_digest TEXT NOT NULL,
+        state TEXT NOT NULL CHECK (state IN ('pending', 'accepted', 'refused', 'expired')),
+        detail TEXT,
+        created_at REAL NOT NULL,
+        expires_at REAL NOT NULL
+    );
+    CREATE TABLE controllers (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL,
+        role TEXT NOT NULL CHECK (role IN ('viewer', 'operator', 'administrator')),
+        state TEXT NOT NULL CHECK (state IN ('pending', 'paired', 'revoked')),
+        code_digest TEXT,
+        code_expires_at REAL,
+        cert_fingerprint TEXT,
+        created_at REAL NOT NULL,
+        paired_at REAL,
+        revoked_at REAL
+    );
+    CREATE TABLE revoked_certificates (
+        fingerprint TEXT PRIMARY KEY,
+        subject TEXT NOT NULL,
+        revoked_at REAL NOT NULL
+    );
+    """,
 ]

@@ -1,0 +1,150 @@
+"""The agent plane (each node, :8444): the main calls it; candidates are reached here.
+
+Open paths: ``/v1/identity`` (public identity, as in mDNS) and
+``/v1/enroll/request`` (a main's pinned request; refused while this node
+belongs to a cluster, unless the operator opened a move with
+``letsinfer node move-into``). Everything else only for this node's main.
+"""
+
+import json
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI, HTTPException
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict
+
+from letsinfer import __version__
+from letsinfer.home import Home
+from letsinfer.identity import NodeIdentity
+from letsinfer.store import AuthorityStore
+from letsinfer.trust import candidate
+from letsinfer.trust.peer import Peer, PeerGate, Scope
+
+OPEN_PATHS = ("/v1/identity", "/v1/enroll/request")
+
+
+class EnrollRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    enrollment_id: str
+    main_id: str
+    main_name: str
+    main_address: str
+    ca: str
+    token: str
+    expires_at: float
+    gateway_url: str | None = None
+
+
+def adoption_window(home: Home) -> dict[str, Any] | None:
+    path = home.enrollment_dir / "move-into.json"
+    if not path.exists():
+        return None
+    window = json.loads(path.read_text())
+    return window if time.time() < window["until"] else None
+
+
+def create_agent_app(
+    home: Home,
+    identity: Callable[[], NodeIdentity],
+    fingerprint: str,
+    audit: AuthorityStore,
+    lifespan: Any = None,
+) -> PeerGate:
+    app = FastAPI(
+        title="letsinfer agent", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan
+    )
+
+    @app.exception_handler(HTTPException)
+    async def _error(request: Any, exc: HTTPException) -> JSONResponse:
+        return JSONResponse(
+            {"error": {"message": exc.detail, "code": exc.status_code}}, status_code=exc.status_code
+        )
+
+    @app.get("/v1/identity")
+    def who() -> dict[str, Any]:
+        ident = identity()
+        return {
+            "node_id": ident.node_id,
+            "name": ident.name,
+            "role": ident.role,
+            "fingerprint": fingerprint,
+        }
+
+    @app.post("/v1/enroll/request")
+    def enroll_request(body: EnrollRequest) -> dict[str, Any]:
+        ident = identity()
+        if ident.enrolled:
+            window = adoption_window(home)
+            if window is None or window["main"] != body.main_address:
+                where = ident.main_address or "itself (it is a main)"
+                why = (
+                    f"node {ident.name} already belongs to a cluster (main: {where}); "
+                    "it is never adopted silently: run `letsinfer node move-into "
+                    f"--main {body.main_address}` on it first"
+                )
+                audit.append_audit(
+                    f"main:{body.main_name}",
+                    "node.enroll.request",
+                    "denied",
+                    target=ident.name,
+                    detail=why,
+                )
+                raise HTTPException(409, why)
+        try:
+            candidate.store_request(
+                home,
+                candidate.PendingRequest(
+                    id=body.enrollment_id,
+                    main_id=body.main_id,
+                    main_name=body.main_name,
+                    main_address=body.main_address,
+                    ca_pem=body.ca,
+                    token=body.token,
+                    expires_at=body.expires_at,
+                    received_at=time.time(),
+                    gateway_url=body.gateway_url,
+                ),
+            )
+        except (candidate.EnrollmentError, ValueError) as exc:
+            raise HTTPException(400, f"malformed enrollment request: {exc}") from exc
+        audit.append_audit(
+            f"main:{body.main_name}",
+            "node.enroll.request",
+            "ok",
+            target=ident.name,
+            detail=body.enrollment_id,
+        )
+        return {
+            "status": "pending",
+            "node_id": ident.node_id,
+            "accept_with": f"letsinfer node accept {body.enrollment_id}",
+        }
+
+    @app.get("/v1/agent/info")
+    def info() -> dict[str, Any]:
+        ident = identity()
+        return {
+            "node_id": ident.node_id,
+            "name": ident.name,
+            "role": ident.role,
+            "version": __version__,
+            "cpus": os.cpu_count(),
+            "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+        }
+
+    def admit(peer: Peer, path: str) -> str | None:
+        ident = identity()
+        p = peer.identity
+        if p.kind == "node" and p.role == "main" and p.id == ident.main_id:
+            return None
+        return "only this node's main may use the agent API"
+
+    def denied(scope: Scope, peer: Peer | None, reason: str) -> None:
+        who = f"{peer.identity.kind}:{peer.identity.id}" if peer else "anonymous"
+        audit.append_audit(who, scope["path"], "denied", detail=reason)
+
+    return PeerGate(app, OPEN_PATHS, admit, denied)

@@ -1,0 +1,164 @@
+"""A child or candidate node: its agent plane, discovery record and, once
+enrolled, its heartbeat to the main over mutual TLS.
+
+When the node's identity changes (enrollment accepted, moved to another
+cluster) the process rebuilds its planes with the new certificate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+
+from letsinfer import __version__
+from letsinfer.agent.api import create_agent_app
+from letsinfer.config import Settings
+from letsinfer.home import Home
+from letsinfer.identity import NodeIdentity, load_identity
+from letsinfer.store import AuthorityStore
+from letsinfer.trust import pki
+from letsinfer.trust.client import ClusterClient, PeerMismatch
+from letsinfer.trust.discovery import Advertiser, local_addresses, txt_record
+from letsinfer.trust.material import presented_fingerprint, tls_files
+from letsinfer.trust.peer import server_context
+
+log = logging.getLogger("letsinfer.agent")
+
+RENEW_BEFORE_S = 10 * 24 * 3600
+
+
+def instance_name(identity: NodeIdentity) -> str:
+    label = re.sub(r"[^A-Za-z0-9-]", "-", identity.name)[:40].strip("-") or "node"
+    return f"{label}-{identity.node_id[:8]}"
+
+
+def advertise_address(host: str, explicit: str | None) -> str:
+    if explicit:
+        return explicit
+    found = local_addresses(host)
+    return found[0] if found else "127.0.0.1"
+
+
+def advertiser_for(
+    identity: NodeIdentity, fingerprint: str, host: str, port: int, gateway: str | None = None
+) -> Advertiser:
+    pairing = "enrolled" if identity.enrolled else "open"
+    return Advertiser(
+        instance_name(identity),
+        port,
+        local_addresses(host),
+        txt_record(identity.node_id, fingerprint, identity.role, pairing, gateway),
+    )
+
+
+class AgentNode:
+    def __init__(self, home: Home, settings: Settings) -> None:
+        identity = load_identity(home.identity_file)
+        assert identity is not None and identity.role != "main"
+        self.home = home
+        self.settings = settings
+        self.identity = identity
+        self.files = tls_files(home, identity)
+        self.fingerprint = presented_fingerprint(home, identity)
+        self.audit = AuthorityStore(home.database)
+        self.reload_requested = False
+        self.server: Any = None  # the uvicorn server, set by the runner
+        self._mtime = home.identity_file.stat().st_mtime_ns
+
+    def app(self) -> Any:
+        return create_agent_app(
+            self.home, lambda: self.identity, self.fingerprint, self.audit, lifespan=self.lifespan
+        )
+
+    def ssl_context(self) -> Any:
+        return server_context(self.files.cert, self.files.key, self.files.ca)
+
+    @asynccontextmanager
+    async def lifespan(self, app: Any) -> AsyncIterator[None]:
+        agent = self.settings.agent
+        adv = None
+        if self.settings.discovery.enabled:
+            adv = advertiser_for(self.identity, self.fingerprint, agent.api_host, agent.api_port)
+            await adv.start()
+        tasks = [asyncio.create_task(self._watch_identity())]
+        if self.identity.role == "child":
+            tasks.append(asyncio.create_task(self._heartbeat()))
+        log.info(
+            "%s node %s (%s) agent on %s:%d",
+            self.identity.role,
+            self.identity.name,
+            self.identity.node_id,
+            agent.api_host,
+            agent.api_port,
+        )
+        try:
+            yield
+        finally:
+            for t in tasks:
+                t.cancel()
+            for t in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
+            if adv is not None:
+                await adv.stop()
+            self.audit.close()
+
+    async def _watch_identity(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            try:
+                mtime = self.home.identity_file.stat().st_mtime_ns
+            except FileNotFoundError:
+                continue
+            if mtime != self._mtime:
+                log.info("node identity changed; restarting the agent planes")
+                self.reload_requested = True
+                if self.server is not None:
+                    self.server.should_exit = True
+                return
+
+    async def _heartbeat(self) -> None:
+        ident = self.identity
+        client = ClusterClient(self.files, expect_node=ident.main_id)
+        address = advertise_address(self.settings.agent.api_host, self.settings.agent.advertise)
+        body = {"address": f"{address}:{self.settings.agent.api_port}", "version": __version__}
+        url = f"https://{ident.main_address}/v1/agent"
+        interval = self.settings.control.heartbeat_interval_s
+        refused = False
+        while True:
+            try:
+                resp = await client.arequest("POST", url + "/heartbeat", json=body)
+                if resp.status_code == 200:
+                    refused = False
+                    await self._renew_if_due(client, url)
+                elif not refused:
+                    refused = True
+                    log.error("the main refused this node: %s", resp.text)
+            except (httpx.HTTPError, PeerMismatch, OSError) as exc:
+                log.warning("heartbeat to the main at %s failed: %s", ident.main_address, exc)
+            # A refused node keeps asking, slowly: the main audits every refusal.
+            await asyncio.sleep(interval * 20 if refused else interval)
+
+    async def _renew_if_due(self, client: ClusterClient, url: str) -> None:
+        cert = pki.load_cert(self.files.cert.read_bytes())
+        left = cert.not_valid_after_utc.timestamp() - time.time()
+        if left > RENEW_BEFORE_S:
+            return
+        key = pki.read_private_key(self.files.key)
+        resp = await client.arequest(
+            "POST", url + "/renew", json={"csr": pki.make_csr(key, self.identity.node_id).decode()}
+        )
+        if resp.status_code == 200:
+            new = pki.load_cert(resp.json()["certificate"].encode())
+            assert self.files.ca is not None
+            pki.verify_issued_by(new, pki.load_cert(self.files.ca.read_bytes()))
+            pki.write_pem(self.files.cert, pki.cert_pem(new))
+            log.info("node certificate renewed until %s", new.not_valid_after_utc)

@@ -1,0 +1,120 @@
+"""The main's side of enrollment: a pinned request out, a CSR back, a certificate issued.
+
+The request carries a one-time token. Completion needs that token, an
+unexpired pending request, and a CSR whose key is exactly the key the main
+pinned when it reached the candidate. Every refusal is audited.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import time
+import uuid
+from dataclasses import dataclass
+
+from letsinfer.store import AuthorityStore, EnrollmentRecord, StoreError
+from letsinfer.trust import pki
+from letsinfer.trust.material import ClusterCA
+
+
+class EnrollmentRefused(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Offer:
+    record: EnrollmentRecord
+    token: str
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def open_offer(
+    store: AuthorityStore,
+    candidate_id: str,
+    name: str,
+    address: str,
+    pubkey_sha256: str,
+    ttl_s: float,
+) -> Offer:
+    if store.find_node(candidate_id) is not None or store.find_node(name) is not None:
+        raise StoreError(f"a node named {name!r} or with id {candidate_id} is already enrolled")
+    token = secrets.token_urlsafe(32)
+    with store.transaction():
+        rec = store.add_enrollment(
+            f"enr-{uuid.uuid4().hex[:12]}",
+            candidate_id,
+            name,
+            address,
+            pubkey_sha256,
+            _digest(token),
+            ttl_s,
+        )
+        store.append_audit(
+            "cli", "node.enroll.request", "ok", role="main", target=f"{name} ({address})"
+        )
+    return Offer(rec, token)
+
+
+def close_offer(store: AuthorityStore, enrollment_id: str, state: str, detail: str) -> None:
+    with store.transaction():
+        store.set_enrollment_state(enrollment_id, state, detail)
+        store.append_audit(
+            "cli", "node.enroll.request", "denied", role="main", target=enrollment_id, detail=detail
+        )
+
+
+def complete(
+    store: AuthorityStore,
+    ca: ClusterCA,
+    enrollment_id: str,
+    token: str,
+    csr_pem: str,
+    agent_address: str | None,
+) -> tuple[EnrollmentRecord, bytes]:
+    """Check everything, then record the node and issue its certificate in one step."""
+    rec = store.get_enrollment(enrollment_id)
+
+    def refuse(status: int, why: str) -> EnrollmentRefused:
+        store.append_audit(
+            f"candidate:{rec.candidate_id if rec else '?'}",
+            "node.enroll.complete",
+            "denied",
+            target=enrollment_id,
+            detail=why,
+        )
+        return EnrollmentRefused(status, why)
+
+    if rec is None:
+        raise refuse(404, "no such enrollment request")
+    if not hmac.compare_digest(rec.token_digest, _digest(token)):
+        raise refuse(403, "wrong enrollment token")
+    if rec.state != "pending":
+        raise refuse(409, f"this enrollment request is {rec.state}")
+    if time.time() > rec.expires_at:
+        store.set_enrollment_state(rec.id, "expired")
+        raise refuse(410, "this enrollment request has expired; run `letsinfer node add` again")
+    try:
+        csr = pki.load_csr(csr_pem.encode())
+    except pki.CertificateError as exc:
+        raise refuse(400, str(exc)) from exc
+    if pki.public_key_fingerprint(csr.public_key()) != rec.pubkey_sha256:  # type: ignore[arg-type]
+        raise refuse(403, "the CSR's key is not the key the main pinned for this candidate")
+    cert_pem = ca.issue_node(csr.public_key(), rec.candidate_id)  # type: ignore[arg-type]
+    fp = pki.fingerprint(pki.load_cert(cert_pem))
+    with store.transaction():
+        try:
+            store.add_node(rec.candidate_id, rec.name, "child", agent_address or rec.address, fp)
+        except StoreError as exc:
+            raise refuse(409, str(exc)) from exc
+        store.set_enrollment_state(rec.id, "accepted")
+        store.append_audit(
+            f"node:{rec.candidate_id}", "node.enroll.complete", "ok", role="child", target=rec.name
+        )
+    return rec, cert_pem

@@ -1,0 +1,286 @@
+"""Controllers: ``auth controller add/list/revoke`` on the main, and on an
+operator's workstation ``controller pair`` plus the typed operations."""
+
+from __future__ import annotations
+
+import json
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+import httpx
+
+from letsinfer import config
+from letsinfer.authority import controllers
+from letsinfer.cli import cli
+from letsinfer.cli.auth import auth
+from letsinfer.cli.output import console, emit
+from letsinfer.cli.scope import CliContext, scoped
+from letsinfer.store import AuthorityStore, StoreError
+from letsinfer.trust import pki
+from letsinfer.trust.client import PeerMismatch, peer_certificate
+from letsinfer.trust.peer import client_context
+
+
+@auth.group("controller")
+def auth_controller() -> None:
+    """Controllers (operator workstations) and their roles."""
+
+
+@scoped(auth_controller, "add", scope="main")
+@click.option(
+    "--role",
+    required=True,
+    type=click.Choice(list(controllers.ROLE_RANK)),
+    help="viewer: read state; operator: lifecycle; administrator: keys, nodes.",
+)
+@click.option("--name", default="controller", show_default=True)
+@click.pass_obj
+def controller_add(ctx: CliContext, role: str, name: str) -> None:
+    """Create a one-time pairing code for a new controller."""
+    assert ctx.identity is not None and ctx.identity.cluster is not None
+    settings = config.load(ctx.home.config_file)
+    store = AuthorityStore(ctx.home.database)
+    try:
+        code = controllers.new_pairing(
+            store, ctx.identity.cluster, role, name, settings.control.pairing_code_ttl_s
+        )
+    finally:
+        store.close()
+    console.print(
+        f"pairing code for controller [bold]{name}[/bold] ({role}), valid "
+        f"{settings.control.pairing_code_ttl_s / 60:.0f} min:"
+    )
+    click.echo(f"code: {code.code}")
+    click.echo(f"comparison: {code.comparison}")
+    click.echo(
+        "on the workstation: letsinfer controller pair --main HOST:PORT --code CODE; "
+        "check it shows the same comparison string"
+    )
+
+
+@scoped(auth_controller, "list", scope="main")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+def controller_list(ctx: CliContext, as_json: bool) -> None:
+    """Controllers with their role and state."""
+    store = AuthorityStore(ctx.home.database)
+    try:
+        rows = [
+            {"name": c.name, "id": c.id, "role": c.role, "state": c.state}
+            for c in store.list_controllers()
+        ]
+    finally:
+        store.close()
+    emit(rows, ["name", "id", "role", "state"], as_json=as_json, title="controllers")
+
+
+@scoped(auth_controller, "revoke", scope="main")
+@click.argument("name")
+@click.pass_obj
+def controller_revoke(ctx: CliContext, name: str) -> None:
+    """Revoke a controller: its certificate is refused from now on."""
+    store = AuthorityStore(ctx.home.database)
+    try:
+        rec = store.find_controller(name)
+        if rec is None:
+            raise StoreError(f"no active controller {name!r}")
+        with store.transaction():
+            store.revoke_controller(rec.id)
+            store.append_audit("cli", "auth.controller.revoke", "ok", target=rec.name)
+    finally:
+        store.close()
+    console.print(f"controller {rec.name} revoked")
+
+
+# -- the workstation side ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ControllerFiles:
+    root: Path
+
+    @property
+    def key(self) -> Path:
+        return self.root / "controller.key"
+
+    @property
+    def cert(self) -> Path:
+        return self.root / "controller.crt"
+
+    @property
+    def ca(self) -> Path:
+        return self.root / "ca.crt"
+
+    @property
+    def meta(self) -> Path:
+        return self.root / "controller.json"
+
+
+@cli.group()
+def controller() -> None:
+    """Act as a paired controller from this workstation."""
+
+
+@scoped(controller, "pair", scope="all")
+@click.option(
+    "--main",
+    "main_address",
+    required=True,
+    metavar="HOST:PORT",
+    help="The main's control-plane address (port 8443 by default).",
+)
+@click.option("--code", required=True, help="The one-time code from `auth controller add`.")
+@click.option(
+    "--expect",
+    metavar="STRING",
+    help="The comparison string the main showed; pairing stops if it differs.",
+)
+@click.option("--yes", is_flag=True, help="Do not ask to confirm the comparison string.")
+@click.pass_obj
+def pair(ctx: CliContext, main_address: str, code: str, expect: str | None, yes: bool) -> None:
+    """Pair with a main: make a key here (never exported), get a role certificate."""
+    files = ControllerFiles(ctx.home.controller_dir)
+    key = pki.read_private_key(files.key) if files.key.exists() else pki.new_key()
+    probe = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    probe.check_hostname = False
+    probe.verify_mode = ssl.CERT_NONE  # the CA is checked below, by a person
+    try:
+        with httpx.Client(verify=probe, timeout=15) as client:
+            resp = client.get(f"https://{main_address}/v1/pair/ca")
+            server_der = peer_certificate(resp)
+        ca_pem = resp.json()["ca"]
+        ca = pki.load_cert(ca_pem.encode())
+        pki.verify_issued_by(pki.load_cert(server_der), ca)
+    except (httpx.HTTPError, PeerMismatch, ValueError, KeyError, pki.CertificateError) as exc:
+        raise click.ClickException(f"{main_address} is not a letsinfer main: {exc}") from exc
+    comparison = controllers.comparison_string(pki.fingerprint(ca), code)
+    click.echo(f"comparison: {comparison}")
+    # The code is sent only after the person (or --expect) confirmed the CA.
+    if expect is not None and expect != comparison:
+        raise click.ClickException(
+            "comparison strings differ: this is not your main; the code was not sent"
+        )
+    if (
+        expect is None
+        and not yes
+        and not click.confirm("Does the main show the same comparison string?")
+    ):
+        raise click.ClickException("not confirmed; the code was not sent")
+    trusted = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    trusted.check_hostname = False
+    trusted.load_verify_locations(cadata=ca_pem)
+    body = {"code": code, "csr": pki.make_csr(key, "controller").decode()}
+    try:
+        resp = httpx.post(
+            f"https://{main_address}/v1/pair/controller", json=body, verify=trusted, timeout=15
+        )
+    except httpx.HTTPError as exc:
+        raise click.ClickException(f"cannot reach the main at {main_address}: {exc}") from exc
+    if resp.status_code != 200:
+        raise click.ClickException("the main refused: " + resp.json()["error"]["message"])
+    answer = resp.json()
+    cert = pki.load_cert(answer["certificate"].encode())
+    pki.verify_issued_by(cert, ca)
+    files.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    pki.write_private_key(files.key, key)
+    pki.write_pem(files.ca, ca_pem.encode())
+    pki.write_pem(files.cert, answer["certificate"].encode())
+    files.meta.write_text(
+        json.dumps(
+            {
+                "main": main_address,
+                "main_id": answer["main_id"],
+                "controller_id": answer["controller_id"],
+                "role": answer["role"],
+            }
+        )
+    )
+    console.print(f"paired with {main_address} as [bold]{answer['role']}[/bold]")
+
+
+def _call(ctx: CliContext, method: str, path: str, body: Any = None) -> dict[str, Any]:
+    files = ControllerFiles(ctx.home.controller_dir)
+    if not files.meta.exists():
+        raise click.ClickException("this workstation is not paired: `letsinfer controller pair`")
+    meta = json.loads(files.meta.read_text())
+    tls = client_context(files.ca, files.cert, files.key)
+    try:
+        resp = httpx.request(
+            method, f"https://{meta['main']}{path}", json=body, verify=tls, timeout=15
+        )
+    except (httpx.HTTPError, ssl.SSLError) as exc:
+        raise click.ClickException(
+            f"the main at {meta['main']} refused the connection "
+            f"({exc}); is this controller still paired?"
+        ) from exc
+    data: dict[str, Any] = resp.json()
+    if resp.status_code != 200:
+        raise click.ClickException(data.get("error", {}).get("message", resp.text))
+    return data
+
+
+@scoped(controller, "state", scope="all")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+def state(ctx: CliContext, as_json: bool) -> None:
+    """Nodes, models and placement groups (viewer)."""
+    data = _call(ctx, "GET", "/v1/ops/state")
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    emit(data["nodes"], ["name", "role", "state"], as_json=False, title="nodes")
+    emit(
+        data["placement_groups"],
+        ["id", "model", "desired", "state"],
+        as_json=False,
+        title="placement groups",
+    )
+
+
+@controller.group("model")
+def controller_model() -> None:
+    """Model lifecycle (operator)."""
+
+
+@scoped(controller_model, "stop", scope="all")
+@click.argument("name")
+@click.pass_obj
+def model_stop(ctx: CliContext, name: str) -> None:
+    """Stop a model's placement groups (operator)."""
+    data = _call(ctx, "POST", f"/v1/ops/models/{name}/stop")
+    console.print(f"model {data['model']}: {data['placement_groups']} placement group(s) stopping")
+
+
+@scoped(controller_model, "start", scope="all")
+@click.argument("name")
+@click.pass_obj
+def model_start(ctx: CliContext, name: str) -> None:
+    """Start a model's placement groups (operator)."""
+    data = _call(ctx, "POST", f"/v1/ops/models/{name}/start")
+    console.print(f"model {data['model']}: {data['placement_groups']} placement group(s) starting")
+
+
+@controller.group("key")
+def controller_key() -> None:
+    """API keys (administrator)."""
+
+
+@scoped(controller_key, "create", scope="all")
+@click.argument("name")
+@click.option("--model", "models", multiple=True)
+@click.option("--concurrency", type=click.IntRange(min=1))
+@click.pass_obj
+def key_create(
+    ctx: CliContext, name: str, models: tuple[str, ...], concurrency: int | None
+) -> None:
+    """Create an API key through the main (administrator)."""
+    data = _call(
+        ctx,
+        "POST",
+        "/v1/ops/keys",
+        {"name": name, "models": list(models), "concurrency": concurrency},
+    )
+    click.echo(data["key"])

@@ -1,0 +1,426 @@
+"""``letsinfer node``: initialise, enroll, list, remove and move nodes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import ssl
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+import httpx
+
+from letsinfer import config
+from letsinfer.agent.api import adoption_window
+from letsinfer.authority import enrollment
+from letsinfer.authority.bootstrap import init_candidate, init_main
+from letsinfer.cli import cli
+from letsinfer.cli.output import console, emit
+from letsinfer.cli.scope import CliContext, scoped
+from letsinfer.identity import load_identity
+from letsinfer.store import AuthorityStore, StoreError
+from letsinfer.trust import candidate, pki
+from letsinfer.trust.client import ClusterClient, PeerMismatch
+from letsinfer.trust.discovery import Advert, browse
+from letsinfer.trust.material import ClusterCA, tls_files
+from letsinfer.trust.pinning import PeerUnreachable, PinMismatch, pinned_request
+
+
+@cli.group()
+def node() -> None:
+    """Nodes: initialise, enroll (add/requests/accept/reject), list, remove, move."""
+
+
+def _when(ts: float | None) -> str | None:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds") if ts else None
+
+
+@scoped(node, "init", scope="all")
+@click.option("--main", "as_main", is_flag=True, help="Make this the main node.")
+@click.option("--name", help="This node's name (default: the host name).")
+@click.pass_obj
+def init(ctx: CliContext, as_main: bool, name: str | None) -> None:
+    """Initialise this home: the main (with --main) or a candidate waiting to be enrolled."""
+    if as_main:
+        identity, key = init_main(ctx.home, config.load(ctx.home.config_file), name=name)
+        console.print(f"main node [bold]{identity.name}[/bold] ({identity.node_id}) initialised")
+        click.echo(f"API key (shown once): {key}")
+        return
+    identity = init_candidate(ctx.home, name=name)
+    fp = pki.fingerprint(pki.load_cert(ctx.home.pairing_cert.read_bytes()))
+    console.print(f"candidate node [bold]{identity.name}[/bold] ({identity.node_id}) initialised")
+    click.echo(f"certificate fingerprint: {fp}")
+    click.echo("start it with `letsinfer up`, then run `letsinfer node add` on the main")
+
+
+def _candidates(wait: float) -> list[Advert]:
+    return [a for a in browse(wait) if a.role == "candidate" and a.pairing == "open"]
+
+
+@scoped(node, "add", scope="main")
+@click.argument("name", required=False)
+@click.option("--address", metavar="HOST:PORT", help="Reach the candidate here (agent port).")
+@click.option(
+    "--fingerprint",
+    metavar="SHA256",
+    help="The candidate's certificate fingerprint (from its `letsinfer status`), "
+    "when it is not discovered over mDNS.",
+)
+@click.option("--wait", default=2.0, show_default=True, help="Seconds to listen for mDNS.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+def add(
+    ctx: CliContext,
+    name: str | None,
+    address: str | None,
+    fingerprint: str | None,
+    wait: float,
+    as_json: bool,
+) -> None:
+    """Without arguments, list discovered candidates; with NAME or --address, send
+    an enrollment request pinned to the candidate's certificate fingerprint."""
+    assert ctx.identity is not None
+    settings = config.load(ctx.home.config_file)
+    found: list[Advert] = [] if (address and fingerprint) else _candidates(wait)
+    if name is None and address is None:
+        rows = [
+            {
+                "name": a.label,
+                "node_id": a.node_id,
+                "address": a.address(),
+                "fingerprint": a.fingerprint,
+            }
+            for a in found
+        ]
+        emit(
+            rows,
+            ["name", "node_id", "address", "fingerprint"],
+            as_json=as_json,
+            title="candidates (enroll one with `letsinfer node add NAME`)",
+        )
+        return
+    match = [
+        a
+        for a in found
+        if name in (a.name, a.label, a.node_id) or (address is not None and address == a.address())
+    ]
+    if fingerprint is None:
+        if not match:
+            raise click.ClickException(
+                f"no candidate {name or address} advertises itself here; pass --address "
+                "HOST:PORT and --fingerprint (shown by `letsinfer status` on the candidate)"
+            )
+        fingerprint = match[0].fingerprint
+    target = address or match[0].address()
+    _, who, der = _pinned(target, "GET", "/v1/identity", None, fingerprint, settings)
+    cand_id, cand_name = who["node_id"], who["name"]
+    pubkey = pki.public_key_fingerprint(pki.load_cert(der))
+    store = AuthorityStore(ctx.home.database)
+    try:
+        offer = enrollment.open_offer(
+            store, cand_id, name or cand_name, target, pubkey, settings.control.enrollment_ttl_s
+        )
+        ca = ClusterCA(ctx.home, ctx.identity)
+        body = {
+            "enrollment_id": offer.record.id,
+            "main_id": ctx.identity.node_id,
+            "main_name": ctx.identity.name,
+            "main_address": _control_address(settings),
+            "ca": ca.pem,
+            "token": offer.token,
+            "expires_at": offer.record.expires_at,
+            "gateway_url": None,
+        }
+        try:
+            status, answer, _ = _pinned(
+                target, "POST", "/v1/enroll/request", body, fingerprint, settings
+            )
+        except click.ClickException as exc:
+            enrollment.close_offer(store, offer.record.id, "refused", exc.message)
+            raise
+        if status != 200:
+            why = answer.get("error", {}).get("message", f"HTTP {status}")
+            enrollment.close_offer(store, offer.record.id, "refused", why)
+            raise click.ClickException(f"the candidate refused: {why}")
+    finally:
+        store.close()
+    console.print(
+        f"enrollment request [bold]{offer.record.id}[/bold] sent to {offer.record.name} at {target}"
+    )
+    click.echo(f"on that node, run: letsinfer node accept {offer.record.id}")
+
+
+def _control_address(settings: config.Settings) -> str:
+    from letsinfer.agent.runtime import advertise_address
+
+    control = settings.control
+    return f"{advertise_address(control.host, control.advertise)}:{control.port}"
+
+
+def _pinned(
+    target: str,
+    method: str,
+    path: str,
+    body: dict[str, Any] | None,
+    fp: str,
+    settings: config.Settings,
+) -> tuple[int, dict[str, Any], bytes]:
+    try:
+        return pinned_request(target, settings.agent.api_port, method, path, body, fp)
+    except (PinMismatch, PeerUnreachable, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@scoped(node, "requests", scope="child")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+def requests(ctx: CliContext, as_json: bool) -> None:
+    """Enrollment requests this node has received (accept one with `node accept ID`)."""
+    rows = [
+        {
+            "id": r.id,
+            "main": r.main_name,
+            "main_address": r.main_address,
+            "cluster": r.ca_fingerprint,
+            "expires": _when(r.expires_at),
+        }
+        for r in candidate.list_requests(ctx.home)
+    ]
+    emit(
+        rows,
+        ["id", "main", "main_address", "cluster", "expires"],
+        as_json=as_json,
+        title="enrollment requests",
+    )
+
+
+def _blockers(ctx: CliContext) -> list[str]:
+    """Active work or attached children block leaving a cluster."""
+    ident = ctx.identity
+    if ident is None or not ctx.home.database.exists():
+        return []
+    store = AuthorityStore(ctx.home.database)
+    try:
+        found = []
+        active = [
+            pg.id
+            for pg in store.list_placement_groups(node_id=ident.node_id)
+            if pg.desired == "running"
+        ]
+        if active:
+            found.append(f"active placement groups: {', '.join(active)} (stop them first)")
+        children = [n.name for n in store.list_nodes() if n.role == "child"]
+        if ident.role == "main" and children:
+            found.append(f"attached children: {', '.join(children)} (remove them first)")
+        return found
+    finally:
+        store.close()
+
+
+@scoped(node, "accept", scope="child")
+@click.argument("request_id")
+@click.pass_obj
+def accept(ctx: CliContext, request_id: str) -> None:
+    """Accept an enrollment request: send a CSR and join the main's cluster."""
+    assert ctx.identity is not None
+    req = candidate.get_request(ctx.home, request_id)
+    store = AuthorityStore(ctx.home.database)
+    try:
+        if ctx.identity.enrolled:
+            blockers = _blockers(ctx)
+            if blockers:
+                why = "; ".join(blockers)
+                store.append_audit("cli", "node.move", "denied", target=req.main_name, detail=why)
+                raise click.ClickException(f"cannot move this node: {why}")
+        settings = config.load(ctx.home.config_file)
+        from letsinfer.agent.runtime import advertise_address
+
+        agent = settings.agent
+        address = f"{advertise_address(agent.api_host, agent.advertise)}:{agent.api_port}"
+        was_main = ctx.identity.role == "main"
+        try:
+            moved = candidate.accept(ctx.home, ctx.identity, req, address)
+        except candidate.EnrollmentError as exc:
+            store.append_audit(
+                "cli", "node.accept", "denied", target=req.main_name, detail=str(exc)
+            )
+            raise click.ClickException(str(exc)) from exc
+        store.append_audit(
+            "cli",
+            "node.accept",
+            "ok",
+            role="child",
+            target=req.main_name,
+            detail=f"cluster sha256:{moved.cluster}",
+        )
+    finally:
+        store.close()
+    if was_main:
+        _retire_authority(ctx)
+    (ctx.home.enrollment_dir / "move-into.json").unlink(missing_ok=True)
+    console.print(
+        f"this node is now a child of [bold]{req.main_name}[/bold] "
+        f"({req.main_address}); a running node switches within a second"
+    )
+
+
+def _retire_authority(ctx: CliContext) -> None:
+    """A former main keeps its models but not its authority (keys, controllers)."""
+    stamp = time.strftime("%Y%m%d%H%M%S")
+    for suffix in ("", "-wal", "-shm"):
+        src = ctx.home.database.with_name(ctx.home.database.name + suffix)
+        if src.exists():
+            src.rename(src.with_name(f"{src.name}.previous-{stamp}"))
+    shutil.rmtree(ctx.home.ca_key.parent, ignore_errors=True)
+
+
+@scoped(node, "reject", scope="child")
+@click.argument("request_id")
+@click.pass_obj
+def reject(ctx: CliContext, request_id: str) -> None:
+    """Reject (drop) an enrollment request."""
+    req = candidate.get_request(ctx.home, request_id)
+    candidate.drop_request(ctx.home, req.id)
+    store = AuthorityStore(ctx.home.database)
+    try:
+        store.append_audit("cli", "node.reject", "ok", target=req.main_name, detail=req.id)
+    finally:
+        store.close()
+    console.print(f"enrollment request {req.id} from {req.main_name} rejected")
+
+
+@scoped(node, "list", scope="main")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+def list_nodes(ctx: CliContext, as_json: bool) -> None:
+    """Nodes of this cluster, with when each was last heard from."""
+    settings = config.load(ctx.home.config_file)
+    store = AuthorityStore(ctx.home.database)
+    try:
+        nodes = store.list_nodes()
+    finally:
+        store.close()
+    now = time.time()
+    rows = []
+    for n in nodes:
+        fresh = n.role == "main" or (
+            n.last_seen is not None and now - n.last_seen < settings.control.node_stale_after_s
+        )
+        rows.append(
+            {
+                "name": n.name,
+                "id": n.id,
+                "role": n.role,
+                "address": n.address,
+                "state": n.state if fresh else "unreachable",
+                "paused": n.paused,
+                "last_seen": _when(n.last_seen),
+            }
+        )
+    emit(
+        rows,
+        ["name", "id", "role", "address", "state", "last_seen"],
+        as_json=as_json,
+        title="nodes",
+    )
+
+
+@scoped(node, "info", scope="main")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+def info(ctx: CliContext, name: str, as_json: bool) -> None:
+    """Ask a node's agent about itself, over mutual TLS."""
+    assert ctx.identity is not None
+    store = AuthorityStore(ctx.home.database)
+    try:
+        target = store.find_node(name)
+    finally:
+        store.close()
+    if target is None:
+        raise StoreError(f"no node {name!r} (see `letsinfer node list`)")
+    if target.role == "main" or target.address is None:
+        raise StoreError(f"{target.name} is the main; see `letsinfer status`")
+    client = ClusterClient(tls_files(ctx.home, ctx.identity), expect_node=target.id)
+    try:
+        resp = client.request("GET", f"https://{target.address}/v1/agent/info")
+    except (httpx.HTTPError, ssl.SSLError, PeerMismatch) as exc:
+        raise click.ClickException(
+            f"cannot reach {target.name} at {target.address}: {exc}"
+        ) from exc
+    if resp.status_code != 200:
+        raise click.ClickException(f"{target.name} refused: {resp.text}")
+    emit(
+        [resp.json()],
+        ["name", "node_id", "role", "version", "cpus", "memory_bytes"],
+        as_json=as_json,
+        title=target.name,
+    )
+
+
+@scoped(node, "remove", scope="main")
+@click.argument("name")
+@click.pass_obj
+def remove(ctx: CliContext, name: str) -> None:
+    """Remove a child and revoke its certificate: the main refuses it from now on."""
+    store = AuthorityStore(ctx.home.database)
+    try:
+        target = store.find_node(name)
+        if target is None:
+            raise StoreError(f"no node {name!r} (see `letsinfer node list`)")
+        if target.role == "main":
+            raise StoreError("the main cannot remove itself")
+        with store.transaction():
+            store.remove_node(target.id)
+            store.append_audit("cli", "node.remove", "ok", role="main", target=target.name)
+    finally:
+        store.close()
+    console.print(f"node {target.name} removed; its certificate is revoked")
+
+
+@scoped(node, "move-into", scope="all")
+@click.option(
+    "--main",
+    "main_address",
+    required=True,
+    metavar="HOST:PORT",
+    help="The control address of the main this node should move to.",
+)
+@click.option(
+    "--window",
+    default=900.0,
+    show_default=True,
+    help="Seconds during which that main's enrollment request is accepted.",
+)
+@click.pass_obj
+def move_into(ctx: CliContext, main_address: str, window: float) -> None:
+    """Allow this enrolled node to be adopted by another main (explicitly, for a while).
+
+    Refused while the node has active placement groups or attached children. The
+    move itself happens at `letsinfer node accept`: models and caches stay;
+    authority, certificates, controllers, keys and service state are replaced.
+    """
+    ident = load_identity(ctx.home.identity_file)
+    if ident is None or not ident.enrolled:
+        raise click.ClickException("this node is not in a cluster; use `node accept` directly")
+    blockers = _blockers(ctx)
+    store = AuthorityStore(ctx.home.database)
+    try:
+        if blockers:
+            why = "; ".join(blockers)
+            store.append_audit("cli", "node.move-into", "denied", target=main_address, detail=why)
+            raise click.ClickException(f"cannot move this node: {why}")
+        ctx.home.enrollment_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        (ctx.home.enrollment_dir / "move-into.json").write_text(
+            json.dumps({"main": main_address, "until": time.time() + window})
+        )
+        store.append_audit("cli", "node.move-into", "ok", target=main_address)
+    finally:
+        store.close()
+    assert adoption_window(ctx.home) is not None
+    console.print(
+        f"this node accepts an enrollment request from {main_address} for the next "
+        f"{window:.0f}s; then run `letsinfer node accept ID` here"
+    )

@@ -1,0 +1,258 @@
+"""Control-plane routes. A fixed set of typed operations; nothing runs commands.
+
+Open paths (no client certificate yet): completing an enrollment and pairing a
+controller, each authenticated by its one-time secret. Everything else needs a
+verified cluster certificate: nodes use ``/v1/agent/*``, controllers
+``/v1/ops/*`` within their role.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from letsinfer import __version__
+from letsinfer.authority import controllers, enrollment
+from letsinfer.authority.apikeys import create_key
+from letsinfer.identity import NodeIdentity
+from letsinfer.store import AuthorityStore, StoreError
+from letsinfer.trust import pki
+from letsinfer.trust.material import ClusterCA
+from letsinfer.trust.peer import Peer, PeerGate, Scope
+
+OPEN_PATHS = ("/v1/enroll/complete", "/v1/pair/ca", "/v1/pair/controller")
+
+
+@dataclass
+class ControlContext:
+    store: AuthorityStore
+    ca: ClusterCA
+    identity: NodeIdentity
+    gateway_url: str
+    heartbeat_interval_s: float
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EnrollComplete(_Body):
+    enrollment_id: str
+    token: str
+    csr: str
+    agent_address: str | None = None
+
+
+class PairController(_Body):
+    code: str
+    csr: str
+
+
+class Heartbeat(_Body):
+    address: str | None = None
+    version: str
+
+
+class Renew(_Body):
+    csr: str
+
+
+class KeyCreate(_Body):
+    name: str
+    models: list[str] = Field(default_factory=list)
+    concurrency: int | None = Field(None, ge=1)
+
+
+def create_control_app(ctx: ControlContext) -> PeerGate:
+    store = ctx.store
+    app = FastAPI(title="letsinfer control plane", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(HTTPException)
+    async def _error(request: Request, exc: HTTPException) -> JSONResponse:
+        return JSONResponse(
+            {"error": {"message": exc.detail, "code": exc.status_code}}, status_code=exc.status_code
+        )
+
+    def peer(request: Request) -> Peer:
+        found = request.scope.get("state", {}).get("peer")
+        assert found is not None  # the gate admits no request without one
+        return found  # type: ignore[no-any-return]
+
+    def actor(p: Peer) -> str:
+        if p.identity.kind == "controller":
+            rec = store.get_controller(p.identity.id)
+            return f"controller:{rec.name if rec else p.identity.id}"
+        return f"node:{p.identity.id}"
+
+    def need(role: str) -> Callable[[Request], Peer]:
+        def check(request: Request) -> Peer:
+            p = peer(request)
+            if not controllers.allows(p.identity.role, role):
+                store.append_audit(
+                    actor(p),
+                    request.url.path,
+                    "denied",
+                    role=p.identity.role,
+                    detail=f"needs {role}",
+                )
+                raise HTTPException(
+                    403,
+                    f"this operation needs the {role} role; this controller is {p.identity.role}",
+                )
+            return p
+
+        return check
+
+    # -- open: one-time secrets --------------------------------------------
+    @app.post("/v1/enroll/complete")
+    def enroll_complete(body: EnrollComplete) -> dict[str, Any]:
+        try:
+            rec, cert = enrollment.complete(
+                store, ctx.ca, body.enrollment_id, body.token, body.csr, body.agent_address
+            )
+        except enrollment.EnrollmentRefused as exc:
+            raise HTTPException(exc.status, str(exc)) from exc
+        return {
+            "node_id": rec.candidate_id,
+            "certificate": cert.decode(),
+            "ca": ctx.ca.pem,
+            "main_id": ctx.identity.node_id,
+            "gateway_url": ctx.gateway_url,
+        }
+
+    @app.get("/v1/pair/ca")
+    def pair_ca() -> dict[str, Any]:
+        # Public: a controller compares its fingerprint (through the comparison
+        # string) before it sends its one-time code.
+        return {"ca": ctx.ca.pem, "main_id": ctx.identity.node_id}
+
+    @app.post("/v1/pair/controller")
+    def pair_controller(body: PairController) -> dict[str, Any]:
+        try:
+            rec, cert = controllers.pair(store, ctx.ca, body.code, body.csr)
+        except controllers.PairingRefused as exc:
+            raise HTTPException(exc.status, str(exc)) from exc
+        return {
+            "controller_id": rec.id,
+            "role": rec.role,
+            "certificate": cert.decode(),
+            "ca": ctx.ca.pem,
+            "main_id": ctx.identity.node_id,
+        }
+
+    # -- nodes --------------------------------------------------------------
+    @app.post("/v1/agent/heartbeat")
+    def heartbeat(body: Heartbeat, request: Request) -> dict[str, Any]:
+        p = peer(request)
+        store.node_seen(p.identity.id, body.address, p.identity.fingerprint)
+        return {"ok": True, "interval_s": ctx.heartbeat_interval_s}
+
+    @app.post("/v1/agent/renew")
+    def renew(body: Renew, request: Request) -> dict[str, Any]:
+        p = peer(request)
+        try:
+            csr = pki.load_csr(body.csr.encode())
+        except pki.CertificateError as exc:
+            raise HTTPException(400, str(exc)) from exc
+        node = store.get_node(p.identity.id)
+        assert node is not None
+        cert = ctx.ca.issue_node(csr.public_key(), node.id, node.role)  # type: ignore[arg-type]
+        fp = pki.fingerprint(pki.load_cert(cert))
+        with store.transaction():
+            store.set_node_fingerprint(node.id, fp)
+            store.append_audit(
+                actor(p), "node.certificate.renew", "ok", role=node.role, target=node.name
+            )
+        return {"certificate": cert.decode()}
+
+    # -- controllers: a fixed set of typed operations ------------------------
+    @app.get("/v1/ops/state")
+    def state(p: Annotated[Peer, Depends(need("viewer"))]) -> dict[str, Any]:
+        return {
+            "nodes": [
+                {
+                    "id": n.id,
+                    "name": n.name,
+                    "role": n.role,
+                    "state": n.state,
+                    "paused": n.paused,
+                    "last_seen": n.last_seen,
+                }
+                for n in store.list_nodes()
+            ],
+            "models": [{"name": s.name, "aliases": list(s.aliases)} for s in store.list_services()],
+            "placement_groups": [
+                {
+                    "id": g.id,
+                    "model": g.service,
+                    "node": g.node_id,
+                    "desired": g.desired,
+                    "state": g.state,
+                }
+                for g in store.list_placement_groups()
+            ],
+        }
+
+    def set_desired(name: str, desired: str, p: Peer) -> dict[str, Any]:
+        svc = store.resolve_service(name)
+        if svc is None:
+            raise HTTPException(404, f"no model {name!r}")
+        with store.transaction():
+            changed = store.set_service_desired(svc.name, desired)
+            store.append_audit(
+                actor(p),
+                f"model.{'start' if desired == 'running' else 'stop'}",
+                "ok",
+                role=p.identity.role,
+                target=svc.name,
+            )
+        return {"model": svc.name, "desired": desired, "placement_groups": changed}
+
+    @app.post("/v1/ops/models/{name}/stop")
+    def model_stop(name: str, p: Annotated[Peer, Depends(need("operator"))]) -> dict[str, Any]:
+        return set_desired(name, "stopped", p)
+
+    @app.post("/v1/ops/models/{name}/start")
+    def model_start(name: str, p: Annotated[Peer, Depends(need("operator"))]) -> dict[str, Any]:
+        return set_desired(name, "running", p)
+
+    @app.post("/v1/ops/keys")
+    def key_create(
+        body: KeyCreate, p: Annotated[Peer, Depends(need("administrator"))]
+    ) -> dict[str, Any]:
+        try:
+            issued = create_key(
+                store, body.name, tuple(body.models), body.concurrency, actor=actor(p)
+            )
+        except StoreError as exc:
+            raise HTTPException(400, str(exc)) from exc
+        return {"name": issued.record.name, "key": issued.secret}
+
+    @app.get("/v1/ops/version")
+    def version(p: Annotated[Peer, Depends(need("viewer"))]) -> dict[str, str]:
+        return {"version": __version__, "main": ctx.identity.name}
+
+    def admit(p: Peer, path: str) -> str | None:
+        ident = p.identity
+        if store.is_revoked(ident.fingerprint):
+            return "this certificate has been revoked"
+        if ident.kind == "node":
+            node = store.get_node(ident.id)
+            if node is None or node.state == "removed":
+                return "this node has been removed from the cluster"
+            return None if path.startswith("/v1/agent/") else "nodes may only use /v1/agent/*"
+        rec = store.get_controller(ident.id)
+        if rec is None or rec.state != "paired":
+            return "this controller has been revoked"
+        return None if path.startswith("/v1/ops/") else "controllers may only use /v1/ops/*"
+
+    def denied(scope: Scope, p: Peer | None, reason: str) -> None:
+        who = actor(p) if p is not None else f"anonymous:{(scope.get('client') or ('?',))[0]}"
+        store.append_audit(
+            who, scope["path"], "denied", role=p.identity.role if p else None, detail=reason
+        )
+
+    return PeerGate(app, OPEN_PATHS, admit, denied)

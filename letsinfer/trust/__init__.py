@@ -1,0 +1,1 @@
+"""Trust: the cluster CA, node and controller certificates, pinned enrollment, peers."""

@@ -1,0 +1,153 @@
+"""A candidate's side of enrollment: requests it received, and local acceptance.
+
+A request is kept (0600) until it is accepted, rejected or expires. Accepting
+sends a CSR for this node's own key to the main named in the request,
+verifying the main against the CA in that request, then switches this node
+into the cluster in one atomic step (node.json is replaced last).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import ssl
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import httpx
+
+from letsinfer.home import Home
+from letsinfer.identity import NodeIdentity, load_identity, save_identity
+from letsinfer.trust import pki
+from letsinfer.trust.client import PeerMismatch, peer_certificate
+from letsinfer.trust.material import ensure_node_key
+
+
+class EnrollmentError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class PendingRequest:
+    id: str
+    main_id: str
+    main_name: str
+    main_address: str
+    ca_pem: str
+    token: str
+    expires_at: float
+    received_at: float
+    gateway_url: str | None = None
+
+    @property
+    def ca_fingerprint(self) -> str:
+        return pki.fingerprint(pki.load_cert(self.ca_pem.encode()))
+
+    @property
+    def expired(self) -> bool:
+        return time.time() > self.expires_at
+
+
+def _path(home: Home, request_id: str) -> Path:
+    if not request_id.replace("-", "").isalnum():
+        raise EnrollmentError(f"invalid request id {request_id!r}")
+    return home.enrollment_dir / f"{request_id}.json"
+
+
+def store_request(home: Home, req: PendingRequest) -> None:
+    pki.load_cert(req.ca_pem.encode())  # refuse garbage before keeping it
+    home.enrollment_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = _path(home, req.id)
+    fd = os.open(path.with_suffix(".tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(asdict(req), fh)
+    path.with_suffix(".tmp").replace(path)
+
+
+def list_requests(home: Home) -> list[PendingRequest]:
+    """Pending requests; expired ones are dropped on the way."""
+    out = []
+    if not home.enrollment_dir.exists():
+        return out
+    for path in sorted(home.enrollment_dir.glob("*.json")):
+        req = PendingRequest(**json.loads(path.read_text()))
+        if req.expired:
+            path.unlink(missing_ok=True)
+            continue
+        out.append(req)
+    return out
+
+
+def get_request(home: Home, request_id: str) -> PendingRequest:
+    for req in list_requests(home):
+        if req.id == request_id:
+            return req
+    raise EnrollmentError(
+        f"no pending enrollment request {request_id!r} "
+        "(see `letsinfer node requests`; requests expire)"
+    )
+
+
+def drop_request(home: Home, request_id: str) -> None:
+    _path(home, request_id).unlink(missing_ok=True)
+
+
+def accept(
+    home: Home, identity: NodeIdentity, req: PendingRequest, agent_address: str | None
+) -> NodeIdentity:
+    """Send the CSR, receive the certificate, switch clusters atomically."""
+    key = ensure_node_key(home)
+    ca = pki.load_cert(req.ca_pem.encode())
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.load_verify_locations(cadata=req.ca_pem)
+    body = {
+        "enrollment_id": req.id,
+        "token": req.token,
+        "csr": pki.make_csr(key, identity.node_id).decode(),
+        "agent_address": agent_address,
+    }
+    try:
+        with httpx.Client(verify=ctx, timeout=15) as client:
+            resp = client.post(f"https://{req.main_address}/v1/enroll/complete", json=body)
+            server_der = peer_certificate(resp)
+    except (httpx.HTTPError, PeerMismatch) as exc:
+        raise EnrollmentError(f"cannot reach the main at {req.main_address}: {exc}") from exc
+    server = pki.identity_of(pki.load_cert(server_der))
+    if server.kind != "node" or server.id != req.main_id or server.role != "main":
+        raise EnrollmentError(f"{req.main_address} is not the main that sent this request")
+    if resp.status_code != 200:
+        message = resp.json().get("error", {}).get("message", resp.text)
+        raise EnrollmentError(f"the main refused: {message}")
+    cert = pki.load_cert(resp.json()["certificate"].encode())
+    pki.verify_issued_by(cert, ca)
+    ident = pki.identity_of(cert)
+    if ident.id != identity.node_id or pki.public_key_fingerprint(
+        cert
+    ) != pki.public_key_fingerprint(key.public_key()):
+        raise EnrollmentError("the main issued a certificate for another identity")
+
+    cluster = pki.fingerprint(ca)
+    target = home.cluster_dir(cluster)
+    staging = target.with_name(target.name + ".staging")
+    shutil.rmtree(staging, ignore_errors=True)
+    pki.write_pem(staging / "ca.crt", req.ca_pem.encode())
+    pki.write_pem(staging / "node.crt", pki.cert_pem(cert))
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    previous = load_identity(home.identity_file)
+    moved = replace(
+        identity,
+        role="child",
+        main_address=req.main_address,
+        main_id=req.main_id,
+        cluster=cluster,
+        gateway_url=req.gateway_url or resp.json().get("gateway_url"),
+    )
+    save_identity(home.identity_file, moved)  # the commit point
+    drop_request(home, req.id)
+    if previous is not None and previous.cluster and previous.cluster != cluster:
+        shutil.rmtree(home.cluster_dir(previous.cluster), ignore_errors=True)
+    return moved

@@ -1,0 +1,58 @@
+"""Mutual-TLS calls between cluster members (node to main, main to agent,
+controller to main), with the peer's certificate identity checked."""
+
+from __future__ import annotations
+
+import ssl
+from typing import Any
+
+import httpx
+
+from letsinfer.trust import pki
+from letsinfer.trust.material import TlsFiles
+from letsinfer.trust.peer import client_context
+
+
+class PeerMismatch(Exception):
+    pass
+
+
+class ClusterClient:
+    def __init__(
+        self, files: TlsFiles, expect_node: str | None = None, timeout: float = 10.0
+    ) -> None:
+        if files.ca is None:
+            raise ValueError("not enrolled: no cluster CA to verify peers with")
+        self._ctx = client_context(files.ca, files.cert, files.key)
+        self._expect_node = expect_node
+        self._timeout = timeout
+
+    def request(self, method: str, url: str, json: Any = None) -> httpx.Response:
+        with httpx.Client(verify=self._ctx, timeout=self._timeout) as client:
+            resp = client.request(method, url, json=json)
+            self._check_peer(resp)
+            return resp
+
+    async def arequest(self, method: str, url: str, json: Any = None) -> httpx.Response:
+        async with httpx.AsyncClient(verify=self._ctx, timeout=self._timeout) as client:
+            resp = await client.request(method, url, json=json)
+            self._check_peer(resp)
+            return resp
+
+    def _check_peer(self, resp: httpx.Response) -> None:
+        if self._expect_node is None:
+            return
+        ident = pki.identity_of(pki.load_cert(peer_certificate(resp)))
+        if ident.kind != "node" or ident.id != self._expect_node:
+            raise PeerMismatch(f"the peer is {ident.kind} {ident.id}, not node {self._expect_node}")
+
+
+def peer_certificate(resp: httpx.Response) -> bytes:
+    """The server certificate (DER) of the connection that carried ``resp``;
+    call it while the client is still open."""
+    stream = resp.extensions.get("network_stream")
+    ssl_object: ssl.SSLObject | None = stream.get_extra_info("ssl_object") if stream else None
+    der = ssl_object.getpeercert(True) if ssl_object else None
+    if not der:
+        raise PeerMismatch("the peer presented no certificate")
+    return der

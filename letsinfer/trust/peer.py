@@ -1,0 +1,152 @@
+"""Verified peer identity on the mutual-TLS planes (control :8443, agent :8444).
+
+uvicorn verifies client certificates but does not put them in the ASGI scope.
+This module owns the gap: an HTTP protocol class (passed to uvicorn's
+``http=``) reads the verified certificate from the connection's ``ssl_object``
+and adds the ASGI ``tls`` extension to every request on that connection; the
+``PeerGate`` middleware turns it into a :class:`Peer` and refuses a request
+without one before any handler runs (only explicitly open paths pass).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives import serialization
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from letsinfer.trust.pki import CertIdentity, CertificateError, identity_of, load_cert
+
+Scope = dict[str, Any]
+Receive = Callable[[], Any]
+Send = Callable[[dict[str, Any]], Any]
+ASGIApp = Callable[[Scope, Receive, Send], Any]
+
+
+@dataclass(frozen=True)
+class Peer:
+    identity: CertIdentity
+    address: str | None
+
+
+def _with_tls(app: ASGIApp, der: bytes | None) -> ASGIApp:
+    chain = []
+    if der:
+        pem = load_cert(der).public_bytes(serialization.Encoding.PEM).decode()
+        chain = [pem]
+
+    async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            scope.setdefault("extensions", {})["tls"] = {
+                "client_cert_chain": chain,
+                "client_cert_der": der,
+            }
+        await app(scope, receive, send)
+
+    return wrapped
+
+
+class PeerCertProtocol(H11Protocol):
+    """uvicorn's h11 protocol, plus the verified client certificate in scope."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        ssl_object = transport.get_extra_info("ssl_object")
+        der = ssl_object.getpeercert(True) if ssl_object is not None else None
+        self.app = _with_tls(self.app, der)
+
+
+def peer_of(scope: Scope) -> Peer | None:
+    tls = scope.get("extensions", {}).get("tls") or {}
+    der = tls.get("client_cert_der")
+    if not der:
+        return None
+    try:
+        ident = identity_of(load_cert(der))
+    except CertificateError:
+        return None
+    client = scope.get("client")
+    return Peer(identity=ident, address=client[0] if client else None)
+
+
+Denial = Callable[[Scope, Peer | None, str], None]
+
+
+class PeerGate:
+    """Refuse, before routing, any request without a verified letsinfer peer.
+
+    ``open_paths`` are reachable without a certificate (enrollment, pairing);
+    ``admit(peer, path)`` decides whether a verified peer may use this path
+    (revocation, node-vs-controller) and returns a reason to refuse, or None.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        open_paths: Iterable[str],
+        admit: Callable[[Peer, str], str | None],
+        on_denied: Denial,
+    ) -> None:
+        self.app = app
+        self.open_paths = frozenset(open_paths)
+        self.admit = admit
+        self.on_denied = on_denied
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        peer = peer_of(scope)
+        scope.setdefault("state", {})["peer"] = peer
+        if scope["path"] in self.open_paths:
+            await self.app(scope, receive, send)
+            return
+        reason = (
+            "no verified client certificate" if peer is None else self.admit(peer, scope["path"])
+        )
+        if reason is not None:
+            self.on_denied(scope, peer, reason)
+            body = json.dumps(
+                {"error": {"message": reason, "type": "permission_error", "code": "peer_refused"}}
+            ).encode()
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 403,
+                    "headers": [(b"content-type", b"application/json")],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+            return
+        await self.app(scope, receive, send)
+
+
+def server_context(cert: Path, key: Path, ca: Path | None) -> ssl.SSLContext:
+    """TLS for a plane: our certificate; client certificates verified against
+    the cluster CA when presented (the gate then requires them)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(cert, key)
+    if ca is not None:
+        ctx.load_verify_locations(cafile=str(ca))
+        ctx.verify_mode = ssl.CERT_OPTIONAL
+    return ctx
+
+
+def client_context(ca: Path, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
+    """Verify the server against the cluster CA only; identity is checked by
+    node id in its certificate, not by host name (nodes move between addresses)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    ctx.load_verify_locations(cafile=str(ca))
+    if cert is not None and key is not None:
+        ctx.load_cert_chain(cert, key)
+    return ctx

@@ -1,0 +1,378 @@
+"""Trust across real links: three nodes in network namespaces, mDNS discovery,
+pinned enrollment, mutual TLS, and every refusal a user should see."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.netlab import NetLab, can_make_namespaces
+
+pytestmark = pytest.mark.skipif(not can_make_namespaces(), reason="needs root (namespaces)")
+
+PY = sys.executable
+
+
+class Cluster:
+    def __init__(self, lab: NetLab, root: Path) -> None:
+        self.lab = lab
+        self.root = root
+        self.procs: dict[str, subprocess.Popen[str]] = {}
+
+    def home(self, name: str) -> Path:
+        return self.root / name
+
+    def env(self, name: str) -> dict[str, str]:
+        addr = self.lab.hosts[name]
+        return {
+            "PYTHONUNBUFFERED": "1",
+            "LETSINFER_GATEWAY__HOST": addr,
+            "LETSINFER_CONTROL__HOST": addr,
+            "LETSINFER_AGENT__API_HOST": addr,
+            "LETSINFER_CONTROL__HEARTBEAT_INTERVAL_S": "0.5",
+        }
+
+    def cli(
+        self, name: str, *args: str, home: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return self.lab.run(
+            name,
+            PY,
+            "-m",
+            "letsinfer",
+            "--home",
+            str(self.home(home or name)),
+            *args,
+            env=self.env(name),
+        )
+
+    def ok(self, name: str, *args: str, home: str | None = None) -> str:
+        result = self.cli(name, *args, home=home)
+        assert result.returncode == 0, f"{args}: {result.stderr}"
+        return result.stdout
+
+    def up(self, name: str) -> None:
+        log = (self.root / f"{name}.log").open("w")
+        proc = self.lab.popen(
+            name,
+            PY,
+            "-m",
+            "letsinfer",
+            "--home",
+            str(self.home(name)),
+            "up",
+            env=self.env(name),
+            stdout=subprocess.PIPE,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+        )
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("Ctrl-C"):
+                break
+        self.procs[name] = proc
+
+    def wait(self, predicate: object, what: str, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():  # type: ignore[operator]
+            if time.monotonic() > deadline:
+                logs = {p.name: p.read_text()[-2000:] for p in self.root.glob("*.log")}
+                raise AssertionError(f"timed out waiting for {what}; logs: {logs}")
+            time.sleep(0.2)
+
+    def audit(self, name: str) -> list[dict[str, object]]:
+        return json.loads(self.ok(name, "audit", "list", "--json"))
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            proc.send_signal(signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    lab = NetLab(["main", "n1", "n2", "other"]).up()
+    c = Cluster(lab, tmp_path_factory.mktemp("trust"))
+    try:
+        c.ok("main", "node", "init", "--main", "--name", "main")
+        for n in ("n1", "n2"):
+            c.ok(n, "node", "init", "--name", n)
+        for n in ("main", "n1", "n2"):
+            c.up(n)
+        yield c
+    finally:
+        c.stop()
+        lab.down()
+
+
+def pairing_fp(c: Cluster, name: str) -> str:
+    from letsinfer.trust import pki
+
+    return pki.fingerprint(pki.load_cert((c.home(name) / "etc/pki/pairing.crt").read_bytes()))
+
+
+def test_discovery_then_pinned_enrollment_of_two_children(cluster: Cluster) -> None:
+    c = cluster
+    found = {a["name"]: a for a in json.loads(c.ok("main", "node", "add", "--json", "--wait", "3"))}
+    assert {"n1", "n2"} <= set(found), found
+    assert found["n1"]["fingerprint"] == pairing_fp(c, "n1")
+    assert found["n1"]["address"].startswith(c.lab.hosts["n1"])
+
+    for n in ("n1", "n2"):
+        out = c.ok("main", "node", "add", n, "--wait", "3")
+        request_id = out.split("letsinfer node accept ")[1].split()[0]
+        [req] = json.loads(c.ok(n, "node", "requests", "--json"))
+        assert req["id"] == request_id and req["main"] == "main"
+        c.ok(n, "node", "accept", request_id)
+
+    def heard_from_both() -> bool:
+        nodes = {x["name"]: x for x in json.loads(c.ok("main", "node", "list", "--json"))}
+        return all(
+            nodes.get(n, {}).get("state") == "active" and nodes[n]["last_seen"]
+            for n in ("n1", "n2")
+        )
+
+    c.wait(heard_from_both, "heartbeats over mutual TLS from n1 and n2")
+    info = json.loads(c.ok("main", "node", "info", "n1", "--json"))[0]
+    assert info["name"] == "n1" and info["role"] == "child"
+
+    status = json.loads(c.ok("n1", "status", "--json"))[0]
+    assert status["role"] == "child" and status["main"].startswith(c.lab.hosts["main"])
+
+
+def test_refusals_are_clear_and_audited(cluster: Cluster) -> None:
+    c = cluster
+    main_addr = c.lab.hosts["main"]
+
+    # A child running a main-scope command is told where the main is.
+    refused = c.cli("n1", "model", "list")
+    assert refused.returncode == 3 and f"{main_addr}:8443" in refused.stderr
+
+    # A wrong pin: refused before anything is sent.
+    c.ok("other", "node", "init", "--name", "stray")
+    c.up("other")
+    before = c.ok("other", "node", "requests", "--json")
+    wrong = c.cli(
+        "main",
+        "node",
+        "add",
+        "--address",
+        f"{c.lab.hosts['other']}:8444",
+        "--fingerprint",
+        "0" * 64,
+    )
+    assert wrong.returncode == 1 and "refused before anything was sent" in wrong.stderr
+    assert c.ok("other", "node", "requests", "--json") == before == "[]\n"
+
+    # A second main never adopts an enrolled node silently.
+    n1_fp = json.loads(c.ok("n1", "status", "--json"))[0]
+    second = c.root / "second"
+    c.ok("other", "node", "init", "--main", "--name", "second", home="second")
+    from letsinfer.trust import pki
+
+    n1_cert = next((c.home("n1") / "etc/clusters").glob("*/node.crt"))
+    adopt = c.cli(
+        "other",
+        "node",
+        "add",
+        "--address",
+        f"{c.lab.hosts['n1']}:8444",
+        "--fingerprint",
+        pki.fingerprint(pki.load_cert(n1_cert.read_bytes())),
+        home="second",
+    )
+    assert adopt.returncode == 1 and "already belongs to a cluster" in adopt.stderr
+    assert "move-into" in adopt.stderr
+    assert any(
+        r["action"] == "node.enroll.request" and r["outcome"] == "denied" for r in c.audit("n1")
+    ), "the node audits the refused adoption"
+    assert n1_fp["role"] == "child"
+    assert second.exists()
+
+    # move-into is refused while the node has an active placement group.
+    moving = c.cli("main", "node", "move-into", "--main", f"{c.lab.hosts['other']}:8443")
+    assert moving.returncode == 1 and "active placement groups" in moving.stderr
+    assert any(
+        r["action"] == "node.move-into" and r["outcome"] == "denied" for r in c.audit("main")
+    )
+
+    # A certificate from another CA cannot even complete the TLS handshake.
+    probe = c.lab.run(
+        "other",
+        PY,
+        "-c",
+        f"""
+import ssl, httpx
+from letsinfer.trust.peer import client_context
+from pathlib import Path
+d = next(Path("{second}/etc/clusters").glob("*"))
+ctx = client_context(d / "ca.crt", d / "node.crt", Path("{second}/etc/pki/node.key"))
+ctx.verify_mode = ssl.CERT_NONE
+try:
+    httpx.post("https://{main_addr}:8443/v1/agent/heartbeat", json={{"version": "x"}},
+               verify=ctx, timeout=5)
+    print("ACCEPTED")
+except (httpx.HTTPError, ssl.SSLError) as exc:
+    print("REFUSED", type(exc).__name__)
+""",
+    )
+    assert "REFUSED" in probe.stdout, probe.stdout + probe.stderr
+
+    # A removed node's certificate is refused from then on, and that is audited.
+    c.ok("main", "node", "remove", "n2")
+    c.wait(
+        lambda: any(
+            r["outcome"] == "denied"
+            and r["actor"].startswith("node:")
+            and "revoked" in str(r["detail"])
+            for r in c.audit("main")
+        ),
+        "the main refusing n2's heartbeat",
+    )
+    assert "n2" not in c.ok("main", "node", "list", "--json")
+
+
+def test_controller_roles(cluster: Cluster) -> None:
+    c = cluster
+    main_control = f"{c.lab.hosts['main']}:8443"
+
+    def pair(role: str, home: str) -> None:
+        out = c.ok("main", "auth", "controller", "add", "--role", role, "--name", home)
+        code = out.split("code: ")[1].split()[0]
+        comparison = out.split("comparison: ")[1].split()[0]
+        bad = c.cli(
+            "other",
+            "controller",
+            "pair",
+            "--main",
+            main_control,
+            "--code",
+            code,
+            "--expect",
+            "aaaa-bbbb-cccc",
+            home=home,
+        )
+        assert bad.returncode == 1 and "comparison strings differ" in bad.stderr
+        assert not (c.home(home) / "etc/controller/controller.crt").exists()
+        out = c.ok(
+            "other",
+            "controller",
+            "pair",
+            "--main",
+            main_control,
+            "--code",
+            code,
+            "--expect",
+            comparison,
+            home=home,
+        )
+        assert role in out
+        key_pem = (c.home(home) / "etc/controller/controller.key").read_text()
+        assert key_pem.split("\n")[1] not in out, "the key is never printed"
+        reuse = c.cli(
+            "other",
+            "controller",
+            "pair",
+            "--main",
+            main_control,
+            "--code",
+            code,
+            "--yes",
+            home=f"{home}-again",
+        )
+        assert reuse.returncode == 1 and "already used" in reuse.stderr
+
+    pair("viewer", "ctl-viewer")
+    pair("operator", "ctl-operator")
+
+    state = json.loads(c.ok("other", "controller", "state", "--json", home="ctl-viewer"))
+    assert {n["name"] for n in state["nodes"]} >= {"main", "n1"}
+
+    denied = c.cli("other", "controller", "model", "stop", "tiny", home="ctl-viewer")
+    assert denied.returncode == 1 and "needs the operator role" in denied.stderr
+
+    c.ok("other", "controller", "model", "stop", "tiny", home="ctl-operator")
+    c.ok("other", "controller", "model", "start", "tiny", home="ctl-operator")
+    key = c.cli("other", "controller", "key", "create", "k1", home="ctl-operator")
+    assert key.returncode == 1 and "needs the administrator role" in key.stderr
+
+    records = c.audit("main")
+    denials = [
+        r for r in records if r["outcome"] == "denied" and str(r["actor"]).startswith("controller:")
+    ]
+    assert {str(r["action"]) for r in denials} >= {"/v1/ops/models/tiny/stop", "/v1/ops/keys"}
+    assert any(
+        r["action"] == "model.stop" and r["actor"] == "controller:ctl-operator" for r in records
+    )
+
+    c.ok("main", "auth", "controller", "revoke", "ctl-viewer")
+    gone = c.cli("other", "controller", "state", home="ctl-viewer")
+    assert gone.returncode == 1 and "revoked" in gone.stderr
+    assert c.ok("main", "audit", "verify")
+
+
+def test_mdns_records_carry_no_secret_model_or_telemetry(cluster: Cluster) -> None:
+    c = cluster
+    listener = c.lab.run(
+        "other",
+        PY,
+        "-c",
+        """
+import socket, struct, time, json
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_UDP)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+s.bind(("", 5353))
+s.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP,
+             struct.pack("4s4s", socket.inet_aton("224.0.0.251"), socket.inet_aton("0.0.0.0")))
+s.settimeout(0.5)
+from zeroconf import DNSOutgoing, DNSQuestion
+from zeroconf.const import _CLASS_IN, _FLAGS_QR_QUERY, _TYPE_PTR, _TYPE_ANY
+# Ask as a plain multicast query (QM), so every answer goes to the group.
+query = DNSOutgoing(_FLAGS_QR_QUERY)
+query.add_question(DNSQuestion("_letsinfer._tcp.local.", _TYPE_PTR, _CLASS_IN))
+packets, end, asked = [], time.time() + 5, 0
+while time.time() < end:
+    if asked < 3 and time.time() > end - 5 + asked * 1.2:
+        s.sendto(query.packets()[0], ("224.0.0.251", 5353))
+        asked += 1
+    try:
+        packets.append(s.recv(9000).hex())
+    except socket.timeout:
+        pass
+print(json.dumps(packets))
+""",
+        timeout=60,
+    )
+    packets = [bytes.fromhex(p) for p in json.loads(listener.stdout)]
+    from zeroconf import DNSIncoming, DNSText
+
+    txts = []
+    for raw in packets:
+        msg = DNSIncoming(raw)
+        txts += [r for r in msg.answers() if isinstance(r, DNSText)]
+    assert txts, "no TXT records were seen on the wire"
+    keys = set()
+    for txt in txts:
+        text = txt.text
+        i = 0
+        while i < len(text):
+            n = text[i]
+            keys.add(text[i + 1 : i + 1 + n].split(b"=")[0].decode())
+            i += 1 + n
+    assert keys <= {"id", "fp", "role", "pairing", "gateway"}, keys
+    wire = b"".join(packets)
+    for forbidden in (b"li-", b"tiny", b"BEGIN", b"token", b"key=", b"models"):
+        assert forbidden not in wire, forbidden
+    assert b"role=main" in wire and b"gateway=http://" in wire, wire
