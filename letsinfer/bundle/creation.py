@@ -183,7 +183,10 @@ def create_bundle(home: Home, request: CreateRequest, progress: Progress | None 
             Entry(SIGNATURE_NAME, signature.to_json()),
             *(Entry(f.path, files.by_path[f.path][0]) for f in listed),
         ]
-        pack(out, entries, int(time.time()), progress)
-    digest = sha256_file(out)
-    sums = _write_checksum(out, digest)
+        try:
+            pack(out, entries, int(time.time()), progress)
+            digest = sha256_file(out)
+            sums = _write_checksum(out, digest)
+        except OSError as exc:
+            raise BundleError(f"cannot write {out} ({exc})") from exc
     return Created(out, digest, sums, manifest, public_key_of(private).fingerprint)

@@ -190,6 +190,10 @@ def import_bundle(
                     signer=signer.fingerprint,
                 )
                 placed = place_bundle(layout, staged)
+            except OSError as exc:
+                raise BundleError(
+                    f"cannot place the bundle in {layout.root} ({exc}); nothing was imported"
+                ) from exc
             finally:
                 discard(workdir)
                 if placed is None and not root_existed:

@@ -73,6 +73,13 @@ class Manifest(_Part):
             if f.path in paths:
                 raise ValueError(f"file {f.path!r} is listed twice")
             paths.add(f.path)
+        for path in paths:
+            # A file cannot also be a folder of another file ("a" and "a/b").
+            parent = path.rpartition("/")[0]
+            while parent:
+                if parent in paths:
+                    raise ValueError(f"file {parent!r} is also a folder of {path!r}")
+                parent = parent.rpartition("/")[0]
         digests = {f.sha256 for f in self.files}
         for m in self.models:
             if m.path not in paths:
@@ -82,9 +89,6 @@ class Manifest(_Part):
                 if digest not in digests:
                     raise ValueError(f"runtime {r.id!r} artifact {name!r} is not a listed file")
         return self
-
-    def file(self, path: str) -> BundleFile:
-        return next(f for f in self.files if f.path == path)
 
     def to_bytes(self) -> bytes:
         return (json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n").encode()
