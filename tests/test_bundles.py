@@ -437,6 +437,19 @@ def test_inspect_shows_the_manifest_and_whether_this_node_trusts_it(
     assert doc["runtimes"][0]["artifacts"] == {"llama-server": sha256_of(binaries["cpu"])}
 
 
+def test_create_takes_a_model_by_its_service_name_from_the_nodes_store(
+    fresh_site: Path, keys: dict[str, tuple[Path, str]], tiny_gguf: Path, tmp_path: Path
+) -> None:
+    out = create(
+        fresh_site, tmp_path / "models.tar", keys["site"][0], "--no-wheels", "--model", "tiny"
+    )
+    doc = json.loads(letsinfer(fresh_site, "bundle", "inspect", str(out), "--json").stdout)
+    assert doc["models"] == [{"name": "tiny", "path": "models/tiny.gguf", "format": "gguf"}]
+    assert [(f["path"], f["sha256"]) for f in doc["files"]] == [
+        ("models/tiny.gguf", sha256_of(tiny_gguf))
+    ]
+
+
 def test_mirror_remove_refuses_what_the_authority_still_uses(
     fresh_site: Path, small_bundle: Path, binaries: dict[str, Path], tiny_gguf: Path
 ) -> None:

@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from letsinfer.bundle.paths import path_problem
 from letsinfer.bundle.progress import Progress
@@ -46,30 +47,44 @@ def _tarinfo(name: str, size: int, mtime: int) -> tarfile.TarInfo:
     return info
 
 
+class _Reporting(io.RawIOBase):
+    """A file reader that reports each chunk read, so packing a large model shows progress."""
+
+    def __init__(self, fh: BinaryIO, progress: Progress) -> None:
+        self._fh = fh
+        self._progress = progress
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._fh.read(size)
+        self._progress.advance(len(data))
+        return data
+
+
+def _size(entry: Entry) -> int:
+    return len(entry.source) if isinstance(entry.source, bytes) else entry.source.stat().st_size
+
+
 def pack(out: Path, entries: Sequence[Entry], mtime: int, progress: Progress) -> None:
     """Write the tar at ``out`` via a temporary name, so ``out`` is whole or absent."""
     part = out.with_name(f".{out.name}.part")
-    total = sum(len(e.source) if isinstance(e.source, bytes) else e.source.stat().st_size
-                for e in entries)  # fmt: skip
-    progress.start(f"packing {out.name}", total)
+    progress.start(f"packing {out.name}", sum(_size(e) for e in entries))
     try:
         with (
             part.open("wb") as raw,
             tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar,
         ):
             for entry in entries:
+                info = _tarinfo(entry.name, _size(entry), mtime)
                 if isinstance(entry.source, bytes):
-                    tar.addfile(
-                        _tarinfo(entry.name, len(entry.source), mtime), io.BytesIO(entry.source)
-                    )
-                    progress.advance(len(entry.source))
+                    tar.addfile(info, _Reporting(io.BytesIO(entry.source), progress))
                     continue
-                size = entry.source.stat().st_size
                 with entry.source.open("rb") as fh:
-                    tar.addfile(_tarinfo(entry.name, size, mtime), fh)
-                progress.advance(size)
-        with part.open("rb") as fh:
-            os.fsync(fh.fileno())
+                    tar.addfile(info, _Reporting(fh, progress))
+        with part.open("rb") as written:  # after tarfile wrote the end-of-archive blocks
+            os.fsync(written.fileno())
         part.replace(out)
     except BaseException:
         part.unlink(missing_ok=True)

@@ -13,7 +13,8 @@ import re
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,6 +23,8 @@ from letsinfer import __version__
 from letsinfer.bundle import wheelhouse
 from letsinfer.bundle.archive import BundleError, Entry, pack
 from letsinfer.bundle.contents import (
+    BundledModel,
+    BundledRuntime,
     Kind,
     parse_runtime,
     resolve_model,
@@ -102,8 +105,50 @@ def _write_checksum(bundle: Path, digest: str) -> Path:
     return sums
 
 
+@contextmanager
+def _step(progress: Progress, description: str) -> Iterator[None]:
+    progress.start(description, None)
+    try:
+        yield
+    finally:
+        progress.finish()
+
+
+def _manifest(
+    request: CreateRequest,
+    python_version: str,
+    listed: list[BundleFile],
+    models: list[BundledModel],
+    runtimes: list[BundledRuntime],
+) -> Manifest:
+    digest_of = {f.path: f.sha256 for f in listed}
+    return Manifest(
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        created_by=f"letsinfer {__version__} on {platform.node()}",
+        target=Target(
+            platforms=tuple(request.platforms),
+            python_version=python_version,
+            built_on=f"{platform.system().lower()}-{platform.machine()}",
+        ),
+        files=tuple(listed),
+        models=tuple(BundleModel(name=m.name, path=m.path) for m in models),
+        runtimes=tuple(
+            BundleRuntime(
+                id=r.id,
+                engine=r.engine,
+                version=r.version,
+                target=r.target,
+                artifacts={name: digest_of[path] for name, path in r.artifacts.items()},
+                launch=r.launch,
+            )
+            for r in runtimes
+        ),
+    )
+
+
 def create_bundle(home: Home, request: CreateRequest, progress: Progress | None = None) -> Created:
     progress = progress or Silent()
+    # Everything that can be refused is checked before the long steps start.
     private = load_private(request.key.expanduser())
     out = request.out.expanduser().absolute()
     if not out.parent.is_dir():
@@ -120,67 +165,31 @@ def create_bundle(home: Home, request: CreateRequest, progress: Progress | None 
     files = _Files()
     for m in models:
         files.add(m.path, m.source, "model")
+    target = (request.platforms, request.python_version)
     with tempfile.TemporaryDirectory(prefix=".bundle-", dir=out.parent) as tmp:
         work = Path(tmp)
         wheel_paths: dict[str, str] = {}
         if source is not None:
-            progress.start("building the letsinfer wheel", None)
-            try:
+            with _step(progress, "building the letsinfer wheel"):
                 built = wheelhouse.build_letsinfer_wheel(source, work)
-            finally:
-                progress.finish()
-            progress.start("downloading dependency wheels for the target", None)
-            try:
-                wheels = wheelhouse.download_wheels(
-                    [str(built)], work / "wheelhouse", request.platforms, request.python_version
-                )
-            finally:
-                progress.finish()
+            with _step(progress, "downloading dependency wheels for the target"):
+                wheels = wheelhouse.download_wheels([str(built)], work / "wheelhouse", *target)
             for wheel in wheels:
                 wheel_paths[wheel.name] = f"wheelhouse/{wheel.name}"
                 files.add(wheel_paths[wheel.name], wheel, "wheel")
 
         def download(requirement: str) -> Path:
             dest = work / "runtimes" / hashlib.sha256(requirement.encode()).hexdigest()[:12]
-            progress.start(f"downloading {requirement}", None)
-            try:
-                found = wheelhouse.download_wheels(
-                    [requirement], dest, request.platforms, request.python_version, with_deps=False
-                )
-            finally:
-                progress.finish()
-            return found[0]
+            with _step(progress, f"downloading {requirement}"):
+                return wheelhouse.download_wheels([requirement], dest, *target, with_deps=False)[0]
 
         runtimes = [resolve_runtime(s, wheel_paths, download, files.add) for s in runtime_specs]
         listed = _hash_files(files, progress)
-        digest_of = {f.path: f.sha256 for f in listed}
-        manifest = Manifest(
-            created_at=datetime.now(UTC).isoformat(timespec="seconds"),
-            created_by=f"letsinfer {__version__} on {platform.node()}",
-            target=Target(
-                platforms=tuple(request.platforms),
-                python_version=python_version,
-                built_on=f"{platform.system().lower()}-{platform.machine()}",
-            ),
-            files=tuple(listed),
-            models=tuple(BundleModel(name=m.name, path=m.path) for m in models),
-            runtimes=tuple(
-                BundleRuntime(
-                    id=r.id,
-                    engine=r.engine,
-                    version=r.version,
-                    target=r.target,
-                    artifacts={name: digest_of[path] for name, path in r.artifacts.items()},
-                    launch=r.launch,
-                )
-                for r in runtimes
-            ),
-        )
+        manifest = _manifest(request, python_version, listed, models, runtimes)
         data = manifest.to_bytes()
-        signature = sign_bytes(data, private)
         entries = [
             Entry(MANIFEST_NAME, data),
-            Entry(SIGNATURE_NAME, signature.to_json()),
+            Entry(SIGNATURE_NAME, sign_bytes(data, private).to_json()),
             *(Entry(f.path, files.by_path[f.path][0]) for f in listed),
         ]
         try:

@@ -4,13 +4,13 @@ which target. The exact bytes of ``manifest.json`` are what is signed."""
 from __future__ import annotations
 
 import json
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from letsinfer.bundle.paths import MANIFEST_NAME, SIGNATURE_NAME, path_problem
 
-FORMAT = "letsinfer-bundle/1"
+FORMAT: Final = "letsinfer-bundle/1"
 SHA256 = r"^[0-9a-f]{64}$"
 
 

@@ -180,29 +180,30 @@ def import_(ctx: CliContext, file: Path, expected: str | None, as_json: bool) ->
             ctx.home, file, node_trusted_keys(ctx), expected, TerminalProgress(errors)
         )
     tree = placed.path
-    digest_of = {f.path: f.sha256 for f in manifest.files}
     if not placed.already_imported:
         audit_on_main(
             ctx, "bundle.import", placed.bundle.id, f"sha256:{placed.bundle.manifest_sha256}"
         )
-    doc = {
-        "bundle": placed.bundle.id,
-        "manifest_sha256": placed.bundle.manifest_sha256,
-        "signer": placed.bundle.signer,
-        "already_imported": placed.already_imported,
-        "new_artifacts": placed.new_artifacts,
-        "new_bytes": placed.new_bytes,
-        "path": str(tree),
-        "wheelhouse": str(tree / "wheelhouse")
-        if any(f.kind == "wheel" for f in manifest.files)
-        else None,
-        "models": [
-            {"name": mod.name, "path": str(tree / mod.path), "sha256": digest_of[mod.path]}
-            for mod in manifest.models
-        ],
-        "runtimes": [r.id for r in manifest.runtimes],
-    }
+    digest_of = {f.path: f.sha256 for f in manifest.files}
+    wheelhouse = tree / "wheelhouse" if any(f.kind == "wheel" for f in manifest.files) else None
+    models = [
+        {"name": mod.name, "path": str(tree / mod.path), "sha256": digest_of[mod.path]}
+        for mod in manifest.models
+    ]
+    runtimes = [r.id for r in manifest.runtimes]
     if as_json:
+        doc = {
+            "bundle": placed.bundle.id,
+            "manifest_sha256": placed.bundle.manifest_sha256,
+            "signer": placed.bundle.signer,
+            "already_imported": placed.already_imported,
+            "new_artifacts": placed.new_artifacts,
+            "new_bytes": placed.new_bytes,
+            "path": str(tree),
+            "wheelhouse": str(wheelhouse) if wheelhouse else None,
+            "models": models,
+            "runtimes": runtimes,
+        }
         click.echo(json.dumps(doc))
         return
     if placed.already_imported:
@@ -213,14 +214,12 @@ def import_(ctx: CliContext, file: Path, expected: str | None, as_json: bool) ->
             f"{len(manifest.files)} files, {placed.new_artifacts} new ({_mb(placed.new_bytes)})"
         )
     click.echo(f"  bundle      {tree}")
-    if doc["wheelhouse"]:
-        click.echo(f"  wheelhouse  {doc['wheelhouse']}")
-        click.echo(
-            f"  install     pip install --no-index --find-links {doc['wheelhouse']} letsinfer"
-        )
-    for mod in doc["models"]:
+    if wheelhouse:
+        click.echo(f"  wheelhouse  {wheelhouse}")
+        click.echo(f"  install     pip install --no-index --find-links {wheelhouse} letsinfer")
+    for mod in models:
         click.echo(f"  model       letsinfer model add {mod['name']} --gguf {mod['path']}")
-    for rid in doc["runtimes"]:
+    for rid in runtimes:
         click.echo(f"  runtime     {rid}")
 
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from letsinfer.mirror.layout import MirrorLayout
 
-FORMAT = "letsinfer-mirror-catalog/1"
+FORMAT: Final = "letsinfer-mirror-catalog/1"
 
 
 class CatalogError(Exception):
