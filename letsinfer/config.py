@@ -9,12 +9,13 @@ with the key and the reason.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 ENV_PREFIX = "LETSINFER_"
 
@@ -71,12 +72,38 @@ class AgentSettings(_Section):
     reconcile_interval_s: float = Field(1.0, gt=0)
 
 
+_RELEASE_PUBLIC_KEY = re.compile(r"ed25519:[A-Za-z0-9+/]{43}=")
+
+
+class ReleaseSettings(_Section):
+    # Public keys (`letsinfer release keygen` prints them) whose signatures this
+    # node accepts on bundles and runtime releases.
+    trusted_keys: tuple[str, ...] = ()
+
+    @field_validator("trusted_keys", mode="before")
+    @classmethod
+    def _split_env_value(cls, value: object) -> object:
+        # From LETSINFER_RELEASE__TRUSTED_KEYS the list arrives as one string.
+        if isinstance(value, str):
+            return tuple(part for part in re.split(r"[,\s]+", value) if part)
+        return value
+
+    @field_validator("trusted_keys")
+    @classmethod
+    def _public_keys(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for key in value:
+            if not _RELEASE_PUBLIC_KEY.fullmatch(key):
+                raise ValueError(f"{key!r} is not a release public key (ed25519:<base64>)")
+        return value
+
+
 class Settings(_Section):
     gateway: GatewaySettings = GatewaySettings()
     engine: EngineSettings = EngineSettings()
     agent: AgentSettings = AgentSettings()
     control: ControlSettings = ControlSettings()
     discovery: DiscoverySettings = DiscoverySettings()
+    release: ReleaseSettings = ReleaseSettings()
 
 
 def _env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:

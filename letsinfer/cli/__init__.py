@@ -44,9 +44,12 @@ def main() -> None:
     from letsinfer.cli import (  # noqa: F401  (registers commands)
         audit,
         auth,
+        bundle,
         controller,
+        mirror,
         model,
         node,
+        release,
         status,
         up,
     )

@@ -109,6 +109,13 @@ class ApiKeyRecord:
 
 
 @dataclass(frozen=True)
+class ArtifactReference:
+    digest: str  # sha256 hex, as the holder records it
+    holder_kind: str  # "model service" or "runtime release"
+    holder: str  # its name or id
+
+
+@dataclass(frozen=True)
 class AuditRecord:
     seq: int
     ts: float
@@ -418,6 +425,16 @@ class AuthorityStore:
         row["artifacts"] = json.loads(row["artifacts"])
         row["launch"] = json.loads(row["launch"])
         return row
+
+    def list_artifact_references(self) -> list[ArtifactReference]:
+        """Every artifact digest a model service or a runtime release needs."""
+        rows = self._rows(
+            "SELECT artifact_digest AS digest, 'model service' AS holder_kind, name AS holder "
+            "FROM model_services UNION ALL "
+            "SELECT j.value, 'runtime release', r.id "
+            "FROM runtime_releases r, json_each(r.artifacts) j ORDER BY 1, 2, 3"
+        )
+        return [ArtifactReference(**r) for r in rows]
 
     # -- model services and placement groups ------------------------------
     def add_service(

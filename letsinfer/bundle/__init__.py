@@ -1,0 +1,1 @@
+"""Offline bundles: everything an air-gapped site needs, in one signed tar."""

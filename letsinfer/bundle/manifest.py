@@ -1,0 +1,109 @@
+"""The bundle manifest: every file with its size and sha256, what it is, and for
+which target. The exact bytes of ``manifest.json`` are what is signed."""
+
+from __future__ import annotations
+
+import json
+from typing import Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from letsinfer.bundle.paths import MANIFEST_NAME, SIGNATURE_NAME, path_problem
+
+FORMAT: Final = "letsinfer-bundle/1"
+SHA256 = r"^[0-9a-f]{64}$"
+
+
+class ManifestError(Exception):
+    """The manifest is not a well-formed bundle manifest."""
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BundleFile(_Part):
+    path: str
+    size: int = Field(ge=0)
+    sha256: str = Field(pattern=SHA256)
+    kind: Literal["wheel", "model", "runtime"]
+
+
+class BundleModel(_Part):
+    name: str
+    path: str  # one of the manifest's files
+    format: Literal["gguf"] = "gguf"
+
+
+class BundleRuntime(_Part):
+    """A runtime release: its artifacts are named by digest, each one a listed file."""
+
+    id: str
+    engine: str
+    version: str
+    target: str
+    artifacts: dict[str, str]
+    launch: dict[str, str]
+
+
+class Target(_Part):
+    platforms: tuple[str, ...]  # pip platform tags; empty: the creating machine's own
+    python_version: str
+    built_on: str  # the creating machine's OS and architecture
+
+
+class Manifest(_Part):
+    format: Literal["letsinfer-bundle/1"] = FORMAT
+    created_at: str
+    created_by: str
+    target: Target
+    files: tuple[BundleFile, ...]
+    models: tuple[BundleModel, ...] = ()
+    runtimes: tuple[BundleRuntime, ...] = ()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Manifest:
+        paths = set()
+        for f in self.files:
+            problem = path_problem(f.path)
+            if problem is None and f.path in (MANIFEST_NAME, SIGNATURE_NAME):
+                problem = "is reserved for the manifest"
+            if problem:
+                raise ValueError(f"file {f.path!r} {problem}")
+            if f.path in paths:
+                raise ValueError(f"file {f.path!r} is listed twice")
+            paths.add(f.path)
+        for path in paths:
+            # A file cannot also be a folder of another file ("a" and "a/b").
+            parent = path.rpartition("/")[0]
+            while parent:
+                if parent in paths:
+                    raise ValueError(f"file {parent!r} is also a folder of {path!r}")
+                parent = parent.rpartition("/")[0]
+        digests = {f.sha256 for f in self.files}
+        for m in self.models:
+            if m.path not in paths:
+                raise ValueError(f"model {m.name!r} names {m.path!r}, which is not a listed file")
+        for r in self.runtimes:
+            for name, digest in r.artifacts.items():
+                if digest not in digests:
+                    raise ValueError(f"runtime {r.id!r} artifact {name!r} is not a listed file")
+        return self
+
+    def to_bytes(self) -> bytes:
+        return (json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n").encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Manifest:
+        try:
+            return cls.model_validate_json(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "manifest"
+            raise ManifestError(
+                f"{MANIFEST_NAME} is not a valid bundle manifest ({where}: {first['msg']})"
+            ) from exc
+
+    @property
+    def total_size(self) -> int:
+        return sum(f.size for f in self.files)

@@ -1,0 +1,107 @@
+"""``letsinfer mirror``: the artifacts imported bundles brought to this node."""
+
+from __future__ import annotations
+
+import click
+
+from letsinfer.cli import cli
+from letsinfer.cli.bundle import audit_on_main
+from letsinfer.cli.output import emit
+from letsinfer.cli.release import refusals
+from letsinfer.cli.scope import CliContext, scoped
+from letsinfer.mirror.catalog import ArtifactRecord, read_catalog
+from letsinfer.mirror.layout import MirrorLayout
+from letsinfer.mirror.references import authority_references, unused
+from letsinfer.mirror.removal import remove_artifact
+
+
+@cli.group()
+def mirror() -> None:
+    """Imported artifacts, kept by sha256: list, find unused, remove."""
+
+
+def _show_artifacts(artifacts: list[ArtifactRecord], as_json: bool, title: str) -> None:
+    if as_json:
+        emit([a.model_dump() for a in artifacts], [], as_json=True)
+        return
+    emit(
+        [
+            {
+                "sha256": a.digest[:16],
+                "kind": a.kind,
+                "size": f"{a.size / 1e6:.1f} MB",
+                "names": ", ".join(a.names),
+            }
+            for a in artifacts
+        ],
+        ["sha256", "kind", "size", "names"],
+        as_json=False,
+        title=title,
+    )
+
+
+@scoped(mirror, "list", scope="all")
+@click.option("--bundles", "show_bundles", is_flag=True, help="List imported bundles instead.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+def list_mirror(ctx: CliContext, show_bundles: bool, as_json: bool) -> None:
+    """List the mirror's artifacts (or, with --bundles, the bundles imported)."""
+    with refusals():
+        catalog = read_catalog(MirrorLayout.for_home(ctx.home))
+    if not show_bundles:
+        _show_artifacts([a for _, a in sorted(catalog.artifacts.items())], as_json, "artifacts")
+        return
+    bundles = sorted(catalog.bundles.values(), key=lambda b: b.imported_at)
+    if as_json:
+        emit(
+            [{**b.model_dump(), "removed_files": catalog.missing_files(b)} for b in bundles],
+            [],
+            as_json=True,
+        )
+        return
+    rows = []
+    for b in bundles:
+        removed = catalog.missing_files(b)
+        rows.append(
+            {
+                "id": b.id,
+                "created_at": b.created_at,
+                "imported_at": b.imported_at,
+                "signer": b.signer,
+                "files": f"{len(b.files)}" + (f" ({len(removed)} removed)" if removed else ""),
+                "models": ", ".join(m.name for m in b.models),
+            }
+        )
+    emit(
+        rows,
+        ["id", "created_at", "imported_at", "signer", "files", "models"],
+        as_json=False,
+        title="imported bundles",
+    )
+
+
+@scoped(mirror, "unused", scope="main")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+def list_unused(ctx: CliContext, as_json: bool) -> None:
+    """Artifacts no model service or runtime release refers to (safe to remove)."""
+    with refusals():
+        # Both sources must be readable: a guess here would lead to a wrong removal.
+        catalog = read_catalog(MirrorLayout.for_home(ctx.home))
+        references = authority_references(ctx.home.database)
+    found = unused(catalog, references)
+    _show_artifacts(found, as_json, "unused artifacts")
+    if not as_json and found:
+        click.echo(f"{len(found)} unused, {sum(a.size for a in found) / 1e6:.1f} MB")
+
+
+@scoped(mirror, "remove", scope="main")
+@click.argument("digest")
+@click.pass_obj
+def remove(ctx: CliContext, digest: str) -> None:
+    """Remove one artifact (sha256 or a unique prefix); refused while anything refers to it."""
+    with refusals():
+        references = authority_references(ctx.home.database)
+        removed = remove_artifact(MirrorLayout.for_home(ctx.home), digest, references)
+    audit_on_main(ctx, "mirror.remove", f"sha256:{removed.digest}", ", ".join(removed.names))
+    click.echo(f"removed sha256:{removed.digest[:16]} ({', '.join(removed.names)})")

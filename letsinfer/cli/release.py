@@ -1,0 +1,158 @@
+"""``letsinfer release``: signing keys, and signing and verifying release files."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import click
+
+from letsinfer import config
+from letsinfer.bundle.archive import BundleError
+from letsinfer.cli import cli
+from letsinfer.cli.scope import CliContext, scoped
+from letsinfer.mirror.catalog import CatalogError
+from letsinfer.mirror.errors import MirrorError
+from letsinfer.release import keys
+from letsinfer.release.signatures import (
+    Signature,
+    TrustError,
+    require_signer,
+    sha256_file,
+    sign_digest,
+    trusted_keys,
+)
+
+DEFAULT_KEY_NAME = "release-signing.key"
+
+
+@contextmanager
+def refusals() -> Iterator[None]:
+    """Show a refused bundle, key, signature or mirror change as a plain error (exit 1)."""
+    try:
+        yield
+    except (BundleError, TrustError, keys.ReleaseKeyError, CatalogError, MirrorError) as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def default_key(ctx: CliContext) -> Path:
+    return ctx.home.etc / DEFAULT_KEY_NAME
+
+
+def node_trusted_keys(ctx: CliContext) -> list[keys.PublicKey]:
+    return trusted_keys(config.load(ctx.home.config_file).release.trusted_keys)
+
+
+@cli.group()
+def release() -> None:
+    """Release signing keys; sign and verify files (bundles are signed the same way)."""
+
+
+@scoped(release, "keygen", scope="all")
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    help=f"Private key file (default: <etc>/{DEFAULT_KEY_NAME}); the public key goes to OUT.pub.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+def keygen(ctx: CliContext, out: Path | None, as_json: bool) -> None:
+    """Make an ed25519 signing key pair (the private key file is mode 0600)."""
+    path = (out or default_key(ctx)).expanduser()
+    with refusals():
+        if out is None:
+            ctx.home.etc.mkdir(parents=True, exist_ok=True, mode=0o700)
+        public = keys.generate(path)
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "private_key": str(path),
+                    "public_key_file": str(keys.public_key_file(path)),
+                    "public_key": public.text,
+                    "fingerprint": public.fingerprint,
+                }
+            )
+        )
+        return
+    click.echo(f"private key  {path}  (mode 0600: keep it on the signing machine only)")
+    click.echo(f"public key   {keys.public_key_file(path)}")
+    click.echo(f"fingerprint  {public.fingerprint}")
+    click.echo("To trust it on a node, add to that node's config.toml:")
+    click.echo(f'[release]\ntrusted_keys = ["{public.text}"]')
+
+
+def _signature_path(file: Path) -> Path:
+    return file.with_name(file.name + ".sig")
+
+
+@scoped(release, "sign", scope="all")
+@click.argument("file", type=click.Path(path_type=Path, dir_okay=False))
+@click.option(
+    "--key",
+    "key_path",
+    type=click.Path(path_type=Path),
+    help=f"Private key (default: <etc>/{DEFAULT_KEY_NAME}).",
+)
+@click.option("--out", type=click.Path(path_type=Path), help="Signature file (default: FILE.sig).")
+@click.pass_obj
+def sign(ctx: CliContext, file: Path, key_path: Path | None, out: Path | None) -> None:
+    """Write a detached signature of FILE."""
+    with refusals():
+        private = keys.load_private((key_path or default_key(ctx)).expanduser())
+        if not file.is_file():
+            raise click.ClickException(f"{file}: no such file")
+        digest = sha256_file(file)
+        signature = sign_digest(digest, private)
+        target = out or _signature_path(file)
+        tmp = target.with_name(f".{target.name}.part")
+        tmp.write_bytes(signature.to_json())
+        tmp.replace(target)
+    click.echo(
+        f"signed {file} (sha256 {digest[:16]}…) with key {signature.key.fingerprint}: {target}"
+    )
+
+
+@scoped(release, "verify", scope="all")
+@click.argument("file", type=click.Path(path_type=Path, dir_okay=False))
+@click.option(
+    "--signature",
+    "signature_path",
+    type=click.Path(path_type=Path),
+    help="Signature file (default: FILE.sig).",
+)
+@click.option(
+    "--key",
+    "key_texts",
+    multiple=True,
+    metavar="KEY",
+    help="Trust this public key (ed25519:... or a .pub file) instead of the node's "
+    "[release] trusted_keys; repeat for more.",
+)
+@click.pass_obj
+def verify(
+    ctx: CliContext, file: Path, signature_path: Path | None, key_texts: tuple[str, ...]
+) -> None:
+    """Check FILE's signature against the trusted keys; exit 1 saying why if refused."""
+    with refusals():
+        if key_texts:
+            trusted = [
+                keys.load_public(Path(k)) if Path(k).is_file() else keys.PublicKey.parse(k)
+                for k in key_texts
+            ]
+        else:
+            trusted = node_trusted_keys(ctx)
+        if not file.is_file():
+            raise click.ClickException(f"{file}: no such file")
+        if signature_path is not None and not signature_path.is_file():
+            raise click.ClickException(f"{signature_path}: no such file")
+        sig_file = signature_path or _signature_path(file)
+        signature = (
+            Signature.from_json(sig_file.read_bytes(), str(sig_file))
+            if sig_file.is_file()
+            else None
+        )
+        signer = require_signer(sha256_file(file), signature, trusted, str(file))
+    click.echo(f"{file}: good signature by trusted key {signer.fingerprint}")

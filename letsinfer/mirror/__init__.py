@@ -1,0 +1,1 @@
+"""The node's mirror: imported artifacts kept by sha256, and the catalog that lists them."""
