@@ -58,6 +58,10 @@ class ControlSettings(_Section):
     node_stale_after_s: float = Field(20.0, gt=0)
 
 
+class HardwareSettings(_Section):
+    fake_gpus: str | None = None  # a JSON file describing GPUs (tests, labs)
+
+
 class DiscoverySettings(_Section):
     enabled: bool = True
 
@@ -104,6 +108,7 @@ class Settings(_Section):
     control: ControlSettings = ControlSettings()
     discovery: DiscoverySettings = DiscoverySettings()
     release: ReleaseSettings = ReleaseSettings()
+    hardware: HardwareSettings = HardwareSettings()
 
 
 def _env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:

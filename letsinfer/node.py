@@ -12,19 +12,21 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 
 from letsinfer.agent.api import create_agent_app
-from letsinfer.agent.ports import free_port
+from letsinfer.agent.facts import FactError
+from letsinfer.agent.hardware import gpu_probe, host_facts
+from letsinfer.agent.placement import PlacementRunner
 from letsinfer.agent.runtime import advertise_address, advertiser_for, instance_name
 from letsinfer.agent.supervisor import EngineStatus, EngineSupervisor, SupervisionPolicy
 from letsinfer.authority import engine_keys
-from letsinfer.authority.modelstore import ModelFileError, verify_artifact
+from letsinfer.authority.facts import FactLedger
+from letsinfer.authority.placements import desired_for_node, to_wire
 from letsinfer.config import Settings
 from letsinfer.control.app import ControlContext, create_control_app
-from letsinfer.engines.launch import EngineTask, LaunchPlan, plan_llamacpp
-from letsinfer.engines.releases import Release
 from letsinfer.gateway.app import Gateway, create_app
 from letsinfer.gateway.directory import Directory
 from letsinfer.gateway.routing import Replica, RoutingTable
@@ -32,9 +34,9 @@ from letsinfer.gateway.upstream import Upstream
 from letsinfer.home import Home
 from letsinfer.identity import NodeIdentity
 from letsinfer.planes import RunningPlane, tls_server
-from letsinfer.store import AuthorityStore, PlacementGroupRecord
+from letsinfer.store import AuthorityStore
 from letsinfer.trust.material import ClusterCA, presented_fingerprint, tls_files
-from letsinfer.trust.peer import server_context
+from letsinfer.trust.peer import Peer, server_context
 
 log = logging.getLogger("letsinfer.node")
 
@@ -69,8 +71,12 @@ class MainNode:
             self._on_engine_status,
         )
         self._engine_secret = engine_keys.ensure_secret(self.store)
-        self._services: dict[str, str] = {}  # pg id -> model service
-        self._stopping: set[asyncio.Task[None]] = set()
+        self.placements = PlacementRunner(
+            home.model_store, home.engine_run, self.supervisor, _ENGINE_HOST, self._pg_failed
+        )
+        self.ledger = FactLedger()
+        self.gpus = gpu_probe(settings.hardware.fake_gpus)
+        self._remote: dict[str, set[tuple[str, str]]] = {}  # node -> {(service, pg)} published
 
     def app(self) -> FastAPI:
         return create_app(self.gateway, lifespan=self._lifespan)
@@ -93,6 +99,8 @@ class MainNode:
             identity=self.identity,
             gateway_url=self.gateway_url(),
             heartbeat_interval_s=self.settings.control.heartbeat_interval_s,
+            on_facts=self.on_facts,
+            model_store=self.home.model_store,
         )
         fingerprint = presented_fingerprint(self.home, self.identity)
         agent = self.settings.agent
@@ -121,6 +129,7 @@ class MainNode:
     @asynccontextmanager
     async def _lifespan(self, app: FastAPI) -> AsyncIterator[None]:
         self.directory.refresh()
+        self.record_own_facts()
         self.reconcile()
         planes = await self._start_planes()
         adv = None
@@ -145,92 +154,67 @@ class MainNode:
                 await adv.stop()
             for plane in planes:
                 await plane.stop()
-            await self.supervisor.stop_all()
-            await asyncio.gather(*self._stopping, return_exceptions=True)
+            await self.placements.stop_all()
             await self.upstream.aclose()
             self.store.close()
 
     async def _background(self) -> None:
         interval = self.settings.agent.reconcile_interval_s
+        rounds = 0
         while True:
+            if rounds % 10 == 0:
+                self.record_own_facts()
+            rounds += 1
             await asyncio.sleep(min(interval, self.settings.gateway.key_cache_ttl_s))
             self.directory.refresh()
             try:
                 self.reconcile()
+                self.sweep_stale()
             except Exception:  # a bad row must not stop the loop
                 log.exception("reconcile failed")
 
-    # -- agent ------------------------------------------------------------
+    # -- this node's own engines ---------------------------------------------
+    def record_own_facts(self) -> None:
+        self.store.record_node_facts(self.identity.node_id, _hardware(host_facts(self.gpus)))
+
     def reconcile(self) -> None:
-        wanted = {
-            pg.id: pg
-            for pg in self.store.list_placement_groups(node_id=self.identity.node_id)
-            if pg.desired == "running"
-        }
-        for pg_id in set(self.supervisor.runners) - set(wanted):
-            task = asyncio.create_task(self.supervisor.stop(pg_id))
-            self._stopping.add(task)
-            task.add_done_callback(self._stopping.discard)
-        for pg in wanted.values():
-            if pg.id not in self.supervisor.runners:
-                self._start(pg)
-
-    def _start(self, pg: PlacementGroupRecord) -> None:
-        svc = self.store.get_service(pg.service)
-        rel = self.store.get_release(pg.release_id)
-        if svc is None or rel is None:
-            self.store.record_pg_observation(
-                pg.id, state="failed", detail="its model or release is missing"
-            )
-            return
-        try:
-            model_path = verify_artifact(self.home.model_store, svc.artifact_digest)
-        except ModelFileError as exc:
-            self.store.record_pg_observation(pg.id, state="failed", detail=str(exc))
-            self.routing.withdraw(pg.service, pg.id, str(exc))
-            return
-        release = Release(
-            id=rel["id"],
-            engine=rel["engine"],
-            version=rel["version"],
-            target=rel["target"],
-            artifacts=rel["artifacts"],
-            launch=rel["launch"],
+        self.placements.apply(
+            desired_for_node(self.store, self.identity.node_id, self._engine_secret)
         )
-        engine = self.settings.engine
-        secret = self._engine_secret
+        paused = {n.id for n in self.store.list_nodes() if n.paused}
+        self.routing.set_paused_nodes(paused)
 
-        def make_plan(port: int) -> LaunchPlan:
-            task = EngineTask(
-                pg_id=pg.id,
-                model_name=svc.name,
-                model_path=model_path,
-                host=_ENGINE_HOST,
-                port=port,
-                engine_key=engine_keys.derive(secret, pg.id, "0", port),
-                threads=engine.threads,
-                context=engine.context,
-                parallel=engine.parallel,
-            )
-            return plan_llamacpp(release, task, self.home.engine_run)
+    def _pg_failed(self, pg_id: str, why: str) -> None:
+        self.store.record_pg_observation(pg_id, state="failed", detail=why)
+        service = self.placements.services.get(pg_id)
+        if service:
+            self.routing.withdraw(service, pg_id, why)
 
-        self._services[pg.id] = pg.service
-        self.supervisor.ensure(pg.id, make_plan, lambda: free_port(_ENGINE_HOST))
+    def _replica(
+        self, pg_id: str, service: str, base_url: str, capacity: int, node_id: str
+    ) -> Replica:
+        key = engine_keys.derive(self._engine_secret, pg_id, "0")
+        return Replica(
+            pg_id=pg_id,
+            service=service,
+            base_url=base_url,
+            authorization=f"Bearer {key}",
+            capacity=capacity,
+            node_id=node_id,
+        )
 
     def _on_engine_status(self, st: EngineStatus) -> None:
-        service = self._services.get(st.pg_id)
+        service = self.placements.services.get(st.pg_id)
         if service is None:
             return
-        if st.state == "ready" and st.base_url and st.port:
-            key = engine_keys.derive(self._engine_secret, st.pg_id, "0", st.port)
+        if st.state == "ready" and st.base_url:
             self.routing.publish(
-                Replica(
-                    pg_id=st.pg_id,
-                    service=service,
-                    base_url=st.base_url,
-                    authorization=f"Bearer {key}",
-                    capacity=self.settings.engine.parallel,
-                    node_id=self.identity.node_id,
+                self._replica(
+                    st.pg_id,
+                    service,
+                    st.base_url,
+                    self.settings.engine.parallel,
+                    self.identity.node_id,
                 )
             )
             log.info(
@@ -256,3 +240,68 @@ class MainNode:
             )
         except Exception:  # observation is best effort; routing already updated
             log.exception("could not record state of %s", st.pg_id)
+
+    # -- children: signed facts in, desired state out ------------------------
+    def on_facts(
+        self, peer: Peer, cert_der: bytes, envelope: dict[str, object]
+    ) -> dict[str, object]:
+        """Raises FactError (refused and audited by the caller)."""
+        facts = self.ledger.accept(peer, cert_der, envelope)
+        node = self.store.get_node(facts.node_id)
+        if node is None:
+            raise FactError("unknown node")
+        self.store.node_seen(node.id, None, peer.identity.fingerprint)
+        self.store.record_node_facts(node.id, _hardware(facts.model_dump(mode="json")))
+        wanted = {
+            pg.id: pg
+            for pg in self.store.list_placement_groups(node_id=node.id)
+            if pg.desired == "running"
+        }
+        published: set[tuple[str, str]] = set()
+        for p in facts.placements:
+            pg = wanted.get(p.pg_id)
+            if pg is None:
+                continue
+            if p.state == "ready" and p.base_url:
+                self.routing.publish(
+                    self._replica(pg.id, pg.service, p.base_url, p.capacity or 1, node.id)
+                )
+                published.add((pg.service, pg.id))
+            else:
+                self.routing.withdraw(pg.service, pg.id, p.detail or p.state)
+            self.store.record_pg_observation(
+                pg.id,
+                state=p.state,
+                endpoint=p.base_url,
+                pid=p.pid,
+                capacity=p.capacity,
+                restarts=p.restarts,
+                detail=p.detail,
+            )
+        for service, pg_id in self._remote.get(node.id, set()) - published:
+            self.routing.withdraw(service, pg_id, "not ready on its node")
+        self._remote[node.id] = published
+        self.routing.set_paused_nodes({n.id for n in self.store.list_nodes() if n.paused})
+        desired = desired_for_node(self.store, node.id, self._engine_secret)
+        return {
+            "placements": [to_wire(d) for d in desired],
+            "paused": node.paused,
+            "interval_s": self.settings.control.heartbeat_interval_s,
+        }
+
+    def sweep_stale(self) -> None:
+        """Routing health comes from fresh facts only."""
+        window = self.settings.control.node_stale_after_s
+        for node_id, published in list(self._remote.items()):
+            if published and self.ledger.fresh(node_id, window) is None:
+                for service, pg_id in published:
+                    self.routing.withdraw(
+                        service, pg_id, f"node {node_id} sent no facts for {window:.0f}s"
+                    )
+                self._remote[node_id] = set()
+                log.warning("node %s is stale: its placement groups are unroutable", node_id)
+
+
+def _hardware(facts: dict[str, Any]) -> dict[str, Any]:
+    """What placement needs from a node's facts."""
+    return {k: facts[k] for k in ("cpus", "memory_bytes", "targets", "gpus") if k in facts}

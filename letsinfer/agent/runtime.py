@@ -20,9 +20,16 @@ import httpx
 
 from letsinfer import __version__
 from letsinfer.agent.api import create_agent_app
+from letsinfer.agent.facts import Facts, GpuFact, PlacementFact, sign
+from letsinfer.agent.hardware import gpu_probe, host_facts
+from letsinfer.agent.placement import Fetch, PlacementRunner
+from letsinfer.agent.supervisor import EngineSupervisor, SupervisionPolicy
+from letsinfer.authority.modelstore import artifact_path
+from letsinfer.authority.placements import from_wire
 from letsinfer.config import Settings
 from letsinfer.home import Home
 from letsinfer.identity import NodeIdentity, load_identity
+from letsinfer.mirror.fetching import fetch_artifact
 from letsinfer.store import AuthorityStore
 from letsinfer.trust import pki
 from letsinfer.trust.client import ClusterClient, PeerMismatch
@@ -70,6 +77,26 @@ class AgentNode:
         self.fingerprint = presented_fingerprint(home, identity)
         self.audit = AuthorityStore(home.database)
         self.reload_requested = False
+        self.gpus = gpu_probe(settings.hardware.fake_gpus)
+        agent = settings.agent
+        self.supervisor = EngineSupervisor(
+            home.engine_logs,
+            SupervisionPolicy(
+                ready_timeout_s=settings.engine.ready_timeout_s,
+                backoff_initial_s=agent.restart_backoff_initial_s,
+                backoff_max_s=agent.restart_backoff_max_s,
+                health_interval_s=agent.health_interval_s,
+            ),
+            lambda status: None,  # reported to the main with the next facts
+        )
+        # Engines listen on this node's data address, for the main's gateway only.
+        self.placements = PlacementRunner(
+            home.model_store,
+            home.engine_run,
+            self.supervisor,
+            advertise_address(agent.api_host, agent.advertise),
+            lambda pg, why: log.warning("placement group %s failed: %s", pg, why),
+        )
         self.server: Any = None  # the uvicorn server, set by the runner
         self._mtime = home.identity_file.stat().st_mtime_ns
 
@@ -90,7 +117,7 @@ class AgentNode:
             await adv.start()
         tasks = [asyncio.create_task(self._watch_identity())]
         if self.identity.role == "child":
-            tasks.append(asyncio.create_task(self._heartbeat()))
+            tasks.append(asyncio.create_task(self._report()))
         log.info(
             "%s node %s (%s) agent on %s:%d",
             self.identity.role,
@@ -109,6 +136,7 @@ class AgentNode:
                     await t
             if adv is not None:
                 await adv.stop()
+            await self.placements.stop_all()
             self.audit.close()
 
     async def _watch_identity(self) -> None:
@@ -125,27 +153,77 @@ class AgentNode:
                     self.server.should_exit = True
                 return
 
-    async def _heartbeat(self) -> None:
+    def _facts(self, seq: int) -> Facts:
+        engine = self.settings.engine
+        placements = []
+        for pg_id, runner in self.supervisor.runners.items():
+            st = runner.status
+            placements.append(
+                PlacementFact(
+                    pg_id=pg_id,
+                    state=st.state,
+                    base_url=st.base_url,
+                    pid=st.pid,
+                    restarts=st.restarts,
+                    detail=(st.detail or "")[:500] or None,
+                    capacity=engine.parallel if st.state == "ready" else None,
+                )
+            )
+        host = host_facts(self.gpus)
+        return Facts(
+            node_id=self.identity.node_id,
+            seq=seq,
+            ts=time.time(),
+            cpus=host["cpus"],
+            memory_bytes=host["memory_bytes"],
+            targets=host["targets"],
+            gpus=[GpuFact(**g) for g in host["gpus"]],
+            placements=placements,
+            version=__version__,
+        )
+
+    async def _report(self) -> None:
+        """Signed facts up, desired placements down, every interval."""
         ident = self.identity
         client = ClusterClient(self.files, expect_node=ident.main_id)
-        address = advertise_address(self.settings.agent.api_host, self.settings.agent.advertise)
-        body = {"address": f"{address}:{self.settings.agent.api_port}", "version": __version__}
+        key = pki.read_private_key(self.files.key)
         url = f"https://{ident.main_address}/v1/agent"
         interval = self.settings.control.heartbeat_interval_s
+        engine = self.settings.engine
         refused = False
+        seq = 0
         while True:
+            # Milliseconds since the epoch: still increasing after a restart.
+            seq = max(seq + 1, int(time.time() * 1000))
             try:
-                resp = await client.arequest("POST", url + "/heartbeat", json=body)
+                resp = await client.arequest(
+                    "POST", url + "/facts", json=sign(self._facts(seq), key)
+                )
                 if resp.status_code == 200:
                     refused = False
+                    desired = [
+                        from_wire(d, engine.threads, engine.context, engine.parallel)
+                        for d in resp.json()["placements"]
+                    ]
+                    self.placements.apply(desired, fetch=self._fetcher(client, url))
                     await self._renew_if_due(client, url)
                 elif not refused:
                     refused = True
                     log.error("the main refused this node: %s", resp.text)
             except (httpx.HTTPError, PeerMismatch, OSError) as exc:
-                log.warning("heartbeat to the main at %s failed: %s", ident.main_address, exc)
+                log.warning("reporting to the main at %s failed: %s", ident.main_address, exc)
             # A refused node keeps asking, slowly: the main audits every refusal.
             await asyncio.sleep(interval * 20 if refused else interval)
+
+    def _fetcher(self, client: ClusterClient, url: str) -> Fetch:
+        async def fetch(digest: str) -> None:
+            dest = artifact_path(self.home.model_store, digest)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            async with client.async_client(timeout=None) as http:
+                await fetch_artifact(http, url, digest, dest)
+            log.info("fetched model sha256:%s from the main", digest[:12])
+
+        return fetch
 
     async def _renew_if_due(self, client: ClusterClient, url: str) -> None:
         cert = pki.load_cert(self.files.cert.read_bytes())

@@ -23,6 +23,7 @@ def ensure_secret(store: AuthorityStore) -> bytes:
     return bytes.fromhex(value)
 
 
-def derive(secret: bytes, pg_id: str, task: str, port: int) -> str:
-    msg = f"{pg_id}|{task}|{port}".encode()
+def derive(secret: bytes, pg_id: str, task: str) -> str:
+    """Stable for a task across engine restarts; different for every task."""
+    msg = f"{pg_id}|{task}".encode()
     return "lie-" + hmac.new(secret, msg, hashlib.sha256).hexdigest()

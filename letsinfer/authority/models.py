@@ -26,11 +26,11 @@ def add_gguf_model(
     name: str,
     source: Path,
     *,
-    node_id: str,
+    node_id: str | None,
     release: Release,
     aliases: tuple[str, ...] = (),
     actor: str = "cli",
-) -> tuple[ServiceRecord, PlacementGroupRecord]:
+) -> tuple[ServiceRecord, PlacementGroupRecord | None]:
     """Check and store the file, then record the service and its first PG atomically."""
     check_model_name(name)
     for alias in aliases:
@@ -48,9 +48,11 @@ def add_gguf_model(
             release.launch,
         )
         svc = store.add_service(name, artifact.digest, artifact.size, "gguf", str(source), aliases)
-        pg = store.add_placement_group(
-            f"pg-{uuid.uuid4().hex[:12]}", name, node_id, release.id, release.target
-        )
+        pg = None
+        if node_id is not None:  # serve it on this node right away
+            pg = store.add_placement_group(
+                f"pg-{uuid.uuid4().hex[:12]}", name, node_id, release.id, release.target
+            )
         store.append_audit(
             actor, "model.add", "ok", target=name, detail=f"sha256:{artifact.digest}"
         )

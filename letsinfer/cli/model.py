@@ -7,12 +7,13 @@ from pathlib import Path
 import click
 
 from letsinfer import config
+from letsinfer.authority import install as install_mod
 from letsinfer.authority.models import add_gguf_model
 from letsinfer.cli import cli
 from letsinfer.cli.output import console, emit
 from letsinfer.cli.scope import CliContext, scoped
 from letsinfer.engines import releases
-from letsinfer.store import AuthorityStore
+from letsinfer.store import AuthorityStore, StoreError
 
 
 @cli.group()
@@ -82,9 +83,19 @@ def list_models(ctx: CliContext, as_json: bool) -> None:
     type=click.Choice(["xllamacpp", "llama-server"]),
     help="Engine to run it (default: the node's configured engine).",
 )
+@click.option(
+    "--no-serve",
+    is_flag=True,
+    help="Only register it; place it later with `letsinfer model install`.",
+)
 @click.pass_obj
 def add_model(
-    ctx: CliContext, name: str, gguf_path: Path, aliases: tuple[str, ...], engine: str | None
+    ctx: CliContext,
+    name: str,
+    gguf_path: Path,
+    aliases: tuple[str, ...],
+    engine: str | None,
+    no_serve: bool,
 ) -> None:
     """Add a model from a local GGUF file and serve it on this node."""
     assert ctx.identity is not None  # the scope check guarantees an identity
@@ -99,14 +110,214 @@ def add_model(
             ctx.home.model_store,
             name,
             gguf_path.expanduser(),
-            node_id=ctx.identity.node_id,
+            node_id=None if no_serve else ctx.identity.node_id,
             release=release,
             aliases=aliases,
         )
     finally:
         store.close()
+    where = (
+        f"placement group {pg.id} on {ctx.identity.name} with {release.id}"
+        if pg
+        else "not placed yet (`letsinfer model install`)"
+    )
     console.print(
         f"added model [bold]{svc.name}[/bold] (sha256:{svc.artifact_digest[:12]}, "
-        f"{svc.artifact_size / 1e6:.1f} MB); placement group {pg.id} on "
-        f"{ctx.identity.name} with {release.id}"
+        f"{svc.artifact_size / 1e6:.1f} MB); {where}"
+    )
+
+
+@scoped(model, "install", scope="main")
+@click.argument("name")
+@click.option("--node", "nodes", multiple=True, help="A node to place it on; repeat for more.")
+@click.option(
+    "--target",
+    type=click.Choice(["auto", "cpu", "cuda"]),
+    default="auto",
+    show_default=True,
+    help="auto: cuda where the node has GPUs, else cpu.",
+)
+@click.option(
+    "--gpus",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="GPUs per placement group on a cuda target.",
+)
+@click.option("--gpu", "gpu_uuids", multiple=True, help="Exact GPU UUID(s) to use.")
+@click.option(
+    "--engine",
+    type=click.Choice(["xllamacpp", "llama-server"]),
+    help="Engine for cpu targets (default: the configured one).",
+)
+@click.option(
+    "--replace-existing",
+    is_flag=True,
+    help="Replace this model's placement group where a node already has one.",
+)
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.pass_obj
+def install(
+    ctx: CliContext,
+    name: str,
+    nodes: tuple[str, ...],
+    target: str,
+    gpus: int,
+    gpu_uuids: tuple[str, ...],
+    engine: str | None,
+    replace_existing: bool,
+    yes: bool,
+) -> None:
+    """Place a model on nodes: one placement group per node, each with the release
+    qualified for that node's target and its exact GPUs."""
+    assert ctx.identity is not None
+    settings = config.load(ctx.home.config_file)
+    store = AuthorityStore(ctx.home.database)
+    try:
+        if not nodes:
+            active = [n.name for n in store.list_nodes() if n.state == "active"]
+            if not yes and not click.confirm(
+                f"Replicate {name} on every active node ({', '.join(active)})?", default=True
+            ):
+                raise click.ClickException("name the nodes with --node (repeatable)")
+            nodes = tuple(active)
+        req = install_mod.InstallRequest(
+            service=name,
+            nodes=nodes,
+            target=target,
+            gpus=gpus,
+            gpu_uuids=gpu_uuids,
+            engine=engine or settings.engine.kind,
+            llama_server_binary=settings.engine.llama_server_binary,
+        )
+        plan = install_mod.plan(
+            store, req, settings.control.node_stale_after_s, ctx.identity.node_id
+        )
+        for p in plan.placements:
+            gpus_text = f" on {', '.join(p.gpus)}" if p.gpus else ""
+            note = f" (replaces {p.replaces})" if p.replaces else ""
+            console.print(
+                f"  [green]install[/green] {p.node.name}: {p.release.id}{gpus_text}{note}"
+            )
+        for node_name, why in plan.skipped:
+            console.print(f"  [yellow]skip[/yellow]    {node_name}: {why}")
+        if not plan.placements:
+            store.append_audit(
+                "cli",
+                "model.install",
+                "denied",
+                target=name,
+                detail="; ".join(f"{n}: {w}" for n, w in plan.skipped),
+            )
+            raise click.ClickException("no node can take this model; nothing changed")
+        if (
+            plan.replacing
+            and not replace_existing
+            and not (not yes and click.confirm("Replace the existing placement groups?"))
+        ):
+            store.append_audit(
+                "cli",
+                "model.install",
+                "denied",
+                target=name,
+                detail="would replace without --replace-existing",
+            )
+            raise click.ClickException(
+                f"{name} already runs on {', '.join(p.node.name for p in plan.replacing)}; "
+                "pass --replace-existing to replace it. Nothing changed."
+            )
+        created = install_mod.apply(store, plan)
+    finally:
+        store.close()
+    console.print(f"{len(created)} placement group(s) created: {', '.join(created)}")
+
+
+def _set_desired(ctx: CliContext, name: str, desired: str, action: str) -> None:
+    store = AuthorityStore(ctx.home.database)
+    try:
+        svc = store.resolve_service(name)
+        if svc is None:
+            raise StoreError(f"no model {name!r}")
+        with store.transaction():
+            n = store.set_service_desired(svc.name, desired)
+            store.append_audit("cli", action, "ok", target=svc.name)
+    finally:
+        store.close()
+    console.print(f"model {svc.name}: {n} placement group(s) {desired}")
+
+
+@scoped(model, "stop", scope="main")
+@click.argument("name")
+@click.pass_obj
+def stop(ctx: CliContext, name: str) -> None:
+    """Stop every placement group of a model (engines stop; nothing is deleted)."""
+    _set_desired(ctx, name, "stopped", "model.stop")
+
+
+@scoped(model, "start", scope="main")
+@click.argument("name")
+@click.pass_obj
+def start(ctx: CliContext, name: str) -> None:
+    """Start a model's placement groups again."""
+    _set_desired(ctx, name, "running", "model.start")
+
+
+@scoped(model, "resume", scope="main")
+@click.argument("name")
+@click.pass_obj
+def resume(ctx: CliContext, name: str) -> None:
+    """Resume placement groups paused by a lost data link (an explicit step)."""
+    _set_desired(ctx, name, "running", "model.resume")
+
+
+@scoped(model, "show", scope="main")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+def show(ctx: CliContext, name: str, as_json: bool) -> None:
+    """One model: its artifact and every placement group with release, GPUs and state."""
+    store = AuthorityStore(ctx.home.database)
+    try:
+        svc = store.resolve_service(name)
+        if svc is None:
+            raise StoreError(f"no model {name!r}")
+        nodes = {n.id: n.name for n in store.list_nodes(include_removed=True)}
+        pgs = [
+            {
+                "id": pg.id,
+                "node": nodes.get(pg.node_id, pg.node_id),
+                "release": pg.release_id,
+                "target": pg.target,
+                "gpus": store.pg_gpus(pg.id),
+                "desired": pg.desired,
+                "state": pg.state,
+                "endpoint": pg.endpoint,
+                "pid": pg.pid,
+                "capacity": pg.capacity,
+                "restarts": pg.restarts,
+                "detail": pg.detail,
+            }
+            for pg in store.list_placement_groups(service=svc.name)
+        ]
+    finally:
+        store.close()
+    info = {
+        "name": svc.name,
+        "aliases": list(svc.aliases),
+        "sha256": svc.artifact_digest,
+        "size": svc.artifact_size,
+        "placement_groups": pgs,
+    }
+    if as_json:
+        emit([info], [], as_json=True)
+        return
+    console.print(
+        f"[bold]{svc.name}[/bold] sha256:{svc.artifact_digest[:16]}… "
+        f"{svc.artifact_size / 1e6:.1f} MB"
+    )
+    emit(
+        [{**p, "gpus": ", ".join(p["gpus"])} for p in pgs],
+        ["id", "node", "release", "gpus", "desired", "state", "endpoint"],
+        as_json=False,
+        title="placement groups",
     )

@@ -18,7 +18,7 @@ from letsinfer.authority import enrollment
 from letsinfer.authority.bootstrap import init_candidate, init_main
 from letsinfer.cli import cli
 from letsinfer.cli.output import console, emit
-from letsinfer.cli.scope import CliContext, scoped
+from letsinfer.cli.scope import CliContext, ScopedCommand, scoped
 from letsinfer.identity import load_identity
 from letsinfer.store import AuthorityStore, StoreError
 from letsinfer.trust import candidate, pki
@@ -424,3 +424,122 @@ def move_into(ctx: CliContext, main_address: str, window: float) -> None:
         f"this node accepts an enrollment request from {main_address} for the next "
         f"{window:.0f}s; then run `letsinfer node accept ID` here"
     )
+
+
+def _pause(ctx: CliContext, name: str | None, paused: bool) -> None:
+    ident = ctx.identity
+    assert ident is not None
+    word = "paused" if paused else "resumed"
+    if ident.role == "main":
+        store = AuthorityStore(ctx.home.database)
+        try:
+            target = store.find_node(name or ident.node_id)
+            if target is None:
+                raise StoreError(f"no node {name!r} (see `letsinfer node list`)")
+            with store.transaction():
+                store.set_node_paused(target.id, paused)
+                store.append_audit(
+                    "cli",
+                    "node.pause" if paused else "node.resume",
+                    "ok",
+                    role="main",
+                    target=target.name,
+                )
+        finally:
+            store.close()
+        console.print(
+            f"node {target.name} {word}: "
+            + ("no new requests; in-flight ones finish" if paused else "admitting")
+        )
+        return
+    if name not in (None, ident.name, ident.node_id):
+        raise click.ClickException(
+            f"a child pauses only itself; run this on the main "
+            f"at {ident.main_address} to pause {name}"
+        )
+    client = ClusterClient(tls_files(ctx.home, ident), expect_node=ident.main_id)
+    try:
+        resp = client.request(
+            "POST", f"https://{ident.main_address}/v1/agent/pause", json={"paused": paused}
+        )
+    except (httpx.HTTPError, ssl.SSLError, PeerMismatch) as exc:
+        raise click.ClickException(f"cannot reach the main at {ident.main_address}: {exc}") from exc
+    if resp.status_code != 200:
+        raise click.ClickException(f"the main refused: {resp.text}")
+    console.print(f"node {ident.name} {word} (asked the main at {ident.main_address})")
+
+
+@scoped(node, "pause", scope="all")
+@click.argument("name", required=False)
+@click.pass_obj
+def pause(ctx: CliContext, name: str | None) -> None:
+    """Stop new admission on a node (this one by default); in-flight work finishes,
+    engines keep running. On a child this asks the main over mutual TLS."""
+    _pause(ctx, name, True)
+
+
+@scoped(node, "resume", scope="all")
+@click.argument("name", required=False)
+@click.pass_obj
+def resume(ctx: CliContext, name: str | None) -> None:
+    """Admit new requests on a paused node again."""
+    _pause(ctx, name, False)
+
+
+@cli.command("topology", cls=ScopedCommand, scope="main")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+def topology(ctx: CliContext, as_json: bool) -> None:
+    """Nodes, their GPUs and the placement groups on them."""
+    store = AuthorityStore(ctx.home.database)
+    try:
+        out = []
+        for n in store.list_nodes():
+            pgs = store.list_placement_groups(node_id=n.id)
+            gpus = (n.facts or {}).get("gpus", [])
+            out.append(
+                {
+                    "node": n.name,
+                    "role": n.role,
+                    "paused": n.paused,
+                    "targets": (n.facts or {}).get("targets", []),
+                    "gpus": [
+                        {
+                            "uuid": g["uuid"],
+                            "name": g["name"],
+                            "placement_group": next(
+                                (pg.id for pg in pgs if g["uuid"] in store.pg_gpus(pg.id)), None
+                            ),
+                        }
+                        for g in gpus
+                    ],
+                    "placement_groups": [
+                        {
+                            "id": pg.id,
+                            "model": pg.service,
+                            "state": pg.state,
+                            "gpus": store.pg_gpus(pg.id),
+                        }
+                        for pg in pgs
+                    ],
+                }
+            )
+    finally:
+        store.close()
+    if as_json:
+        emit(out, [], as_json=True)
+        return
+    from rich.tree import Tree
+
+    tree = Tree("cluster")
+    for n in out:
+        branch = tree.add(
+            f"[bold]{n['node']}[/bold] ({n['role']}"
+            f"{', paused' if n['paused'] else ''}) targets: "
+            f"{', '.join(n['targets']) or '?'}"
+        )
+        for g in n["gpus"]:
+            branch.add(f"GPU {g['uuid']} {g['name']} → {g['placement_group'] or 'free'}")
+        for pg in n["placement_groups"]:
+            branch.add(f"{pg['id']} {pg['model']} [{pg['state']}]")
+    console.print(tree)

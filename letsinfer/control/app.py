@@ -8,15 +8,18 @@ verified cluster certificate: nodes use ``/v1/agent/*``, controllers
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from letsinfer import __version__
+from letsinfer.agent.facts import FactError
 from letsinfer.authority import controllers, enrollment
 from letsinfer.authority.apikeys import create_key
+from letsinfer.authority.modelstore import artifact_path
 from letsinfer.identity import NodeIdentity
 from letsinfer.store import AuthorityStore, StoreError
 from letsinfer.trust import pki
@@ -33,6 +36,9 @@ class ControlContext:
     identity: NodeIdentity
     gateway_url: str
     heartbeat_interval_s: float
+    # (peer, its certificate, signed envelope) -> desired state; raises FactError
+    on_facts: Callable[[Peer, bytes, dict[str, Any]], dict[str, Any]]
+    model_store: Path
 
 
 class _Body(BaseModel):
@@ -51,9 +57,13 @@ class PairController(_Body):
     csr: str
 
 
-class Heartbeat(_Body):
-    address: str | None = None
-    version: str
+class FactEnvelope(_Body):
+    facts: str = Field(max_length=256_000)
+    signature: str = Field(max_length=512)
+
+
+class Pause(_Body):
+    paused: bool
 
 
 class Renew(_Body):
@@ -144,11 +154,43 @@ def create_control_app(ctx: ControlContext) -> PeerGate:
         }
 
     # -- nodes --------------------------------------------------------------
-    @app.post("/v1/agent/heartbeat")
-    def heartbeat(body: Heartbeat, request: Request) -> dict[str, Any]:
+    @app.post("/v1/agent/facts")
+    def facts(body: FactEnvelope, request: Request) -> dict[str, Any]:
         p = peer(request)
-        store.node_seen(p.identity.id, body.address, p.identity.fingerprint)
-        return {"ok": True, "interval_s": ctx.heartbeat_interval_s}
+        der = request.scope["extensions"]["tls"]["client_cert_der"]
+        try:
+            return ctx.on_facts(p, der, body.model_dump())
+        except FactError as exc:
+            store.append_audit(
+                actor(p), "node.facts", "denied", role=p.identity.role, detail=str(exc)
+            )
+            raise HTTPException(422, f"facts refused: {exc}") from exc
+
+    @app.get("/v1/agent/mirror/sha256/{digest}")
+    def artifact(digest: str, request: Request) -> FileResponse:
+        # Read-only, by digest, with Range (Starlette) so a broken fetch resumes.
+        if len(digest) != 64 or not all(c in "0123456789abcdef" for c in digest):
+            raise HTTPException(400, "an artifact is named by its sha256")
+        path = artifact_path(ctx.model_store, digest)
+        if not path.is_file():
+            raise HTTPException(404, f"no artifact sha256:{digest}")
+        return FileResponse(path, media_type="application/octet-stream")
+
+    @app.post("/v1/agent/pause")
+    def agent_pause(body: Pause, request: Request) -> dict[str, Any]:
+        p = peer(request)
+        node = store.get_node(p.identity.id)
+        assert node is not None
+        with store.transaction():
+            store.set_node_paused(node.id, body.paused)
+            store.append_audit(
+                actor(p),
+                "node.pause" if body.paused else "node.resume",
+                "ok",
+                role=node.role,
+                target=node.name,
+            )
+        return {"node": node.name, "paused": body.paused}
 
     @app.post("/v1/agent/renew")
     def renew(body: Renew, request: Request) -> dict[str, Any]:
@@ -230,6 +272,29 @@ def create_control_app(ctx: ControlContext) -> PeerGate:
         except StoreError as exc:
             raise HTTPException(400, str(exc)) from exc
         return {"name": issued.record.name, "key": issued.secret}
+
+    def pause_node(name: str, paused: bool, p: Peer) -> dict[str, Any]:
+        node = store.find_node(name)
+        if node is None:
+            raise HTTPException(404, f"no node {name!r}")
+        with store.transaction():
+            store.set_node_paused(node.id, paused)
+            store.append_audit(
+                actor(p),
+                "node.pause" if paused else "node.resume",
+                "ok",
+                role=p.identity.role,
+                target=node.name,
+            )
+        return {"node": node.name, "paused": paused}
+
+    @app.post("/v1/ops/nodes/{name}/pause")
+    def node_pause(name: str, p: Annotated[Peer, Depends(need("operator"))]) -> dict[str, Any]:
+        return pause_node(name, True, p)
+
+    @app.post("/v1/ops/nodes/{name}/resume")
+    def node_resume(name: str, p: Annotated[Peer, Depends(need("operator"))]) -> dict[str, Any]:
+        return pause_node(name, False, p)
 
     @app.get("/v1/ops/version")
     def version(p: Annotated[Peer, Depends(need("viewer"))]) -> dict[str, str]:

@@ -31,6 +31,14 @@ class RoutingTable:
     _by_service: dict[str, dict[str, Replica]] = field(default_factory=dict)
     # Groups that exist but are not ready, with why: explains a 503.
     _not_ready: dict[str, dict[str, str]] = field(default_factory=dict)
+    # Paused nodes admit nothing new; their in-flight requests finish.
+    _paused_nodes: frozenset[str] = frozenset()
+
+    def set_paused_nodes(self, nodes: set[str]) -> None:
+        self._paused_nodes = frozenset(nodes)
+
+    def _admits(self, r: Replica) -> bool:
+        return not r.paused and r.node_id not in self._paused_nodes
 
     def publish(self, replica: Replica) -> None:
         self._not_ready.get(replica.service, {}).pop(replica.pg_id, None)
@@ -51,7 +59,7 @@ class RoutingTable:
         return list(self._by_service.get(service, {}).values())
 
     def ready_count(self, service: str) -> int:
-        return sum(1 for r in self.replicas(service) if not r.paused)
+        return sum(1 for r in self.replicas(service) if self._admits(r))
 
     def explain(self, service: str) -> str:
         waiting = self._not_ready.get(service, {})
@@ -64,7 +72,7 @@ class RoutingTable:
     def choose(self, service: str, exclude: frozenset[str] = frozenset()) -> Replica | None:
         best: Replica | None = None
         for r in self._by_service.get(service, {}).values():
-            if r.paused or r.pg_id in exclude:
+            if r.pg_id in exclude or not self._admits(r):
                 continue
             if best is None or (r.pressure, r.in_flight) < (best.pressure, best.in_flight):
                 best = r

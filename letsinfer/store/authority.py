@@ -37,6 +37,8 @@ class NodeRecord:
     created_at: float
     cert_fingerprint: str | None = None
     last_seen: float | None = None
+    facts: dict[str, Any] | None = None  # latest verified hardware facts
+    facts_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -249,6 +251,16 @@ class AuthorityStore:
             "cert_fingerprint = ? WHERE id = ?",
             (time.time(), address, cert_fingerprint, node_id),
         )
+
+    def record_node_facts(self, node_id: str, facts: dict[str, Any]) -> None:
+        self.db.execute(
+            "UPDATE nodes SET facts = ?, facts_at = ?, last_seen = ? WHERE id = ?",
+            (json.dumps(facts, sort_keys=True), time.time(), time.time(), node_id),
+        )
+
+    def delete_placement_group(self, pg_id: str) -> None:
+        """Gone from the desired state; its GPUs are free again (cascade)."""
+        self.db.execute("DELETE FROM placement_groups WHERE id = ?", (pg_id,))
 
     def set_node_fingerprint(self, node_id: str, cert_fingerprint: str) -> None:
         self.db.execute(
@@ -539,6 +551,19 @@ class AuthorityStore:
             params["service"] = service
         return [_pg(r) for r in self._rows(sql + " ORDER BY created_at", params)]
 
+    def pg_gpus(self, pg_id: str) -> list[str]:
+        rows = self._rows(
+            "SELECT gpu_uuid FROM pg_devices WHERE pg_id = ? ORDER BY gpu_uuid", (pg_id,)
+        )
+        return [r["gpu_uuid"] for r in rows]
+
+    def gpus_in_use(self, node_id: str) -> set[str]:
+        rows = self._rows("SELECT gpu_uuid FROM pg_devices WHERE node_id = ?", (node_id,))
+        return {r["gpu_uuid"] for r in rows}
+
+    def set_node_paused(self, node_id: str, paused: bool) -> None:
+        self.db.execute("UPDATE nodes SET paused = ? WHERE id = ?", (int(paused), node_id))
+
     def set_service_desired(self, service: str, desired: str) -> int:
         cur = self.db.execute(
             "UPDATE placement_groups SET desired = ?, updated_at = ? WHERE service = ?",
@@ -673,6 +698,8 @@ def _node(r: dict[str, Any]) -> NodeRecord:
         created_at=r["created_at"],
         cert_fingerprint=r["cert_fingerprint"],
         last_seen=r["last_seen"],
+        facts=json.loads(r["facts"]) if r.get("facts") else None,
+        facts_at=r.get("facts_at"),
     )
 
 

@@ -120,4 +120,9 @@ MIGRATIONS: list[str] = [
         revoked_at REAL NOT NULL
     );
     """,
+    # 3: the latest verified facts of each node (targets, GPUs), for placement
+    """
+    ALTER TABLE nodes ADD COLUMN facts TEXT;
+    ALTER TABLE nodes ADD COLUMN facts_at REAL;
+    """,
 ]

@@ -39,6 +39,10 @@ class ClusterClient:
             self._check_peer(resp)
             return resp
 
+    def async_client(self, timeout: float | None = 10.0) -> httpx.AsyncClient:
+        """A raw client with this node's TLS (for streaming downloads)."""
+        return httpx.AsyncClient(verify=self._ctx, timeout=timeout)
+
     def _check_peer(self, resp: httpx.Response) -> None:
         if self._expect_node is None:
             return

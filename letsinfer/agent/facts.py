@@ -1,0 +1,97 @@
+"""Signed facts: what an agent tells the main about its node.
+
+Bounded (every list and string has a limit), canonical JSON, signed with the
+node's own key (ECDSA P-256, SHA-256), with a sequence number and a timestamp
+so the main can refuse forged, replayed and stale facts.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
+from pydantic import BaseModel, ConfigDict, Field
+
+_ID = Field(max_length=64)
+
+
+class _Fact(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GpuFact(_Fact):
+    uuid: str = _ID
+    name: str = Field(max_length=128)
+    memory_total: int = Field(ge=0)
+    memory_free: int = Field(ge=0)
+    temperature_c: int | None = None
+    power_w: float | None = None
+    utilization: int | None = None
+    mig: bool = False
+
+
+class PlacementFact(_Fact):
+    pg_id: str = _ID
+    task: str = Field("0", max_length=16)
+    state: str = Field(max_length=16)
+    base_url: str | None = Field(None, max_length=256)
+    pid: int | None = None
+    restarts: int = 0
+    capacity: int | None = Field(None, ge=0, le=4096)
+    detail: str | None = Field(None, max_length=512)
+
+
+class LinkFact(_Fact):
+    peer: str = _ID
+    address: str = Field(max_length=64)
+    proven_at: float
+
+
+class Facts(_Fact):
+    node_id: str = _ID
+    seq: int = Field(ge=1)
+    ts: float
+    cpus: int = Field(ge=1, le=4096)
+    memory_bytes: int = Field(ge=0)
+    targets: list[str] = Field(max_length=8)
+    gpus: list[GpuFact] = Field(default_factory=list, max_length=64)
+    placements: list[PlacementFact] = Field(default_factory=list, max_length=256)
+    links: list[LinkFact] = Field(default_factory=list, max_length=64)
+    version: str = Field(max_length=32)
+    paused: bool = False
+
+    def canonical(self) -> bytes:
+        return json.dumps(
+            self.model_dump(mode="json"), sort_keys=True, separators=(",", ":")
+        ).encode()
+
+
+def sign(facts: Facts, key: ec.EllipticCurvePrivateKey) -> dict[str, str]:
+    body = facts.canonical()
+    signature = key.sign(body, ec.ECDSA(hashes.SHA256()))
+    return {"facts": body.decode(), "signature": base64.b64encode(signature).decode()}
+
+
+class FactError(Exception):
+    pass
+
+
+def verify(envelope: dict[str, Any], public_key: ec.EllipticCurvePublicKey) -> Facts:
+    """Check the signature over the exact bytes sent, then parse them."""
+    try:
+        body = str(envelope["facts"]).encode()
+        signature = base64.b64decode(str(envelope["signature"]), validate=True)
+    except (KeyError, ValueError) as exc:
+        raise FactError("malformed fact envelope") from exc
+    try:
+        public_key.verify(signature, body, ec.ECDSA(hashes.SHA256()))
+    except InvalidSignature as exc:
+        raise FactError("the facts' signature does not verify with this node's key") from exc
+    try:
+        return Facts.model_validate_json(body)
+    except ValueError as exc:
+        raise FactError(f"facts do not match the schema: {exc}") from exc

@@ -1,0 +1,109 @@
+"""What a node has: CPUs, memory and GPUs, behind one small seam.
+
+``NvmlProbe`` is the real path (nvidia-ml-py over the driver's NVML); it is
+used whenever NVML initialises. ``FakeGpuProbe`` reads a JSON file describing
+GPUs, for tests and lab hosts without a GPU, and answers the same interface
+(set ``[hardware] fake_gpus = "/path/gpus.json"`` or ``LETSINFER_HARDWARE__FAKE_GPUS``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    uuid: str
+    name: str
+    memory_total: int
+    memory_free: int
+    temperature_c: int | None = None
+    power_w: float | None = None
+    utilization: int | None = None  # percent
+    mig: bool = False
+
+
+class GpuProbe(Protocol):
+    def gpus(self) -> list[GpuInfo]: ...
+
+
+class NoGpus:
+    def gpus(self) -> list[GpuInfo]:
+        return []
+
+
+class FakeGpuProbe:
+    """GPUs described by a JSON file: a list of objects with GpuInfo's fields."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def gpus(self) -> list[GpuInfo]:
+        data: list[dict[str, Any]] = json.loads(self.path.read_text())
+        return [GpuInfo(**{"memory_free": g.get("memory_total", 0), **g}) for g in data]
+
+
+class NvmlProbe:
+    """The real thing. Each call reads current values (free memory, temperature)."""
+
+    def __init__(self) -> None:
+        import pynvml
+
+        pynvml.nvmlInit()
+        self._nvml = pynvml
+
+    def gpus(self) -> list[GpuInfo]:
+        nv = self._nvml
+        out = []
+        for i in range(nv.nvmlDeviceGetCount()):
+            h = nv.nvmlDeviceGetHandleByIndex(i)
+            mem = nv.nvmlDeviceGetMemoryInfo(h)
+            out.append(
+                GpuInfo(
+                    uuid=_text(nv.nvmlDeviceGetUUID(h)),
+                    name=_text(nv.nvmlDeviceGetName(h)),
+                    memory_total=int(mem.total),
+                    memory_free=int(mem.free),
+                    temperature_c=_try(
+                        lambda h=h: int(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
+                    ),
+                    power_w=_try(lambda h=h: nv.nvmlDeviceGetPowerUsage(h) / 1000.0),
+                    utilization=_try(lambda h=h: int(nv.nvmlDeviceGetUtilizationRates(h).gpu)),
+                    mig=bool(_try(lambda h=h: nv.nvmlDeviceGetMigMode(h)[0]) or False),
+                )
+            )
+        return out
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _try(read: Any) -> Any:
+    try:
+        return read()
+    except Exception:  # a metric the device or driver does not support
+        return None
+
+
+def gpu_probe(fake_gpus: str | None) -> GpuProbe:
+    if fake_gpus:
+        return FakeGpuProbe(Path(fake_gpus))
+    try:
+        return NvmlProbe()
+    except Exception:  # no driver, no library: a CPU node
+        return NoGpus()
+
+
+def host_facts(probe: GpuProbe) -> dict[str, Any]:
+    gpus = probe.gpus()
+    return {
+        "cpus": os.cpu_count() or 1,
+        "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+        "gpus": [asdict(g) for g in gpus],
+        "targets": ["cpu", "cuda"] if gpus else ["cpu"],
+    }

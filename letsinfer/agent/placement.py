@@ -1,0 +1,112 @@
+"""Keeping this node's engines equal to the placements it should run.
+
+The same code serves the main's own engines (desired state read from the
+authority) and a child's (desired state received from the main). Safe to run
+as often as wanted: it only starts what is missing and stops what is extra.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from letsinfer.agent.ports import free_port
+from letsinfer.agent.supervisor import EngineSupervisor
+from letsinfer.authority.modelstore import ModelFileError, artifact_path, verify_artifact
+from letsinfer.engines.launch import EngineTask, LaunchPlan, plan_llamacpp
+from letsinfer.engines.releases import Release
+
+log = logging.getLogger("letsinfer.agent")
+
+Fetch = Callable[[str], Awaitable[None]]  # digest -> places the verified artifact
+
+
+@dataclass(frozen=True)
+class DesiredPlacement:
+    pg_id: str
+    service: str
+    artifact_digest: str
+    release: Release
+    engine_key: str
+    gpu_uuids: tuple[str, ...] = ()
+    threads: int = 2
+    context: int = 4096
+    parallel: int = 4
+
+
+@dataclass
+class PlacementRunner:
+    model_store: Path
+    run_dir: Path
+    supervisor: EngineSupervisor
+    host: str
+    on_failed: Callable[[str, str], None]  # (pg id, why)
+    services: dict[str, str] = field(default_factory=dict)  # pg id -> model service
+    _background: set[asyncio.Task[None]] = field(default_factory=set)
+    _verified: set[str] = field(default_factory=set)
+    _fetching: set[str] = field(default_factory=set)
+
+    def apply(self, desired: list[DesiredPlacement], fetch: Fetch | None = None) -> None:
+        wanted = {d.pg_id: d for d in desired}
+        for pg_id in set(self.supervisor.runners) - set(wanted):
+            self._spawn(self.supervisor.stop(pg_id))
+        for d in wanted.values():
+            if d.pg_id in self.supervisor.runners:
+                continue
+            if not artifact_path(self.model_store, d.artifact_digest).exists() and fetch:
+                if d.artifact_digest not in self._fetching:
+                    self._fetching.add(d.artifact_digest)
+                    self._spawn(self._fetch_then_start(d, fetch))
+                continue
+            self._start(d)
+
+    async def stop_all(self) -> None:
+        await self.supervisor.stop_all()
+        await asyncio.gather(*self._background, return_exceptions=True)
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _fetch_then_start(self, d: DesiredPlacement, fetch: Fetch) -> None:
+        try:
+            await fetch(d.artifact_digest)
+        except Exception as exc:  # a failed download must be visible, and retried later
+            log.warning("fetching sha256:%s failed: %s", d.artifact_digest[:12], exc)
+            self.on_failed(d.pg_id, f"model download failed: {exc}")
+            return
+        finally:
+            self._fetching.discard(d.artifact_digest)
+        self._start(d)
+
+    def _start(self, d: DesiredPlacement) -> None:
+        try:
+            if d.artifact_digest not in self._verified:
+                verify_artifact(self.model_store, d.artifact_digest)
+                self._verified.add(d.artifact_digest)
+        except ModelFileError as exc:
+            self.on_failed(d.pg_id, str(exc))
+            return
+        model_path = artifact_path(self.model_store, d.artifact_digest)
+
+        def make_plan(port: int) -> LaunchPlan:
+            task = EngineTask(
+                pg_id=d.pg_id,
+                model_name=d.service,
+                model_path=model_path,
+                host=self.host,
+                port=port,
+                engine_key=d.engine_key,
+                gpu_uuids=d.gpu_uuids,
+                threads=d.threads,
+                context=d.context,
+                parallel=d.parallel,
+            )
+            return plan_llamacpp(d.release, task, self.run_dir)
+
+        self.services[d.pg_id] = d.service
+        self.supervisor.ensure(d.pg_id, make_plan, lambda: free_port(self.host))

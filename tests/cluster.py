@@ -1,0 +1,118 @@
+"""A small cluster of real nodes in network namespaces, driven through the CLI."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.netlab import NetLab
+
+PY = sys.executable
+
+
+class Cluster:
+    def __init__(self, lab: NetLab, root: Path) -> None:
+        self.lab = lab
+        self.root = root
+        self.procs: dict[str, subprocess.Popen[str]] = {}
+        self.extra_env: dict[str, dict[str, str]] = {}
+
+    def home(self, name: str) -> Path:
+        return self.root / name
+
+    def env(self, name: str) -> dict[str, str]:
+        addr = self.lab.hosts[name]
+        return {
+            "PYTHONUNBUFFERED": "1",
+            "LETSINFER_GATEWAY__HOST": addr,
+            "LETSINFER_CONTROL__HOST": addr,
+            "LETSINFER_AGENT__API_HOST": addr,
+            "LETSINFER_CONTROL__HEARTBEAT_INTERVAL_S": "0.5",
+            **self.extra_env.get(name, {}),
+        }
+
+    def cli(
+        self, name: str, *args: str, home: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return self.lab.run(
+            name,
+            PY,
+            "-m",
+            "letsinfer",
+            "--home",
+            str(self.home(home or name)),
+            *args,
+            env=self.env(name),
+        )
+
+    def ok(self, name: str, *args: str, home: str | None = None) -> str:
+        result = self.cli(name, *args, home=home)
+        assert result.returncode == 0, f"{args}: {result.stderr}"
+        return result.stdout
+
+    def up(self, name: str) -> None:
+        log = (self.root / f"{name}.log").open("w")
+        proc = self.lab.popen(
+            name,
+            PY,
+            "-m",
+            "letsinfer",
+            "--home",
+            str(self.home(name)),
+            "up",
+            env=self.env(name),
+            stdout=subprocess.PIPE,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+        )
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("Ctrl-C"):
+                break
+        self.procs[name] = proc
+
+    def wait(self, predicate: object, what: str, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():  # type: ignore[operator]
+            if time.monotonic() > deadline:
+                logs = {p.name: p.read_text()[-2000:] for p in self.root.glob("*.log")}
+                raise AssertionError(f"timed out waiting for {what}; logs: {logs}")
+            time.sleep(0.2)
+
+    def audit(self, name: str) -> list[dict[str, object]]:
+        return json.loads(self.ok(name, "audit", "list", "--json"))
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            proc.send_signal(signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+    def enroll(self, name: str) -> None:
+        """Enroll a running candidate by address and pinned fingerprint."""
+        from letsinfer.trust import pki
+
+        cert = pki.load_cert((self.home(name) / "etc/pki/pairing.crt").read_bytes())
+        out = self.ok(
+            "main",
+            "node",
+            "add",
+            "--address",
+            f"{self.lab.hosts[name]}:8444",
+            "--fingerprint",
+            pki.fingerprint(cert),
+        )
+        self.ok(name, "node", "accept", out.split("letsinfer node accept ")[1].split()[0])
+
+    def py(self, name: str, script: str, timeout: float = 120) -> str:
+        """Run Python inside a host's namespace (clients of its addresses)."""
+        result = self.lab.run(name, PY, "-c", script, env=self.env(name), timeout=timeout)
+        assert result.returncode == 0, result.stderr
+        return result.stdout

@@ -1,0 +1,65 @@
+"""A stand-in for a CUDA ``llama-server`` binary on a host without a GPU.
+
+It accepts the same command line the agent builds for a real ``llama-server``,
+records the environment it was given (so a test can see exactly which GPUs
+the engine was shown), then serves with the bundled llama.cpp server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from letsinfer.engines import llamacpp_launcher
+from letsinfer.engines.launch import ENGINE_KEY_ENV
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    for flag in (
+        "--model",
+        "--alias",
+        "--host",
+        "--port",
+        "--threads",
+        "--threads-batch",
+        "--ctx-size",
+        "--parallel",
+        "--api-key-file",
+        "--pooling",
+        "--n-gpu-layers",
+    ):
+        ap.add_argument(flag)
+    for flag in ("--slots", "--metrics", "--embeddings"):
+        ap.add_argument(flag, action="store_true")
+    args = ap.parse_args()
+    record = os.environ.get("LLAMA_SHIM_RECORD")
+    if record:
+        Path(record).write_text(
+            json.dumps(
+                {
+                    "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                    "n_gpu_layers": args.n_gpu_layers,
+                    "argv": sys.argv[1:],
+                }
+            )
+        )
+    os.environ[ENGINE_KEY_ENV] = Path(args.api_key_file).read_text().strip()
+    spec = {
+        "model": args.model,
+        "alias": args.alias,
+        "host": args.host,
+        "port": int(args.port),
+        "threads": int(args.threads),
+        "n_ctx": int(args.ctx_size),
+        "parallel": int(args.parallel),
+        "embedding": args.embeddings,
+    }
+    return llamacpp_launcher.main(["shim", json.dumps(spec)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
