@@ -24,6 +24,7 @@ from letsinfer.agent.runtime import advertise_address, advertiser_for, instance_
 from letsinfer.agent.supervisor import EngineStatus, EngineSupervisor, SupervisionPolicy
 from letsinfer.authority import engine_keys
 from letsinfer.authority.facts import FactLedger
+from letsinfer.authority.parallel import TaskBoard, TaskReport
 from letsinfer.authority.placements import desired_for_node, to_wire
 from letsinfer.config import Settings
 from letsinfer.control.app import ControlContext, create_control_app
@@ -75,6 +76,7 @@ class MainNode:
             home.model_store, home.engine_run, self.supervisor, _ENGINE_HOST, self._pg_failed
         )
         self.ledger = FactLedger()
+        self.tasks = TaskBoard()
         self.gpus = gpu_probe(settings.hardware.fake_gpus)
         self._remote: dict[str, set[tuple[str, str]]] = {}  # node -> {(service, pg)} published
 
@@ -259,25 +261,30 @@ class MainNode:
         }
         published: set[tuple[str, str]] = set()
         for p in facts.placements:
+            self.tasks.report(p.pg_id, p.task, TaskReport(node.id, p.state, p.base_url))
             pg = wanted.get(p.pg_id)
-            if pg is None:
-                continue
-            if p.state == "ready" and p.base_url:
+            if pg is not None:
+                self.store.record_pg_observation(
+                    pg.id,
+                    state=p.state,
+                    endpoint=p.base_url,
+                    pid=p.pid,
+                    capacity=p.capacity,
+                    restarts=p.restarts,
+                    detail=p.detail,
+                )
+        capacity = {p.pg_id: p.capacity or 1 for p in facts.placements}
+        for pg in wanted.values():
+            expected = {"0"}  # one task per group until parallel install lands
+            url = self.tasks.endpoint(pg.id, expected)
+            if url is not None:
                 self.routing.publish(
-                    self._replica(pg.id, pg.service, p.base_url, p.capacity or 1, node.id)
+                    self._replica(pg.id, pg.service, url, capacity.get(pg.id, 1), node.id)
                 )
                 published.add((pg.service, pg.id))
             else:
-                self.routing.withdraw(pg.service, pg.id, p.detail or p.state)
-            self.store.record_pg_observation(
-                pg.id,
-                state=p.state,
-                endpoint=p.base_url,
-                pid=p.pid,
-                capacity=p.capacity,
-                restarts=p.restarts,
-                detail=p.detail,
-            )
+                waiting = ", ".join(self.tasks.waiting_for(pg.id, expected))
+                self.routing.withdraw(pg.service, pg.id, f"waiting for task(s) {waiting}")
         for service, pg_id in self._remote.get(node.id, set()) - published:
             self.routing.withdraw(service, pg_id, "not ready on its node")
         self._remote[node.id] = published
@@ -299,6 +306,7 @@ class MainNode:
                         service, pg_id, f"node {node_id} sent no facts for {window:.0f}s"
                     )
                 self._remote[node_id] = set()
+                self.tasks.forget_node(node_id)
                 log.warning("node %s is stale: its placement groups are unroutable", node_id)
 
 
