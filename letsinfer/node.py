@@ -24,8 +24,8 @@ from letsinfer.engines.launch import EngineTask, LaunchPlan, plan_llamacpp
 from letsinfer.engines.releases import Release
 from letsinfer.gateway.app import Gateway, create_app
 from letsinfer.gateway.directory import Directory
+from letsinfer.gateway.metrics import start_metrics_server
 from letsinfer.gateway.routing import Replica, RoutingTable
-from letsinfer.gateway.upstream import Upstream
 from letsinfer.home import Home
 from letsinfer.identity import NodeIdentity
 from letsinfer.store import AuthorityStore, PlacementGroupRecord
@@ -43,14 +43,7 @@ class MainNode:
         self.store = AuthorityStore(home.database)
         self.routing = RoutingTable()
         self.directory = Directory(self.store)
-        self.upstream = Upstream(
-            self.routing,
-            settings.gateway.upstream_connect_timeout_s,
-            settings.gateway.upstream_timeout_s,
-        )
-        self.gateway = Gateway(
-            self.directory, self.routing, self.upstream, settings.gateway.max_body_bytes
-        )
+        self.gateway = Gateway.build(self.directory, self.routing, settings.gateway)
         agent = settings.agent
         self.supervisor = EngineSupervisor(
             home.engine_logs,
@@ -74,15 +67,19 @@ class MainNode:
         self.directory.refresh()
         self.reconcile()
         loop = asyncio.create_task(self._background())
+        gw = self.settings.gateway
+        metrics = start_metrics_server(self.gateway.metrics, gw.host, gw.metrics_port)
         try:
             yield
         finally:
+            if metrics is not None:
+                metrics.close()
             loop.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await loop
             await self.supervisor.stop_all()
             await asyncio.gather(*self._stopping, return_exceptions=True)
-            await self.upstream.aclose()
+            await self.gateway.aclose()
             self.store.close()
 
     async def _background(self) -> None:
