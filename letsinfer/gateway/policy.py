@@ -62,8 +62,16 @@ def load(replica: Replica, now: float, policy: RoutingPolicy) -> float:
     return busy
 
 
+_MASK64 = (1 << 64) - 1
+
+
 def _rendezvous_weight(prefix_hash: int, replica: Replica) -> int:
-    return hash((prefix_hash, replica.pg_id))
+    # splitmix64's finaliser: Python's tuple hash mixes too weakly for the
+    # ranking to be uniform across replicas.
+    x = (prefix_hash ^ hash(replica.pg_id)) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
 
 
 def choose(
