@@ -42,7 +42,7 @@ class Plan:
     interval_ms: float
 
 
-FULL = Plan((1, 50, 200), {1: 40, 50: 600, 200: 2000}, 10.0, tokens=16, interval_ms=20.0)
+FULL = Plan((1, 50, 200), {1: 25, 50: 600, 200: 2000}, 8.0, tokens=16, interval_ms=20.0)
 SHORT = Plan((1, 20), {1: 10, 20: 80}, 3.0, tokens=4, interval_ms=5.0)
 
 
@@ -117,6 +117,8 @@ def start_targets(
             str(port),
             "--upstream",
             mock.url,
+            "--home",
+            str(work / "letsinfer-home"),
             "--key-file",
             str(key_file),
             "--access-log",

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import tempfile
 from pathlib import Path
 
 import uvicorn
@@ -32,12 +31,12 @@ def main() -> None:
     parser.add_argument("--capacity", type=int, default=100_000)
     parser.add_argument("--upstream-key", default="", help="Authorization sent to engines")
     parser.add_argument("--affinity-chars", type=int, default=256, help="0 turns affinity off")
+    parser.add_argument("--home", type=Path, required=True, help="for the throwaway authority")
     parser.add_argument("--key-file", type=Path, required=True)
     parser.add_argument("--access-log", type=Path, required=True)
     args = parser.parse_args()
 
-    home = Path(tempfile.mkdtemp(prefix="letsinfer-bench-"))
-    store = AuthorityStore(home / "authority.db")
+    store = AuthorityStore(args.home / "authority.db")
     store.add_service(args.model, "0" * 64, 0, "gguf", None)
     args.key_file.write_text(create_key(store, "bench").secret)
 

@@ -206,10 +206,17 @@ class EngineResponse:
         await self._headers_done
 
     async def next_chunk(self) -> bytes | None:
-        """The next piece of body as received, or None at its end."""
+        """The body received since the last call (waiting for some if none), or
+        None at its end."""
         while True:
             if self._chunks:
-                chunk = self._chunks.popleft()
+                # Everything that has arrived, in one piece: under load this
+                # turns many small writes to the client into one.
+                if len(self._chunks) == 1:
+                    chunk = self._chunks.popleft()
+                else:
+                    chunk = b"".join(self._chunks)
+                    self._chunks.clear()
                 self.buffered -= len(chunk)
                 if self.paused and self.buffered < _LOW_WATER and self.conn.transport:
                     self.paused = False
