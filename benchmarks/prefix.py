@@ -145,6 +145,7 @@ def run_mode(model: Path, plan: Plan, affinity: bool, seed: int) -> dict[str, ob
         ttft = asyncio.run(
             drive(gw.url, f"Bearer {key_file.read_text().strip()}", bodies, plan.concurrency)
         )
+        gw.stop()  # its last access-log lines are written once it has stopped
         loads = {"pg-0": 0, "pg-1": 0}
         for line in access.read_text().splitlines():
             for pg in loads:

@@ -244,7 +244,9 @@ class InferenceEndpoints:
     ) -> None:
         gw = self.gw
         parsed = protocol.parse(body, ROUTES[path])
-        ex.asked = parsed.model
+        # Client text in a log line: no spaces or control characters to forge fields.
+        asked = parsed.model
+        ex.asked = asked if asked.isprintable() and " " not in asked else repr(asked)
         entry = gw.directory.current().names.get(parsed.model)
         if entry is None or not key.allows(entry.name):
             raise unknown_model(parsed.model)
