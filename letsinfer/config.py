@@ -35,6 +35,20 @@ class GatewaySettings(_Section):
     upstream_connect_timeout_s: float = Field(5.0, gt=0)
     upstream_timeout_s: float = Field(600.0, gt=0)
     key_cache_ttl_s: float = Field(2.0, gt=0, le=60)
+    # Admission: when every replica of a model is full, requests wait (fairly
+    # across API keys) in one queue of at most this many, for at most this long.
+    queue_max_waiting: int = Field(1024, ge=0)
+    queue_max_wait_s: float = Field(30.0, gt=0)
+    # Prefix affinity: the first N characters of a prompt pick a replica whose
+    # prompt cache likely holds them (0 turns it off); prompts shorter than the
+    # minimum carry no hint; no replica takes more than load_bound times its share.
+    affinity_prefix_chars: int = Field(256, ge=0)
+    affinity_min_chars: int = Field(32, ge=1)
+    affinity_load_bound: float = Field(1.25, ge=1.0)
+    # A replica whose reported facts are older than this is never chosen.
+    fact_max_age_s: float = Field(10.0, gt=0)
+    # Prometheus metrics on their own port, on the gateway's host; 0 disables.
+    metrics_port: int = Field(9400, ge=0, le=65535)
 
 
 class EngineSettings(_Section):

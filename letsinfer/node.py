@@ -30,8 +30,8 @@ from letsinfer.config import Settings
 from letsinfer.control.app import ControlContext, create_control_app
 from letsinfer.gateway.app import Gateway, create_app
 from letsinfer.gateway.directory import Directory
+from letsinfer.gateway.metrics import start_metrics_server
 from letsinfer.gateway.routing import Replica, RoutingTable
-from letsinfer.gateway.upstream import Upstream
 from letsinfer.home import Home
 from letsinfer.identity import NodeIdentity
 from letsinfer.planes import RunningPlane, tls_server
@@ -52,14 +52,7 @@ class MainNode:
         self.store = AuthorityStore(home.database)
         self.routing = RoutingTable()
         self.directory = Directory(self.store)
-        self.upstream = Upstream(
-            self.routing,
-            settings.gateway.upstream_connect_timeout_s,
-            settings.gateway.upstream_timeout_s,
-        )
-        self.gateway = Gateway(
-            self.directory, self.routing, self.upstream, settings.gateway.max_body_bytes
-        )
+        self.gateway = Gateway.build(self.directory, self.routing, settings.gateway)
         agent = settings.agent
         self.supervisor = EngineSupervisor(
             home.engine_logs,
@@ -146,9 +139,13 @@ class MainNode:
             )
             await adv.start()
         loop = asyncio.create_task(self._background())
+        gw = self.settings.gateway
+        metrics = start_metrics_server(self.gateway.metrics, gw.host, gw.metrics_port)
         try:
             yield
         finally:
+            if metrics is not None:
+                metrics.close()
             loop.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await loop
@@ -157,7 +154,7 @@ class MainNode:
             for plane in planes:
                 await plane.stop()
             await self.placements.stop_all()
-            await self.upstream.aclose()
+            await self.gateway.aclose()
             self.store.close()
 
     async def _background(self) -> None:

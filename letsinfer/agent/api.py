@@ -65,7 +65,7 @@ def create_agent_app(
         )
 
     @app.get("/v1/identity")
-    def who() -> dict[str, Any]:
+    async def who() -> dict[str, Any]:
         ident = identity()
         return {
             "node_id": ident.node_id,
@@ -75,7 +75,7 @@ def create_agent_app(
         }
 
     @app.post("/v1/enroll/request")
-    def enroll_request(body: EnrollRequest) -> dict[str, Any]:
+    async def enroll_request(body: EnrollRequest) -> dict[str, Any]:
         ident = identity()
         if ident.enrolled:
             window = adoption_window(home)
@@ -125,7 +125,7 @@ def create_agent_app(
         }
 
     @app.get("/v1/agent/info")
-    def info() -> dict[str, Any]:
+    async def info() -> dict[str, Any]:
         ident = identity()
         return {
             "node_id": ident.node_id,

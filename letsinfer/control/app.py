@@ -6,7 +6,7 @@ verified cluster certificate: nodes use ``/v1/agent/*``, controllers
 ``/v1/ops/*`` within their role.
 """
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -97,8 +97,8 @@ def create_control_app(ctx: ControlContext) -> PeerGate:
             return f"controller:{rec.name if rec else p.identity.id}"
         return f"node:{p.identity.id}"
 
-    def need(role: str) -> Callable[[Request], Peer]:
-        def check(request: Request) -> Peer:
+    def need(role: str) -> Callable[[Request], Awaitable[Peer]]:
+        async def check(request: Request) -> Peer:
             p = peer(request)
             if not controllers.allows(p.identity.role, role):
                 store.append_audit(
@@ -118,7 +118,7 @@ def create_control_app(ctx: ControlContext) -> PeerGate:
 
     # -- open: one-time secrets --------------------------------------------
     @app.post("/v1/enroll/complete")
-    def enroll_complete(body: EnrollComplete) -> dict[str, Any]:
+    async def enroll_complete(body: EnrollComplete) -> dict[str, Any]:
         try:
             rec, cert = enrollment.complete(
                 store, ctx.ca, body.enrollment_id, body.token, body.csr, body.agent_address
@@ -134,13 +134,13 @@ def create_control_app(ctx: ControlContext) -> PeerGate:
         }
 
     @app.get("/v1/pair/ca")
-    def pair_ca() -> dict[str, Any]:
+    async def pair_ca() -> dict[str, Any]:
         # Public: a controller compares its fingerprint (through the comparison
         # string) before it sends its one-time code.
         return {"ca": ctx.ca.pem, "main_id": ctx.identity.node_id}
 
     @app.post("/v1/pair/controller")
-    def pair_controller(body: PairController) -> dict[str, Any]:
+    async def pair_controller(body: PairController) -> dict[str, Any]:
         try:
             rec, cert = controllers.pair(store, ctx.ca, body.code, body.csr)
         except controllers.PairingRefused as exc:
@@ -155,7 +155,7 @@ def create_control_app(ctx: ControlContext) -> PeerGate:
 
     # -- nodes --------------------------------------------------------------
     @app.post("/v1/agent/facts")
-    def facts(body: FactEnvelope, request: Request) -> dict[str, Any]:
+    async def facts(body: FactEnvelope, request: Request) -> dict[str, Any]:
         p = peer(request)
         der = request.scope["extensions"]["tls"]["client_cert_der"]
         try:
@@ -167,7 +167,7 @@ def create_control_app(ctx: ControlContext) -> PeerGate:
             raise HTTPException(422, f"facts refused: {exc}") from exc
 
     @app.get("/v1/agent/mirror/sha256/{digest}")
-    def artifact(digest: str, request: Request) -> FileResponse:
+    async def artifact(digest: str, request: Request) -> FileResponse:
         # Read-only, by digest, with Range (Starlette) so a broken fetch resumes.
         if len(digest) != 64 or not all(c in "0123456789abcdef" for c in digest):
             raise HTTPException(400, "an artifact is named by its sha256")
@@ -177,7 +177,7 @@ def create_control_app(ctx: ControlContext) -> PeerGate:
         return FileResponse(path, media_type="application/octet-stream")
 
     @app.post("/v1/agent/pause")
-    def agent_pause(body: Pause, request: Request) -> dict[str, Any]:
+    async def agent_pause(body: Pause, request: Request) -> dict[str, Any]:
         p = peer(request)
         node = store.get_node(p.identity.id)
         assert node is not None
@@ -193,7 +193,7 @@ def create_control_app(ctx: ControlContext) -> PeerGate:
         return {"node": node.name, "paused": body.paused}
 
     @app.post("/v1/agent/renew")
-    def renew(body: Renew, request: Request) -> dict[str, Any]:
+    async def renew(body: Renew, request: Request) -> dict[str, Any]:
         p = peer(request)
         try:
             csr = pki.load_csr(body.csr.encode())
@@ -212,7 +212,7 @@ def create_control_app(ctx: ControlContext) -> PeerGate:
 
     # -- controllers: a fixed set of typed operations ------------------------
     @app.get("/v1/ops/state")
-    def state(p: Annotated[Peer, Depends(need("viewer"))]) -> dict[str, Any]:
+    async def state(p: Annotated[Peer, Depends(need("viewer"))]) -> dict[str, Any]:
         return {
             "nodes": [
                 {
@@ -254,15 +254,19 @@ def create_control_app(ctx: ControlContext) -> PeerGate:
         return {"model": svc.name, "desired": desired, "placement_groups": changed}
 
     @app.post("/v1/ops/models/{name}/stop")
-    def model_stop(name: str, p: Annotated[Peer, Depends(need("operator"))]) -> dict[str, Any]:
+    async def model_stop(
+        name: str, p: Annotated[Peer, Depends(need("operator"))]
+    ) -> dict[str, Any]:
         return set_desired(name, "stopped", p)
 
     @app.post("/v1/ops/models/{name}/start")
-    def model_start(name: str, p: Annotated[Peer, Depends(need("operator"))]) -> dict[str, Any]:
+    async def model_start(
+        name: str, p: Annotated[Peer, Depends(need("operator"))]
+    ) -> dict[str, Any]:
         return set_desired(name, "running", p)
 
     @app.post("/v1/ops/keys")
-    def key_create(
+    async def key_create(
         body: KeyCreate, p: Annotated[Peer, Depends(need("administrator"))]
     ) -> dict[str, Any]:
         try:
@@ -289,15 +293,19 @@ def create_control_app(ctx: ControlContext) -> PeerGate:
         return {"node": node.name, "paused": paused}
 
     @app.post("/v1/ops/nodes/{name}/pause")
-    def node_pause(name: str, p: Annotated[Peer, Depends(need("operator"))]) -> dict[str, Any]:
+    async def node_pause(
+        name: str, p: Annotated[Peer, Depends(need("operator"))]
+    ) -> dict[str, Any]:
         return pause_node(name, True, p)
 
     @app.post("/v1/ops/nodes/{name}/resume")
-    def node_resume(name: str, p: Annotated[Peer, Depends(need("operator"))]) -> dict[str, Any]:
+    async def node_resume(
+        name: str, p: Annotated[Peer, Depends(need("operator"))]
+    ) -> dict[str, Any]:
         return pause_node(name, False, p)
 
     @app.get("/v1/ops/version")
-    def version(p: Annotated[Peer, Depends(need("viewer"))]) -> dict[str, str]:
+    async def version(p: Annotated[Peer, Depends(need("viewer"))]) -> dict[str, str]:
         return {"version": __version__, "main": ctx.identity.name}
 
     def admit(p: Peer, path: str) -> str | None:

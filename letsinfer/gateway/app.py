@@ -3,97 +3,42 @@
 from __future__ import annotations
 
 import logging
-import re
-import time
-import uuid
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
+from starlette.types import Receive, Scope, Send
 
-from letsinfer.gateway import protocol
-from letsinfer.gateway.directory import Directory, KeyPolicy, StoreUnavailable
-from letsinfer.gateway.errors import GatewayError, invalid_key, missing_key, unknown_model
-from letsinfer.gateway.routing import Replica, RoutingTable
-from letsinfer.gateway.upstream import Upstream
+from letsinfer.gateway.directory import StoreUnavailable
+from letsinfer.gateway.errors import GatewayError, unknown_model
+from letsinfer.gateway.gateway import Gateway
+from letsinfer.gateway.serving import ROUTES, InferenceEndpoints, authenticate
 
-access_log = logging.getLogger("letsinfer.access")
 log = logging.getLogger("letsinfer.gateway")
 
-_SANE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+__all__ = ["Gateway", "create_app"]
 
 
-@dataclass
-class Gateway:
-    directory: Directory
-    routing: RoutingTable
-    upstream: Upstream
-    max_body_bytes: int
+class _GatewayApp(FastAPI):
+    """FastAPI for the small routes; the inference POSTs skip its routing and
+    middleware and go straight to :class:`InferenceEndpoints` (hot path)."""
 
+    inference: InferenceEndpoints
 
-def _request_id(request: Request) -> str:
-    given = request.headers.get("x-request-id")
-    if given and _SANE_REQUEST_ID.match(given):
-        return given
-    return uuid.uuid4().hex
-
-
-def _authenticate(gw: Gateway, request: Request) -> KeyPolicy:
-    header = request.headers.get("authorization")
-    if not header:
-        raise missing_key()
-    scheme, _, secret = header.partition(" ")
-    if scheme.lower() != "bearer" or not secret.strip():
-        raise missing_key()
-    try:
-        policy = gw.directory.key_for(secret.strip())
-    except StoreUnavailable as exc:
-        raise GatewayError(
-            503,
-            "The gateway cannot check API keys right now (authority "
-            "store unavailable); retry shortly.",
-            type_="service_unavailable",
-            code="authority_unavailable",
-            headers={"retry-after": "2"},
-        ) from exc
-    if policy is None:
-        raise invalid_key()
-    return policy
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        if not declared.isdigit():
-            raise GatewayError(400, "Invalid Content-Length header.")
-        if int(declared) > limit:
-            raise GatewayError(
-                413,
-                f"Request body is larger than the limit of {limit} bytes.",
-                code="request_too_large",
-            )
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise GatewayError(
-                413,
-                f"Request body is larger than the limit of {limit} bytes.",
-                code="request_too_large",
-            )
-        chunks.append(chunk)
-    return b"".join(chunks)
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in ROUTES:
+            await self.inference(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
 
 
 def create_app(
     gw: Gateway,
     lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None,
 ) -> FastAPI:
-    app = FastAPI(
+    app = _GatewayApp(
         title="letsinfer gateway",
         docs_url=None,
         redoc_url=None,
@@ -101,6 +46,9 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.gateway = gw
+    app.inference = InferenceEndpoints(gw)
+    for path in ROUTES:  # reached only by other methods: they get 405
+        app.router.add_route(path, app.inference, methods=["POST"])
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
@@ -118,53 +66,6 @@ def create_app(
             code="internal_error",
         ).response()
 
-    async def serve(request: Request, path: str, schema: type[protocol._Request]) -> Response:
-        request_id = _request_id(request)
-        started = time.perf_counter()
-        key_name = "-"
-        asked = served = "-"
-
-        def finish(status: int, replica: Replica | None) -> None:
-            access_log.info(
-                "request_id=%s key=%s model=%s served=%s pg=%s status=%d total_ms=%.1f",
-                request_id,
-                key_name,
-                asked,
-                served,
-                replica.pg_id if replica else "-",
-                status,
-                (time.perf_counter() - started) * 1000,
-            )
-
-        try:
-            policy = _authenticate(gw, request)
-            key_name = policy.name
-            body = await _read_body(request, gw.max_body_bytes)
-            parsed = protocol.parse(body, schema)
-            asked = parsed.model
-            entry = gw.directory.current().names.get(parsed.model)
-            if entry is None or not policy.allows(entry.name):
-                raise unknown_model(parsed.model)
-            served = entry.name
-            return await gw.upstream.forward(
-                entry.name, path, body, parsed.stream, request_id, finish
-            )
-        except GatewayError as err:
-            finish(err.status, None)
-            return err.response(request_id)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await serve(request, "/v1/chat/completions", protocol.ChatCompletionRequest)
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await serve(request, "/v1/completions", protocol.CompletionRequest)
-
-    @app.post("/v1/embeddings")
-    async def embeddings(request: Request) -> Response:
-        return await serve(request, "/v1/embeddings", protocol.EmbeddingRequest)
-
     def model_card(name: str, created: int, aliases: tuple[str, ...]) -> dict[str, object]:
         return {
             "id": name,
@@ -178,7 +79,7 @@ def create_app(
     @app.get("/v1/models")
     async def list_models(request: Request) -> Response:
         try:
-            policy = _authenticate(gw, request)
+            policy = authenticate(gw, request.headers.get("authorization"))
         except GatewayError as err:
             return err.response()
         data = [
@@ -191,7 +92,7 @@ def create_app(
     @app.get("/v1/models/{model:path}")
     async def get_model(model: str, request: Request) -> Response:
         try:
-            policy = _authenticate(gw, request)
+            policy = authenticate(gw, request.headers.get("authorization"))
             entry = gw.directory.current().names.get(model)
             if entry is None or not policy.allows(entry.name):
                 raise unknown_model(model)

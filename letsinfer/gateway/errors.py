@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
 
 from starlette.responses import Response
+
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 
 class GatewayError(Exception):
@@ -26,24 +30,29 @@ class GatewayError(Exception):
         self.param = param
         self.headers = headers or {}
 
+    def body(self) -> bytes:
+        error = {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+        return json.dumps({"error": error}).encode()
+
     def response(self, request_id: str | None = None) -> Response:
-        body = {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
         headers = dict(self.headers)
         if request_id:
             headers["x-request-id"] = request_id
         return Response(
-            json.dumps(body),
-            status_code=self.status,
-            media_type="application/json",
-            headers=headers,
+            self.body(), status_code=self.status, media_type="application/json", headers=headers
         )
+
+    async def send(self, send: Send, request_id: str) -> None:
+        """Answer with this error straight over ASGI (the inference fast path)."""
+        body = self.body()
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"x-request-id", request_id.encode()),
+        ]
+        headers += [(k.encode(), v.encode()) for k, v in self.headers.items()]
+        await send({"type": "http.response.start", "status": self.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
 
 
 def invalid_key() -> GatewayError:
@@ -79,4 +88,13 @@ def no_replica(name: str, detail: str) -> GatewayError:
 def upstream_timeout(name: str) -> GatewayError:
     return GatewayError(
         504, f"Model '{name}' did not answer in time.", type_="timeout", code="upstream_timeout"
+    )
+
+
+def upstream_failed(name: str, detail: str) -> GatewayError:
+    return GatewayError(
+        502,
+        f"Model '{name}' failed while answering: {detail}.",
+        type_="server_error",
+        code="upstream_error",
     )

@@ -54,6 +54,38 @@ class EmbeddingRequest(_Request):
     encoding_format: Literal["float", "base64"] | None = None
 
 
+def prompt_start(request: _Request, limit: int) -> str:
+    """The first ``limit`` characters of what the model reads first: the
+    messages in order (role and text), or the prompt. Feeds the routing's
+    prefix-affinity hint; an embedding request has none."""
+    if limit <= 0:
+        return ""
+    parts: list[str] = []
+    size = 0
+    if isinstance(request, ChatCompletionRequest):
+        for message in request.messages:
+            content = message.content
+            if isinstance(content, list):  # content parts: their text, in order
+                content = "".join(
+                    str(p.get("text", "")) for p in content if p.get("type") == "text"
+                )
+            piece = f"{message.role}\n{content or ''}\n"
+            parts.append(piece)
+            size += len(piece)
+            if size >= limit:
+                break
+    elif isinstance(request, CompletionRequest):
+        prompt = request.prompt
+        if isinstance(prompt, str):
+            parts.append(prompt)
+        elif prompt and isinstance(prompt[0], str):
+            parts.append(str(prompt[0]))
+        elif prompt:  # token ids
+            first = prompt[0] if isinstance(prompt[0], list) else prompt
+            parts.append(" ".join(str(t) for t in first[:limit]))
+    return "".join(parts)[:limit]
+
+
 def parse(body: bytes, model: type[_Request]) -> _Request:
     try:
         data = json.loads(body)

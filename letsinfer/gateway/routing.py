@@ -1,29 +1,47 @@
-"""Which replica (placement group) serves a request.
+"""The replicas (placement groups) that can serve each model, as plain data.
 
-Kept as plain data and small functions so the policy is testable without a
-server. Replicas appear when their engine reports ready and disappear the
-moment it stops being ready.
+Replicas appear when their engine reports ready and disappear the moment it
+stops being ready. Which one serves a request is decided by
+:mod:`letsinfer.gateway.policy`; waiting for a free one by
+:mod:`letsinfer.gateway.admission`. Listeners hear about every change, so
+requests waiting for capacity learn at once that a replica appeared or that
+none is left.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
-@dataclass
+@dataclass(eq=False)
 class Replica:
     pg_id: str
     service: str
     base_url: str
     authorization: str  # "Bearer <per-replica engine key>"
-    capacity: int
+    capacity: int  # requests the engine runs at once (its slots); never exceeded
     node_id: str = ""
     paused: bool = False
-    in_flight: int = 0
+    in_flight: int = 0  # the gateway's own count of requests at this replica
+    # Facts the replica's agent reports (signed and checked upstream of here);
+    # None when not reported. facts_at is time.monotonic() of the report.
+    slots_free: int | None = None
+    queue_depth: int | None = None
+    temperature_c: float | None = None
+    facts_at: float | None = None
 
     @property
     def pressure(self) -> float:
         return self.in_flight / max(self.capacity, 1)
+
+    @property
+    def full(self) -> bool:
+        return self.in_flight >= self.capacity
+
+
+Listener = Callable[[str], None]  # called with the model service whose replicas changed
 
 
 @dataclass
@@ -31,49 +49,81 @@ class RoutingTable:
     _by_service: dict[str, dict[str, Replica]] = field(default_factory=dict)
     # Groups that exist but are not ready, with why: explains a 503.
     _not_ready: dict[str, dict[str, str]] = field(default_factory=dict)
+    _listeners: list[Listener] = field(default_factory=list)
+    # Read by the policy on every request: rebuilt on change, not per request.
+    _lists: dict[str, tuple[Replica, ...]] = field(default_factory=dict)
+
+    def subscribe(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def _changed(self, service: str) -> None:
+        self._lists[service] = tuple(self._by_service.get(service, {}).values())
+        for listener in self._listeners:
+            listener(service)
+
     # Paused nodes admit nothing new; their in-flight requests finish.
     _paused_nodes: frozenset[str] = frozenset()
 
     def set_paused_nodes(self, nodes: set[str]) -> None:
-        self._paused_nodes = frozenset(nodes)
-
-    def _admits(self, r: Replica) -> bool:
-        return not r.paused and r.node_id not in self._paused_nodes
+        frozen = frozenset(nodes)
+        if frozen == self._paused_nodes:
+            return
+        self._paused_nodes = frozen
+        for service, replicas in self._by_service.items():
+            for r in replicas.values():
+                r.paused = r.node_id in frozen
+            self._changed(service)
 
     def publish(self, replica: Replica) -> None:
+        """Add or update a replica; its in-flight count carries over, since
+        requests already sent to it are still running."""
         self._not_ready.get(replica.service, {}).pop(replica.pg_id, None)
         current = self._by_service.setdefault(replica.service, {}).get(replica.pg_id)
         if current is not None:
             replica.in_flight = current.in_flight
+        if replica.node_id in self._paused_nodes:
+            replica.paused = True
         self._by_service[replica.service][replica.pg_id] = replica
+        self._changed(replica.service)
 
     def withdraw(self, service: str, pg_id: str, reason: str) -> None:
         self._by_service.get(service, {}).pop(pg_id, None)
         self._not_ready.setdefault(service, {})[pg_id] = reason
+        self._changed(service)
 
     def forget(self, service: str, pg_id: str) -> None:
         self._by_service.get(service, {}).pop(pg_id, None)
         self._not_ready.get(service, {}).pop(pg_id, None)
+        self._changed(service)
 
-    def replicas(self, service: str) -> list[Replica]:
-        return list(self._by_service.get(service, {}).values())
+    def set_paused(self, service: str, pg_id: str, paused: bool) -> None:
+        replica = self._by_service.get(service, {}).get(pg_id)
+        if replica is not None:
+            replica.paused = paused
+            self._changed(service)
+
+    def replicas(self, service: str) -> tuple[Replica, ...]:
+        return self._lists.get(service, ())
 
     def ready_count(self, service: str) -> int:
-        return sum(1 for r in self.replicas(service) if self._admits(r))
+        return sum(1 for r in self.replicas(service) if not r.paused)
+
+    def services(self) -> list[str]:
+        return list(self._lists)
+
+    def choose(self, service: str, exclude: frozenset[str] = frozenset()) -> Replica | None:
+        """The replica the default policy would pick now, without taking a slot
+        (requests take slots through admission)."""
+        from letsinfer.gateway import policy  # the policy module imports this one
+
+        return policy.choose(
+            self.replicas(service), time.monotonic(), policy.RoutingPolicy(), exclude=exclude
+        )
 
     def explain(self, service: str) -> str:
         waiting = self._not_ready.get(service, {})
         if waiting:
             return "; ".join(f"{pg}: {why}" for pg, why in waiting.items())
         if self._by_service.get(service):
-            return "every replica is paused"
+            return "every replica is paused or its facts are stale"
         return "no placement group is running it"
-
-    def choose(self, service: str, exclude: frozenset[str] = frozenset()) -> Replica | None:
-        best: Replica | None = None
-        for r in self._by_service.get(service, {}).values():
-            if r.pg_id in exclude or not self._admits(r):
-                continue
-            if best is None or (r.pressure, r.in_flight) < (best.pressure, best.in_flight):
-                best = r
-        return best

@@ -1,139 +1,141 @@
-"""Forwarding one request to an engine replica.
+"""Getting an answer started at some replica, retrying elsewhere while that is safe.
 
-Retries go to another replica only while nothing has been sent to the client.
-Once streaming has begun, an upstream failure ends the stream with an error
-event, never a silent cut.
+Nothing reaches the client until a replica has produced the first byte of its
+answer (the whole answer, when not streaming). Until then, a replica that
+refuses the connection, drops it, answers 503, or ends its stream before any
+data is skipped, and the request goes to another replica. A replica that is
+merely slow is not: a read timeout is a 504, because sending the same work
+elsewhere would only double the load. Once the first byte is on its way,
+:mod:`letsinfer.gateway.serving` relays the rest and a failure becomes an error
+event in the stream.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import AsyncIterator, Callable
+import time
 
-import httpx
-from starlette.responses import Response, StreamingResponse
-
-from letsinfer.gateway.errors import GatewayError, no_replica, upstream_timeout
-from letsinfer.gateway.routing import Replica, RoutingTable
+from letsinfer.gateway.admission import Admission
+from letsinfer.gateway.engine_client import (
+    ConnectTimeout,
+    EngineClient,
+    EngineError,
+    EngineResponse,
+    EngineTimeout,
+)
+from letsinfer.gateway.errors import upstream_failed, upstream_timeout
+from letsinfer.gateway.metrics import GatewayMetrics
+from letsinfer.gateway.routing import Replica
 
 log = logging.getLogger("letsinfer.gateway")
 
-Finish = Callable[[int, Replica | None], None]  # (status, replica) -> access log
 
+class Started:
+    """An answer under way: the replica holding a slot, and the first bytes.
 
-def _stream_error_event(message: str) -> bytes:
-    body = {
-        "error": {
-            "message": message,
-            "type": "server_error",
-            "param": None,
-            "code": "upstream_stream_error",
-        }
-    }
-    return b"data: " + json.dumps(body).encode() + b"\n\n"
+    ``response`` is None when ``first`` is the whole body. The caller must
+    call :meth:`Upstream.finish` exactly once."""
+
+    __slots__ = ("content_type", "first", "queue_s", "replica", "response", "status")
+
+    def __init__(
+        self,
+        replica: Replica,
+        status: int,
+        content_type: bytes,
+        first: bytes,
+        response: EngineResponse | None,
+        queue_s: float,
+    ) -> None:
+        self.replica = replica
+        self.status = status
+        self.content_type = content_type
+        self.first = first
+        self.response = response
+        self.queue_s = queue_s
 
 
 class Upstream:
-    def __init__(
-        self, routing: RoutingTable, connect_timeout_s: float, read_timeout_s: float
-    ) -> None:
-        self.routing = routing
-        self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(read_timeout_s, connect=connect_timeout_s),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
-        )
+    def __init__(self, client: EngineClient, admission: Admission, metrics: GatewayMetrics) -> None:
+        self.client = client
+        self.admission = admission
+        self.metrics = metrics
 
     async def aclose(self) -> None:
         await self.client.aclose()
 
-    async def forward(
+    async def start(
         self,
         service: str,
+        key: str,
         path: str,
         body: bytes,
+        *,
         stream: bool,
         request_id: str,
-        finish: Finish,
-    ) -> Response:
+        prefix_hash: int | None,
+    ) -> Started:
         tried: set[str] = set()
         failures: list[str] = []
+        queue_s = 0.0
+        extra = (("x-request-id", request_id),)
         while True:
-            replica = self.routing.choose(service, frozenset(tried))
-            if replica is None:
-                detail = "; ".join(failures) if failures else self.routing.explain(service)
-                raise no_replica(service, detail)
+            waited_from = time.perf_counter()
+            replica = await self.admission.acquire(
+                service, key, prefix_hash, frozenset(tried), "; ".join(failures)
+            )
+            queue_s += time.perf_counter() - waited_from
             tried.add(replica.pg_id)
-            replica.in_flight += 1
-            request = self.client.build_request(
-                "POST",
-                replica.base_url + path,
-                content=body,
-                headers={
-                    "authorization": replica.authorization,
-                    "content-type": "application/json",
-                    "x-request-id": request_id,
-                },
-            )
+            response: EngineResponse | None = None
             try:
-                resp = await self.client.send(request, stream=True)
-            except httpx.TimeoutException as exc:
-                replica.in_flight -= 1
-                if isinstance(exc, httpx.ConnectTimeout):
-                    failures.append(f"{replica.pg_id}: connect timeout")
-                    continue
-                raise upstream_timeout(service) from exc
-            except httpx.HTTPError as exc:
-                # Nothing reached the client yet: another replica may answer.
-                replica.in_flight -= 1
-                failures.append(f"{replica.pg_id}: {type(exc).__name__}")
-                continue
-            if resp.status_code == 503:  # engine still loading or overloaded
-                await resp.aclose()
-                replica.in_flight -= 1
-                failures.append(f"{replica.pg_id}: engine answered 503")
-                continue
-            if stream and resp.status_code == 200:
-                return StreamingResponse(
-                    self._relay(resp, replica, finish),
-                    status_code=200,
-                    media_type="text/event-stream",
-                    headers={"x-request-id": request_id, "cache-control": "no-cache"},
+                response = await self.client.post(
+                    replica.base_url,
+                    path,
+                    body,
+                    authorization=replica.authorization,
+                    extra_headers=extra,
                 )
-            try:
-                content = await resp.aread()
-            except httpx.TimeoutException as exc:
+                if response.status == 503:  # engine loading or overloaded: try another
+                    raise EngineError("engine answered 503", before_response=True)
+                if stream and response.status == 200:
+                    first = await response.next_chunk()
+                    if first is None:
+                        raise EngineError("empty stream", before_response=True)
+                    return Started(replica, 200, response.content_type, first, response, queue_s)
+                content = await response.read()
+                return Started(
+                    replica, response.status, response.content_type, content, None, queue_s
+                )
+            except ConnectTimeout as exc:  # never reached the engine: try another
+                self._give_back(replica, response)
+                failures.append(f"{replica.pg_id}: {exc}")
+                self.metrics.error("upstream_retry")
+                continue
+            except EngineTimeout as exc:
+                self._give_back(replica, response)
                 raise upstream_timeout(service) from exc
-            except httpx.HTTPError as exc:
-                raise GatewayError(
-                    502,
-                    f"Model '{service}' failed while answering: {type(exc).__name__}.",
-                    type_="server_error",
-                    code="upstream_error",
-                ) from exc
-            finally:
-                await resp.aclose()
-                replica.in_flight -= 1
-            finish(resp.status_code, replica)
-            return Response(
-                content,
-                status_code=resp.status_code,
-                media_type=resp.headers.get("content-type", "application/json"),
-                headers={"x-request-id": request_id},
-            )
+            except EngineError as exc:
+                # Nothing reached the client yet: another replica may answer.
+                self._give_back(replica, response)
+                failures.append(f"{replica.pg_id}: {exc}")
+                self.metrics.error("upstream_retry")
+                log.warning(
+                    "request %s: %s failed before answering: %s", request_id, replica.pg_id, exc
+                )
+                continue
+            except BaseException:  # cancelled (client gone) or a bug: free the slot
+                self._give_back(replica, response)
+                raise
 
-    async def _relay(
-        self, resp: httpx.Response, replica: Replica, finish: Finish
-    ) -> AsyncIterator[bytes]:
-        status = 200
-        try:
-            async for chunk in resp.aiter_raw():
-                yield chunk
-        except httpx.HTTPError as exc:
-            status = 502
-            log.warning("stream from %s broke: %s", replica.pg_id, exc)
-            yield _stream_error_event(f"the model's stream broke: {type(exc).__name__}")
-        finally:
-            replica.in_flight -= 1
-            await resp.aclose()
-            finish(status, replica)
+    def _give_back(self, replica: Replica, response: EngineResponse | None) -> None:
+        if response is not None:
+            response.close()
+        self.admission.release(replica)
+
+    def finish(self, started: Started) -> None:
+        """End an answer: close the engine exchange (if unfinished, the engine
+        sees the connection go and frees its slot) and give the slot back."""
+        self._give_back(started.replica, started.response)
+
+
+__all__ = ["Started", "Upstream", "upstream_failed"]

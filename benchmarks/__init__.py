@@ -1,0 +1,1 @@
+"""Benchmarks: timing goals live here, never in tests (see docs/benchmarks.md)."""

@@ -1,0 +1,277 @@
+"""Gateway overhead: the same load sent directly to a mock engine, through nginx,
+through the LiteLLM proxy and through letsinfer's gateway, in one run.
+
+    ./dev bench                 # full run (about 4 minutes)
+    ./dev bench --short         # small counts: what the test suite runs
+    python -m benchmarks.gateway --json out.json
+
+The mock engine streams a fixed number of tokens at a fixed pace, so what
+changes between rows is only the gateway in the path. For each load
+(concurrency 1, 50, 200; streaming and not) it prints requests/s, the latency
+added over the direct run (p50, p99), the time to first chunk added, and
+errors; then the ratios letsinfer/LiteLLM and letsinfer/nginx. All servers
+listen on 127.0.0.1 and are stopped at the end, whatever happens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks import baselines
+from benchmarks.load import CellResult, run_cell
+from benchmarks.processes import Server, free_port
+
+PATH = "/v1/chat/completions"
+
+
+@dataclass(frozen=True)
+class Plan:
+    concurrencies: tuple[int, ...]
+    counts: dict[int, int]  # requests measured per concurrency
+    max_s: float  # per cell
+    tokens: int
+    interval_ms: float
+
+
+FULL = Plan((1, 50, 200), {1: 25, 50: 600, 200: 2000}, 8.0, tokens=16, interval_ms=20.0)
+SHORT = Plan((1, 20), {1: 10, 20: 80}, 3.0, tokens=4, interval_ms=5.0)
+
+
+@dataclass
+class Target:
+    name: str
+    url: str
+    authorization: str = ""
+    skipped: str = ""  # why this target did not run
+
+
+def _body(stream: bool) -> bytes:
+    request = {
+        "model": "mock",
+        "messages": [{"role": "user", "content": "Benchmark prompt: say something."}],
+        "max_tokens": 16,
+        "stream": stream,
+    }
+    return json.dumps(request).encode()
+
+
+def start_targets(
+    work: Path, plan: Plan, with_litellm: bool, stack: contextlib.ExitStack
+) -> list[Target]:
+    mock_port = free_port()
+    mock = Server(
+        "mock",
+        [
+            sys.executable,
+            "-m",
+            "letsinfer.gateway.mock_upstream",
+            "--port",
+            str(mock_port),
+            "--tokens",
+            str(plan.tokens),
+            "--interval-ms",
+            str(plan.interval_ms),
+        ],
+        mock_port,
+        work,
+        ready_status=(404,),
+    ).start()
+    stack.callback(mock.stop)
+    targets = [Target("direct", mock.url)]
+
+    try:
+        proxy = baselines.nginx(mock_port, work)
+        stack.callback(proxy.stop)
+        targets.append(Target("nginx", proxy.url))
+    except (baselines.Unavailable, RuntimeError) as exc:
+        targets.append(Target("nginx", "", skipped=str(exc)))
+
+    if with_litellm:
+        try:
+            lite = baselines.litellm(mock.url, work)
+            stack.callback(lite.stop)
+            targets.append(Target("litellm", lite.url, f"Bearer {baselines.LITELLM_KEY}"))
+        except (baselines.Unavailable, RuntimeError) as exc:
+            targets.append(Target("litellm", "", skipped=str(exc)))
+    else:
+        targets.append(Target("litellm", "", skipped="--no-litellm given"))
+
+    port = free_port()
+    key_file = work / "letsinfer.key"
+    gw = Server(
+        "letsinfer",
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.letsinfer_gateway",
+            "--port",
+            str(port),
+            "--upstream",
+            mock.url,
+            "--home",
+            str(work / "letsinfer-home"),
+            "--key-file",
+            str(key_file),
+            "--access-log",
+            str(work / "letsinfer-access.log"),
+        ],
+        port,
+        work,
+        ready_path="/health",
+    ).start()
+    stack.callback(gw.stop)
+    targets.append(Target("letsinfer", gw.url, f"Bearer {key_file.read_text().strip()}"))
+    return targets
+
+
+def measure(targets: list[Target], plan: Plan) -> dict[str, dict[str, CellResult]]:
+    """results[cell][target], cells named like 'stream c=50'."""
+    results: dict[str, dict[str, CellResult]] = {}
+    for stream in (True, False):
+        for c in plan.concurrencies:
+            cell = f"{'stream' if stream else 'plain'} c={c}"
+            results[cell] = {}
+            for t in targets:
+                if t.skipped:
+                    continue
+                results[cell][t.name] = asyncio.run(
+                    run_cell(
+                        t.url,
+                        PATH,
+                        _body(stream),
+                        authorization=t.authorization,
+                        stream=stream,
+                        concurrency=c,
+                        count=plan.counts[c],
+                        max_s=plan.max_s,
+                        warmup=min(c, 50),
+                    )
+                )
+    return results
+
+
+def _ms(x: float) -> str:
+    return "-" if math.isnan(x) else f"{x * 1000:.2f}"
+
+
+def report(targets: list[Target], results: dict[str, dict[str, CellResult]]) -> dict[str, object]:
+    summary: dict[str, object] = {}
+    for t in targets:
+        if t.skipped:
+            print(f"\n!!! {t.name} SKIPPED: {t.skipped}\n")
+    header = (
+        f"{'target':<10} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'+p50 ms':>8} "
+        f"{'+p99 ms':>8} {'ttfc ms':>8} {'+ttfc ms':>8} {'errors':>6}"
+    )
+    for cell, by_target in results.items():
+        print(f"\n== {cell}\n{header}")
+        direct = by_target.get("direct")
+        rows: dict[str, dict[str, float]] = {}
+        for name, r in by_target.items():
+            added50 = r.p(0.5) - direct.p(0.5) if direct else float("nan")
+            added99 = r.p(0.99) - direct.p(0.99) if direct else float("nan")
+            added_first = r.first_p(0.5) - direct.first_p(0.5) if direct else float("nan")
+            rows[name] = {
+                "rps": r.rps,
+                "p50_ms": r.p(0.5) * 1000,
+                "p99_ms": r.p(0.99) * 1000,
+                "added_p50_ms": added50 * 1000,
+                "added_p99_ms": added99 * 1000,
+                "first_chunk_p50_ms": r.first_p(0.5) * 1000,
+                "added_first_chunk_ms": added_first * 1000,
+                "errors": r.errors,
+                "completed": r.completed,
+            }
+            print(
+                f"{name:<10} {r.rps:>8.1f} {_ms(r.p(0.5)):>8} {_ms(r.p(0.99)):>8} "
+                f"{_ms(added50):>8} {_ms(added99):>8} {_ms(r.first_p(0.5)):>8} "
+                f"{_ms(added_first):>8} {r.errors:>6}"
+            )
+            if r.errors:
+                print(f"{'':<10} first error: {r.first_error}")
+        ours = by_target.get("letsinfer")
+        ratios = []
+        for other in ("litellm", "nginx"):
+            if ours and other in by_target and by_target[other].rps:
+                ratio = ours.rps / by_target[other].rps
+                rows[f"letsinfer/{other}"] = {"throughput_ratio": ratio}
+                ratios.append(f"letsinfer/{other} throughput {ratio:.2f}x")
+        if ratios:
+            print("  " + ";  ".join(ratios))
+        summary[cell] = rows
+    return summary
+
+
+def targets_check(summary: dict[str, object], cell: str) -> list[str]:
+    """The issue's targets, judged on one cell (the heaviest streaming load)."""
+    rows = summary.get(cell)
+    if not isinstance(rows, dict) or "letsinfer" not in rows:
+        return []
+    ours = rows["letsinfer"]
+    lines = [
+        ("added p50 < 0.5 ms", ours["added_p50_ms"] < 0.5, f"{ours['added_p50_ms']:.2f} ms"),
+        ("added p99 < 2 ms", ours["added_p99_ms"] < 2.0, f"{ours['added_p99_ms']:.2f} ms"),
+    ]
+    if "letsinfer/litellm" in rows:
+        r = rows["letsinfer/litellm"]["throughput_ratio"]
+        lines.append(("throughput >= 3x LiteLLM", r >= 3.0, f"{r:.2f}x"))
+    if "letsinfer/nginx" in rows:
+        r = rows["letsinfer/nginx"]["throughput_ratio"]
+        lines.append(("throughput >= 0.75x nginx", r >= 0.75, f"{r:.2f}x"))
+    return [f"  {'met' if ok else 'MISSED':<6} {name}: {value}" for name, ok, value in lines]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--short", action="store_true", help="small counts (CI)")
+    parser.add_argument("--no-litellm", action="store_true", help="skip the LiteLLM proxy")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args(argv)
+    plan = SHORT if args.short else FULL
+    try:
+        import uvloop
+
+        uvloop.install()  # the load generator: as cheap as it can be
+    except ImportError:
+        pass
+
+    print(
+        f"gateway benchmark ({'short' if args.short else 'full'}): mock engine streams "
+        f"{plan.tokens} tokens {plan.interval_ms:g} ms apart; {os.cpu_count()} CPUs",
+        flush=True,
+    )
+    with (
+        tempfile.TemporaryDirectory(prefix="letsinfer-bench-") as tmp,
+        contextlib.ExitStack() as stack,
+    ):
+        work = Path(tmp)
+        targets = start_targets(work, plan, not args.no_litellm, stack)
+        results = measure(targets, plan)
+        summary = report(targets, results)
+    heaviest = f"stream c={plan.concurrencies[-1]}"
+    print(f"\ntargets at {heaviest}:")
+    for line in targets_check(summary, heaviest) or ["  (letsinfer did not run)"]:
+        print(line)
+    skipped = {t.name: t.skipped for t in targets if t.skipped}
+    if args.json:
+        payload = {"plan": plan.__dict__, "skipped": skipped, "results": summary}
+        args.json.write_text(json.dumps(payload, indent=2, default=str))
+    ours_failed = any(
+        cell.get("letsinfer", {}).get("errors", 0)
+        for cell in summary.values()
+        if isinstance(cell, dict)
+    )
+    return 1 if ours_failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

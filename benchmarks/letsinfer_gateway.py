@@ -1,0 +1,77 @@
+"""letsinfer's gateway alone, in front of given engine URLs, as the benchmarks run it.
+
+``python -m benchmarks.letsinfer_gateway --port P --upstream URL [--upstream URL ...]``
+creates a throwaway authority (one model ``mock``, one API key written to
+``--key-file``), publishes each upstream as a ready replica and serves the
+gateway the way ``letsinfer up`` does (uvicorn, uvloop, httptools, access log
+to a file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+import uvicorn
+
+from letsinfer.authority.apikeys import create_key
+from letsinfer.config import GatewaySettings
+from letsinfer.gateway.app import Gateway, create_app
+from letsinfer.gateway.directory import Directory
+from letsinfer.gateway.routing import Replica, RoutingTable
+from letsinfer.store import AuthorityStore
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--upstream", action="append", required=True)
+    parser.add_argument("--model", default="mock")
+    parser.add_argument("--capacity", type=int, default=100_000)
+    parser.add_argument("--upstream-key", default="", help="Authorization sent to engines")
+    parser.add_argument("--affinity-chars", type=int, default=256, help="0 turns affinity off")
+    parser.add_argument("--home", type=Path, required=True, help="for the throwaway authority")
+    parser.add_argument("--key-file", type=Path, required=True)
+    parser.add_argument("--access-log", type=Path, required=True)
+    args = parser.parse_args()
+
+    store = AuthorityStore(args.home / "authority.db")
+    store.add_service(args.model, "0" * 64, 0, "gguf", None)
+    args.key_file.write_text(create_key(store, "bench").secret)
+
+    handler = logging.FileHandler(args.access_log)
+    access = logging.getLogger("letsinfer.access")
+    access.addHandler(handler)
+    access.setLevel(logging.INFO)
+    access.propagate = False
+
+    settings = GatewaySettings(
+        host="127.0.0.1", port=args.port, metrics_port=0, affinity_prefix_chars=args.affinity_chars
+    )
+    routing = RoutingTable()
+    directory = Directory(store, max_stale_s=3600)  # no refresh loop here: nothing changes
+    directory.refresh()
+    gateway = Gateway.build(directory, routing, settings)
+    for i, url in enumerate(args.upstream):
+        routing.publish(
+            Replica(
+                pg_id=f"pg-{i}",
+                service=args.model,
+                base_url=url,
+                authorization=f"Bearer {args.upstream_key}" if args.upstream_key else "",
+                capacity=args.capacity,
+            )
+        )
+    uvicorn.run(
+        create_app(gateway),
+        host="127.0.0.1",
+        port=args.port,
+        log_level="warning",
+        access_log=False,
+        backlog=4096,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""Start the benchmark's servers as child processes on 127.0.0.1 and always stop them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """A child process serving HTTP, ready once ``ready_path`` answers."""
+
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        port: int,
+        log_dir: Path,
+        *,
+        env: dict[str, str] | None = None,
+        ready_path: str = "/",
+        ready_status: tuple[int, ...] = (200,),
+        cwd: Path | None = None,
+    ) -> None:
+        self.name = name
+        self.argv = argv
+        self.port = port
+        self.log_path = log_dir / f"{name}.log"
+        self.env = {**os.environ, **(env or {})}
+        self.ready_path = ready_path
+        self.ready_status = ready_status
+        self.cwd = cwd
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 60) -> Server:
+        log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(
+            self.argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=self.env,
+            cwd=self.cwd,
+            start_new_session=True,  # its own process group: stopped as one
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}: {self.tail()}")
+            try:
+                r = httpx.get(self.url + self.ready_path, timeout=2)
+                if r.status_code in self.ready_status:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"{self.name} not ready after {timeout}s: {self.tail()}")
+
+    def tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        pgid = os.getpgid(self.proc.pid)
+        os.killpg(pgid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(pgid, signal.SIGKILL)
+            self.proc.wait()

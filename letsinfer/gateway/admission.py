@@ -1,0 +1,238 @@
+"""Admission: per-key concurrency, then a free slot on a replica, or a fair wait.
+
+A request first counts against its API key's concurrency limit (over it:
+429 at once). It then takes a slot on a replica chosen by the policy; the
+slot is the replica's ``in_flight`` count, taken and given back only here,
+so an engine never gets more requests than its capacity. When every usable
+replica of the model is full, the request waits in one shared, bounded
+queue. Waiters are served round-robin across API keys (one busy key cannot
+starve the others) as slots free. Past the queue bound or the wait limit the
+answer is 429 with Retry-After; when the model has no usable replica at all,
+503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import math
+import time
+from dataclasses import dataclass
+
+from letsinfer.gateway import policy
+from letsinfer.gateway.errors import GatewayError, no_replica
+from letsinfer.gateway.routing import Replica, RoutingTable
+
+
+@dataclass(frozen=True)
+class AdmissionLimits:
+    max_waiting: int = 1024  # requests waiting across all models and keys
+    max_wait_s: float = 30.0
+
+
+class _Waiter:
+    __slots__ = ("exclude", "future", "key", "prefix_hash", "service", "timer")
+
+    def __init__(
+        self,
+        service: str,
+        key: str,
+        prefix_hash: int | None,
+        exclude: frozenset[str],
+        future: asyncio.Future[Replica],
+    ) -> None:
+        self.service = service
+        self.key = key
+        self.prefix_hash = prefix_hash
+        self.exclude = exclude
+        self.future = future
+        self.timer: asyncio.TimerHandle | None = None
+
+
+def concurrency_exceeded(key: str, limit: int) -> GatewayError:
+    return GatewayError(
+        429,
+        f"API key '{key}' already has {limit} request(s) in progress, its concurrency "
+        "limit; retry when one finishes.",
+        type_="rate_limit_exceeded",
+        code="concurrency_limit_exceeded",
+        headers={"retry-after": "1"},
+    )
+
+
+def queue_full(service: str, retry_after: int) -> GatewayError:
+    return GatewayError(
+        429,
+        f"Model '{service}' is at capacity and its wait queue is full; retry later.",
+        type_="rate_limit_exceeded",
+        code="queue_full",
+        headers={"retry-after": str(retry_after)},
+    )
+
+
+def queue_timeout(service: str, waited_s: float, retry_after: int) -> GatewayError:
+    return GatewayError(
+        429,
+        f"Model '{service}' stayed at capacity for {waited_s:g}s while this request "
+        "waited; retry later.",
+        type_="rate_limit_exceeded",
+        code="queue_timeout",
+        headers={"retry-after": str(retry_after)},
+    )
+
+
+class Admission:
+    def __init__(
+        self, routing: RoutingTable, routing_policy: policy.RoutingPolicy, limits: AdmissionLimits
+    ) -> None:
+        self.routing = routing
+        self.policy = routing_policy
+        self.limits = limits
+        self.retry_after = max(1, math.ceil(min(limits.max_wait_s, 5.0)))
+        # Per model: key -> its waiters (FIFO); dict order is the round-robin order.
+        self._queues: dict[str, dict[str, collections.deque[_Waiter]]] = {}
+        self.waiting = 0
+        self._per_key: dict[str, int] = {}
+        routing.subscribe(self._on_routing_change)
+
+    # -- per-key concurrency ----------------------------------------------------
+    def enter_key(self, key: str, limit: int | None) -> None:
+        """Count a request against its key, or refuse it (429) over the limit."""
+        current = self._per_key.get(key, 0)
+        if limit is not None and current >= limit:
+            raise concurrency_exceeded(key, limit)
+        self._per_key[key] = current + 1
+
+    def leave_key(self, key: str) -> None:
+        left = self._per_key[key] - 1
+        if left:
+            self._per_key[key] = left
+        else:
+            del self._per_key[key]
+
+    def key_in_flight(self, key: str) -> int:
+        return self._per_key.get(key, 0)
+
+    # -- replica slots ----------------------------------------------------------
+    def _pick(
+        self, service: str, prefix_hash: int | None, exclude: frozenset[str]
+    ) -> Replica | None:
+        replica = policy.choose(
+            self.routing.replicas(service), time.monotonic(), self.policy, prefix_hash, exclude
+        )
+        if replica is not None:
+            replica.in_flight += 1
+        return replica
+
+    def _any_usable(self, service: str, exclude: frozenset[str]) -> bool:
+        now = time.monotonic()
+        return any(
+            r.pg_id not in exclude and policy.usable(r, now, self.policy)
+            for r in self.routing.replicas(service)
+        )
+
+    async def acquire(
+        self,
+        service: str,
+        key: str,
+        prefix_hash: int | None = None,
+        exclude: frozenset[str] = frozenset(),
+        failures: str = "",
+    ) -> Replica:
+        """A slot on a replica of ``service``; give it back with :meth:`release`.
+
+        Raises 503 when no usable replica exists, 429 when the queue is full or
+        the wait limit passes. Cancelling the caller (the client went away)
+        leaves the queue clean."""
+        if not self._queues.get(service):  # nobody waiting ahead: no queueing
+            replica = self._pick(service, prefix_hash, exclude)
+            if replica is not None:
+                return replica
+        if not self._any_usable(service, exclude):
+            raise no_replica(service, failures or self.routing.explain(service))
+        if self.waiting >= self.limits.max_waiting:
+            raise queue_full(service, self.retry_after)
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(service, key, prefix_hash, exclude, loop.create_future())
+        self._queues.setdefault(service, {}).setdefault(key, collections.deque()).append(waiter)
+        self.waiting += 1
+        waiter.timer = loop.call_later(self.limits.max_wait_s, self._expire, waiter)
+        try:
+            return await waiter.future
+        except asyncio.CancelledError:
+            self._remove(waiter)
+            future = waiter.future
+            if future.done() and not future.cancelled() and future.exception() is None:
+                self.release(future.result())  # a slot arrived as we left
+            raise
+        finally:
+            waiter.timer.cancel()
+
+    def release(self, replica: Replica) -> None:
+        """Give a slot back and hand it to the next fair waiter, if any."""
+        replica.in_flight -= 1
+        if self._queues.get(replica.service):
+            self._serve(replica.service)
+
+    # -- the queue ---------------------------------------------------------------
+    def _serve(self, service: str) -> None:
+        """Hand free slots to waiters, one key at a time in rotation."""
+        keys = self._queues.get(service)
+        while keys:
+            progressed = False
+            for key in list(keys):
+                waiters = keys[key]
+                waiter = waiters[0]
+                replica = self._pick(service, waiter.prefix_hash, waiter.exclude)
+                if replica is None:
+                    continue
+                progressed = True
+                waiters.popleft()
+                self.waiting -= 1
+                # Served keys go to the back of the rotation.
+                del keys[key]
+                if waiters:
+                    keys[key] = waiters
+                waiter.future.set_result(replica)
+            if not progressed:
+                break
+        if keys is not None and not keys:
+            del self._queues[service]
+
+    def _remove(self, waiter: _Waiter) -> None:
+        keys = self._queues.get(waiter.service)
+        if keys is None:
+            return
+        waiters = keys.get(waiter.key)
+        if waiters is None or waiter not in waiters:
+            return
+        waiters.remove(waiter)
+        self.waiting -= 1
+        if not waiters:
+            del keys[waiter.key]
+        if not keys:
+            del self._queues[waiter.service]
+
+    def _expire(self, waiter: _Waiter) -> None:
+        if waiter.future.done():
+            return
+        self._remove(waiter)
+        waiter.future.set_exception(
+            queue_timeout(waiter.service, self.limits.max_wait_s, self.retry_after)
+        )
+
+    def _on_routing_change(self, service: str) -> None:
+        keys = self._queues.get(service)
+        if not keys:
+            return
+        self._serve(service)  # a new or resumed replica brings free slots
+        for waiters in list(self._queues.get(service, {}).values()):
+            for waiter in list(waiters):
+                if not self._any_usable(service, waiter.exclude):
+                    self._remove(waiter)
+                    waiter.future.set_exception(no_replica(service, self.routing.explain(service)))
+
+    def depth(self, service: str | None = None) -> int:
+        if service is None:
+            return self.waiting
+        return sum(len(w) for w in self._queues.get(service, {}).values())

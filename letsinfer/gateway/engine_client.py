@@ -1,0 +1,368 @@
+"""A small pooled HTTP/1.1 client for the gateway's requests to engines.
+
+Why not httpx: the gateway sits on every request's path, and a profile of
+httpx's async stack showed it as the largest cost per forwarded request.
+Engines speak plain HTTP/1.1 on a private port, so this client does only
+that: keep-alive connections per engine, one request per connection at a
+time, response parsing by httptools (the parser uvicorn uses), bodies handed
+over chunk by chunk as they arrive, and back-pressure so a slow client never
+makes the gateway buffer a whole answer.
+
+Errors say whether anything of the response had arrived, because only then is
+it unsafe to try another engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Sequence
+from typing import cast
+from urllib.parse import urlsplit
+
+import httptools
+
+# Pause reading from an engine once this much body waits for a slow client.
+_HIGH_WATER = 256 * 1024
+_LOW_WATER = 64 * 1024
+_MAX_IDLE_PER_ENGINE = 256
+
+
+class EngineError(Exception):
+    """The exchange failed. ``before_response`` is true when no status line
+    had arrived, so the request may be sent elsewhere."""
+
+    def __init__(self, message: str, *, before_response: bool) -> None:
+        super().__init__(message)
+        self.before_response = before_response
+
+
+class EngineTimeout(EngineError):
+    pass
+
+
+class ConnectTimeout(EngineTimeout):
+    """The engine did not accept the connection in time: it never saw the request."""
+
+
+class _Connection(asyncio.Protocol):
+    """One TCP connection to an engine, carrying one exchange at a time."""
+
+    def __init__(self, pool: _Pool) -> None:
+        self.pool = pool
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.reused = False
+        self._exchange: EngineResponse | None = None
+
+    # -- asyncio.Protocol --------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports do not subclass asyncio.Transport; same interface.
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        ex = self._exchange
+        if ex is None:  # bytes nobody asked for: the connection is unusable
+            self.abort()
+            return
+        ex.last_activity = self.loop.time()
+        try:
+            ex.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            ex.fail(EngineError(f"bad response from engine: {exc}", before_response=ex.status == 0))
+            self.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        ex = self._exchange
+        if ex is not None and not ex.complete:
+            if ex.status and ex.until_eof:
+                ex.on_message_complete()  # a body delimited by the connection's end
+            else:
+                reason = str(exc) if exc else "the engine closed the connection"
+                ex.fail(EngineError(reason, before_response=ex.status == 0))
+
+    # -- used by the exchange ----------------------------------------------
+    def abort(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    def finished(self, ex: EngineResponse, keep_alive: bool) -> None:
+        self._exchange = None
+        if keep_alive and not self.closed:
+            self.reused = True
+            self.pool.put(self)
+        else:
+            self.abort()
+
+
+class EngineResponse:
+    """The response to one request; the body is read with :meth:`next_chunk`."""
+
+    __slots__ = (
+        "_chunks",
+        "_error",
+        "_headers_done",
+        "_keep_alive_after_drain",
+        "_timer",
+        "_waiter",
+        "buffered",
+        "complete",
+        "conn",
+        "content_type",
+        "last_activity",
+        "parser",
+        "paused",
+        "read_timeout",
+        "status",
+        "until_eof",
+    )
+
+    def __init__(self, conn: _Connection, read_timeout: float) -> None:
+        self.conn = conn
+        self.parser = httptools.HttpResponseParser(self)
+        self.status = 0
+        self.content_type = b"application/json"
+        self.until_eof = True  # until a Content-Length or chunked header says otherwise
+        self.complete = False
+        self.paused = False
+        self.buffered = 0
+        self.read_timeout = read_timeout
+        self.last_activity = conn.loop.time()
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._error: EngineError | None = None
+        self._headers_done: asyncio.Future[None] = conn.loop.create_future()
+        self._waiter: asyncio.Future[None] | None = None
+        self._keep_alive_after_drain = False
+        self._timer = conn.loop.call_later(read_timeout, self._check_idle)
+
+    # -- httptools callbacks -----------------------------------------------
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        if name == b"content-type":
+            self.content_type = value
+        elif name == b"content-length" or (
+            name == b"transfer-encoding" and b"chunked" in value.lower()
+        ):
+            self.until_eof = False
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        if not self._headers_done.done():
+            self._headers_done.set_result(None)
+
+    def on_body(self, body: bytes) -> None:
+        self._chunks.append(body)
+        self.buffered += len(body)
+        if self.buffered > _HIGH_WATER and not self.paused and self.conn.transport:
+            self.paused = True
+            self.conn.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        self._timer.cancel()
+        self._wake()
+        keep_alive = self.parser.should_keep_alive() and not self.until_eof
+        if not self._chunks:
+            self.conn.finished(self, keep_alive)
+        else:  # hand the connection back once the reader has taken the rest
+            self._keep_alive_after_drain = keep_alive
+
+    # -- failure and timeouts -----------------------------------------------
+    def fail(self, error: EngineError) -> None:
+        if self._error is None and not self.complete:
+            self._error = error
+            self._timer.cancel()
+            if not self._headers_done.done():
+                self._headers_done.set_exception(error)
+                self._headers_done.exception()  # retrieved: no "never retrieved" noise
+            self._wake()
+
+    def _check_idle(self) -> None:
+        idle = self.conn.loop.time() - self.last_activity
+        if self.paused or idle < self.read_timeout:  # a paused reader is the client's doing
+            self._timer = self.conn.loop.call_later(
+                self.read_timeout - min(idle, self.read_timeout) + 0.01, self._check_idle
+            )
+            return
+        self.fail(
+            EngineTimeout(
+                f"no data from the engine for {self.read_timeout:g}s",
+                before_response=self.status == 0,
+            )
+        )
+        self.conn.abort()
+
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    # -- reader API ---------------------------------------------------------
+    async def wait_headers(self) -> None:
+        await self._headers_done
+
+    async def next_chunk(self) -> bytes | None:
+        """The body received since the last call (waiting for some if none), or
+        None at its end."""
+        while True:
+            if self._chunks:
+                # Everything that has arrived, in one piece: under load this
+                # turns many small writes to the client into one.
+                if len(self._chunks) == 1:
+                    chunk = self._chunks.popleft()
+                else:
+                    chunk = b"".join(self._chunks)
+                    self._chunks.clear()
+                self.buffered -= len(chunk)
+                if self.paused and self.buffered < _LOW_WATER and self.conn.transport:
+                    self.paused = False
+                    self.conn.transport.resume_reading()
+                if self.complete and not self._chunks:
+                    self.conn.finished(self, self._keep_alive_after_drain)
+                return chunk
+            if self._error is not None:
+                raise self._error
+            if self.complete:
+                return None
+            self._waiter = self.conn.loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+
+    async def read(self) -> bytes:
+        parts = []
+        while (chunk := await self.next_chunk()) is not None:
+            parts.append(chunk)
+        return b"".join(parts)
+
+    def close(self) -> None:
+        """Stop the exchange; an unfinished one closes its connection, which is
+        how the engine learns the client went away."""
+        self._timer.cancel()
+        if self.conn._exchange is self:  # not handed back to the pool yet
+            self.complete = True
+            self.conn._exchange = None
+            self.conn.abort()
+
+
+class _Pool:
+    def __init__(self, host: str, port: int) -> None:
+        self.host = host
+        self.port = port
+        self.idle: list[_Connection] = []
+
+    def put(self, conn: _Connection) -> None:
+        if len(self.idle) < _MAX_IDLE_PER_ENGINE:
+            self.idle.append(conn)
+        else:
+            conn.abort()
+
+    def take(self) -> _Connection | None:
+        while self.idle:
+            conn = self.idle.pop()
+            if not conn.closed:
+                return conn
+        return None
+
+    def close(self) -> None:
+        while self.idle:
+            self.idle.pop().abort()
+
+
+class EngineClient:
+    """Pooled keep-alive connections to engines, one pool per base URL."""
+
+    def __init__(self, connect_timeout_s: float, read_timeout_s: float) -> None:
+        self.connect_timeout_s = connect_timeout_s
+        self.read_timeout_s = read_timeout_s
+        self._pools: dict[str, _Pool] = {}
+        self._heads: dict[tuple[str, str, str], bytes] = {}
+
+    def _pool(self, base_url: str) -> _Pool:
+        pool = self._pools.get(base_url)
+        if pool is None:
+            parts = urlsplit(base_url)
+            if parts.scheme != "http" or not parts.hostname:
+                raise ValueError(f"engine URL must be http://host:port, not {base_url!r}")
+            pool = _Pool(parts.hostname, parts.port or 80)
+            self._pools[base_url] = pool
+        return pool
+
+    def _head(self, pool: _Pool, path: str, authorization: str) -> bytes:
+        """The request line and fixed headers, built once per engine and path."""
+        cache_key = (f"{pool.host}:{pool.port}", path, authorization)
+        head = self._heads.get(cache_key)
+        if head is None:
+            lines = [f"POST {path} HTTP/1.1", f"host: {pool.host}:{pool.port}"]
+            if authorization:
+                lines.append(f"authorization: {authorization}")
+            lines.append("content-type: application/json")
+            head = ("\r\n".join(lines) + "\r\n").encode("latin-1")
+            self._heads[cache_key] = head
+        return head
+
+    async def _connect(self, pool: _Pool) -> _Connection:
+        loop = asyncio.get_running_loop()
+        try:
+            _, conn = await asyncio.wait_for(
+                loop.create_connection(lambda: _Connection(pool), pool.host, pool.port),
+                self.connect_timeout_s,
+            )
+        except TimeoutError as exc:
+            raise ConnectTimeout(
+                f"connect to {pool.host}:{pool.port} timed out", before_response=True
+            ) from exc
+        except OSError as exc:
+            raise EngineError(
+                f"cannot connect to {pool.host}:{pool.port}: {exc.strerror or exc}",
+                before_response=True,
+            ) from exc
+        return conn
+
+    async def post(
+        self,
+        base_url: str,
+        path: str,
+        body: bytes,
+        *,
+        authorization: str = "",
+        extra_headers: Sequence[tuple[str, str]] = (),
+    ) -> EngineResponse:
+        """Send a POST and return once the response's status and headers arrived."""
+        pool = self._pool(base_url)
+        head = self._head(pool, path, authorization)
+        extra = "".join(f"{k}: {v}\r\n" for k, v in extra_headers).encode("latin-1")
+        request = b"".join((head, extra, b"content-length: %d\r\n\r\n" % len(body), body))
+        conn = pool.take()
+        if conn is not None:
+            try:
+                return await self._exchange(conn, request)
+            except EngineError as exc:
+                # An idle keep-alive connection the engine had closed: the
+                # request never reached it, so a fresh connection is safe.
+                if not exc.before_response or isinstance(exc, EngineTimeout):
+                    raise
+        return await self._exchange(await self._connect(pool), request)
+
+    async def _exchange(self, conn: _Connection, request: bytes) -> EngineResponse:
+        if conn.closed or conn.transport is None:
+            raise EngineError("connection closed", before_response=True)
+        response = EngineResponse(conn, self.read_timeout_s)
+        conn._exchange = response
+        conn.transport.write(request)
+        try:
+            await response.wait_headers()
+        except BaseException:
+            response.close()
+            raise
+        return response
+
+    async def aclose(self) -> None:
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()

@@ -1,0 +1,137 @@
+"""Prometheus metrics of the gateway, served on their own port.
+
+Per request the gateway only bumps a counter and two histograms through
+cached label children. Queue depth and in-flight requests per placement group
+are read from the admission queue and the routing table when Prometheus
+scrapes, so they cost nothing on the request path.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from letsinfer.gateway.routing import RoutingTable
+
+if TYPE_CHECKING:
+    from letsinfer.gateway.admission import Admission
+
+log = logging.getLogger("letsinfer.gateway")
+
+# Seconds; from sub-millisecond (errors, cached answers) to long generations.
+_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class _LiveCollector(Collector):
+    def __init__(self, routing: RoutingTable, admission: Admission) -> None:
+        self.routing = routing
+        self.admission = admission
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        depth = GaugeMetricFamily(
+            "letsinfer_gateway_queue_depth",
+            "Requests waiting in the admission queue for a free replica slot.",
+            labels=["model"],
+        )
+        in_flight = GaugeMetricFamily(
+            "letsinfer_gateway_in_flight",
+            "Requests the gateway has sent to a placement group and not finished.",
+            labels=["model", "pg"],
+        )
+        capacity = GaugeMetricFamily(
+            "letsinfer_gateway_capacity",
+            "Requests a placement group may run at once.",
+            labels=["model", "pg"],
+        )
+        for service in self.routing.services():
+            depth.add_metric([service], self.admission.depth(service))
+            for r in self.routing.replicas(service):
+                in_flight.add_metric([service, r.pg_id], r.in_flight)
+                capacity.add_metric([service, r.pg_id], r.capacity)
+        yield depth
+        yield in_flight
+        yield capacity
+
+
+class GatewayMetrics:
+    def __init__(self, routing: RoutingTable, admission: Admission) -> None:
+        self.registry = CollectorRegistry()
+        self._requests = Counter(
+            "letsinfer_gateway_requests",
+            "Inference requests answered, by model asked and HTTP status.",
+            ["model", "status"],
+            registry=self.registry,
+        )
+        self._latency = Histogram(
+            "letsinfer_gateway_request_duration_seconds",
+            "Time from a request's arrival to its last response byte.",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self._ttft = Histogram(
+            "letsinfer_gateway_time_to_first_token_seconds",
+            "Time from a request's arrival to the first response body byte sent.",
+            ["model"],
+            buckets=_TTFT_BUCKETS,
+            registry=self.registry,
+        )
+        self._errors = Counter(
+            "letsinfer_gateway_errors",
+            "Failed or refused requests and upstream retries, by reason.",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.registry.register(_LiveCollector(routing, admission))
+        # Label lookups take a lock and build tuples: cache the children.
+        self._children: dict[tuple[str, str], Any] = {}
+
+    def _child(self, metric: Any, kind: str, *labels: str) -> Any:
+        key = (kind, *labels)
+        child = self._children.get(key)  # type: ignore[call-overload]
+        if child is None:
+            child = metric.labels(*labels)
+            self._children[key] = child  # type: ignore[index]
+        return child
+
+    def request(self, model: str, status: int, total_s: float, ttft_s: float | None) -> None:
+        self._child(self._requests, "r", model, str(status)).inc()
+        self._child(self._latency, "l", model).observe(total_s)
+        if ttft_s is not None:
+            self._child(self._ttft, "t", model).observe(ttft_s)
+
+    def error(self, reason: str) -> None:
+        self._child(self._errors, "e", reason).inc()
+
+
+class MetricsServer:
+    """Prometheus' exposition server on its own port (a daemon thread)."""
+
+    def __init__(self, metrics: GatewayMetrics, host: str, port: int) -> None:
+        self._server, self._thread = start_http_server(port, host, registry=metrics.registry)
+        self.port = self._server.server_port
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+def start_metrics_server(metrics: GatewayMetrics, host: str, port: int) -> MetricsServer | None:
+    """Serve metrics unless ``port`` is 0. A busy port disables metrics with an
+    error in the log; inference keeps working."""
+    if port == 0:
+        return None
+    try:
+        server = MetricsServer(metrics, host, port)
+    except OSError as exc:
+        log.error("metrics disabled: cannot listen on %s:%d: %s", host, port, exc)
+        return None
+    log.info("metrics on http://%s:%d/metrics", host, server.port)
+    return server

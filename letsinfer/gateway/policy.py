@@ -1,0 +1,108 @@
+"""Replica choice: a small function of plain data, so it is testable alone.
+
+1. Only replicas that are not paused, whose facts (when they report any) are
+   fresh, and that have a free slot by the gateway's own count are
+   candidates: an engine never gets more requests than its capacity.
+2. A request whose prompt starts with at least ``affinity_min_chars``
+   characters carries an affinity hash of that leading part. Candidates are
+   ranked by rendezvous hashing (highest random weight) on that hash, so the
+   same prefix keeps going to the same replica, whose prompt cache already
+   holds it, and only 1/n of prefixes move when a replica comes or goes. The
+   first ranked replica whose load stays within ``load_bound`` times its fair
+   share takes it (consistent hashing with bounded loads), so one hot prefix
+   cannot pin all traffic to one replica.
+3. Otherwise (no hint, or every ranked replica above its bound) the least
+   loaded candidate wins: load is the share of its slots in use, plus the
+   engine's own queue and a penalty for a hot GPU when fresh facts say so.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from letsinfer.gateway.routing import Replica
+
+# A GPU this hot is likely throttling: prefer a cooler replica.
+_HOT_C = 80.0
+_HOT_PENALTY_PER_C = 0.05  # in units of "share of slots busy"
+
+
+@dataclass(frozen=True)
+class RoutingPolicy:
+    affinity_prefix_chars: int = 256  # how much of the prompt's start is hashed; 0: off
+    affinity_min_chars: int = 32  # shorter prompts carry no hint
+    load_bound: float = 1.25  # a replica may hold at most this times its fair share
+    fact_max_age_s: float = 10.0  # older facts make a replica stale: never chosen
+
+    @property
+    def affinity(self) -> bool:
+        return self.affinity_prefix_chars > 0
+
+
+def usable(replica: Replica, now: float, policy: RoutingPolicy) -> bool:
+    """Routable at all: not paused, and its facts (if it reports any) fresh."""
+    if replica.paused:
+        return False
+    return replica.facts_at is None or now - replica.facts_at <= policy.fact_max_age_s
+
+
+def load(replica: Replica, now: float, policy: RoutingPolicy) -> float:
+    """How busy a replica is, in units of its capacity (0 idle, 1 full)."""
+    cap = max(replica.capacity, 1)
+    busy = replica.in_flight / cap
+    if replica.facts_at is not None and now - replica.facts_at <= policy.fact_max_age_s:
+        if replica.slots_free is not None:
+            busy = max(busy, 1.0 - replica.slots_free / cap)
+        if replica.queue_depth:
+            busy += replica.queue_depth / cap
+        if replica.temperature_c is not None and replica.temperature_c > _HOT_C:
+            busy += (replica.temperature_c - _HOT_C) * _HOT_PENALTY_PER_C
+    return busy
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _rendezvous_weight(prefix_hash: int, replica: Replica) -> int:
+    # splitmix64's finaliser: Python's tuple hash mixes too weakly for the
+    # ranking to be uniform across replicas.
+    x = (prefix_hash ^ hash(replica.pg_id)) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def choose(
+    replicas: Iterable[Replica],
+    now: float,
+    policy: RoutingPolicy,
+    prefix_hash: int | None = None,
+    exclude: frozenset[str] = frozenset(),
+) -> Replica | None:
+    """The replica to send a request to, or None when every usable one is full."""
+    candidates = [
+        r for r in replicas if not r.full and r.pg_id not in exclude and usable(r, now, policy)
+    ]
+    if not candidates:
+        return None
+    if len(candidates) == 1:
+        return candidates[0]
+    if prefix_hash is not None:
+        total = sum(r.in_flight for r in candidates) + 1  # counting this request
+        capacity = sum(max(r.capacity, 1) for r in candidates)
+        ranked = sorted(candidates, key=lambda r: _rendezvous_weight(prefix_hash, r), reverse=True)
+        for r in ranked:
+            fair_share = total * max(r.capacity, 1) / capacity
+            if r.in_flight + 1 <= math.ceil(policy.load_bound * fair_share):
+                return r
+    return min(candidates, key=lambda r: (load(r, now, policy), r.in_flight))
+
+
+def prefix_hash(text: str, policy: RoutingPolicy) -> int | None:
+    """The affinity hint for a prompt: a hash of its first characters, or None
+    when it is shorter than the minimum match."""
+    if not policy.affinity or len(text) < policy.affinity_min_chars:
+        return None
+    return hash(text[: policy.affinity_prefix_chars])

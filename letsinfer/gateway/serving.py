@@ -1,0 +1,351 @@
+"""The inference endpoints, served straight over ASGI.
+
+Every completion and embedding request takes this path, so it stays lean:
+headers are read once from the ASGI scope, the body is checked by the wire
+models and forwarded as the client's own bytes, and the engine's stream is
+passed through chunk by chunk without being parsed. A task watches the client
+connection: if it goes away, the request is cancelled, which closes the
+connection to the engine so its slot frees at once.
+
+Each request gets one access-log line and one metrics update.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from letsinfer.gateway import policy, protocol
+from letsinfer.gateway.directory import KeyPolicy, StoreUnavailable
+from letsinfer.gateway.engine_client import EngineError
+from letsinfer.gateway.errors import GatewayError, invalid_key, missing_key, unknown_model
+from letsinfer.gateway.gateway import Gateway
+from letsinfer.gateway.upstream import Started
+
+access_log = logging.getLogger("letsinfer.access")
+log = logging.getLogger("letsinfer.gateway")
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+ROUTES: dict[str, type[protocol._Request]] = {
+    "/v1/chat/completions": protocol.ChatCompletionRequest,
+    "/v1/completions": protocol.CompletionRequest,
+    "/v1/embeddings": protocol.EmbeddingRequest,
+}
+
+_SANE_REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:-]{1,128}$")
+# Generated ids: a random per-process prefix and a counter (unique, and
+# cheaper than a UUID per request).
+_ID_PREFIX = os.urandom(8).hex()
+_ids = itertools.count(1)
+
+CLIENT_GONE = 499  # nginx's status for "the client closed the connection"
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its request was complete."""
+
+
+def authenticate(gw: Gateway, header: str | None) -> KeyPolicy:
+    if not header:
+        raise missing_key()
+    scheme, _, secret = header.partition(" ")
+    secret = secret.strip()
+    if scheme.lower() != "bearer" or not secret:
+        raise missing_key()
+    try:
+        key = gw.directory.key_for(secret)
+    except StoreUnavailable as exc:
+        raise GatewayError(
+            503,
+            "The gateway cannot check API keys right now (authority "
+            "store unavailable); retry shortly.",
+            type_="service_unavailable",
+            code="authority_unavailable",
+            headers={"retry-after": "2"},
+        ) from exc
+    if key is None:
+        raise invalid_key()
+    return key
+
+
+def request_id_from(given: bytes | None) -> str:
+    if given and _SANE_REQUEST_ID.match(given):
+        return given.decode()
+    return f"{_ID_PREFIX}{next(_ids):016x}"  # 32 hex digits, like a UUID
+
+
+def too_large(limit: int) -> GatewayError:
+    return GatewayError(
+        413, f"Request body is larger than the limit of {limit} bytes.", code="request_too_large"
+    )
+
+
+async def read_body(receive: Receive, declared: bytes | None, limit: int) -> bytes:
+    if declared is not None:
+        if not declared.isdigit():
+            raise GatewayError(400, "Invalid Content-Length header.")
+        if int(declared) > limit:
+            raise too_large(limit)
+    message = await receive()
+    body = message.get("body", b"")
+    if not message.get("more_body"):
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        if len(body) > limit:
+            raise too_large(limit)
+        return body
+    parts = [body]
+    size = len(body)
+    while message.get("more_body"):
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise too_large(limit)
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def usage_tokens(tail: bytes) -> tuple[int | None, int | None]:
+    """Prompt and completion tokens from the last ``usage`` object in ``tail``,
+    found by a byte search: cheap, and no JSON parse of the answer."""
+
+    def number(field: bytes) -> int | None:
+        at = tail.rfind(field)
+        if at < 0:
+            return None
+        at += len(field)
+        end = at
+        while end < len(tail) and tail[end : end + 1] in b" 0123456789":
+            end += 1
+        digits = tail[at:end].strip()
+        return int(digits) if digits else None
+
+    if b'"usage"' not in tail:
+        return None, None
+    return number(b'"prompt_tokens":'), number(b'"completion_tokens":')
+
+
+class _Exchange:
+    """What one request did, for its access-log line and metrics."""
+
+    __slots__ = (
+        "asked",
+        "done",
+        "gone",
+        "key",
+        "pg",
+        "queue_s",
+        "request_id",
+        "responded",
+        "served",
+        "started",
+        "status",
+        "tail",
+        "task",
+        "ttft",
+    )
+
+    def __init__(self, request_id: str, task: asyncio.Task[Any] | None) -> None:
+        self.request_id = request_id
+        self.task = task
+        self.started = time.perf_counter()
+        self.asked = self.served = self.pg = self.key = "-"
+        self.status = 0
+        self.queue_s = 0.0
+        self.ttft: float | None = None
+        self.tail = b""
+        self.done = False
+        self.gone = False
+        self.responded = False  # the status line went out
+
+    def on_client_message(self, watcher: asyncio.Future[MutableMapping[str, Any]]) -> None:
+        # A message after the body is complete can only be the client leaving.
+        if self.done or watcher.cancelled() or watcher.exception() is not None:
+            return
+        if watcher.result().get("type") == "http.disconnect" and self.task is not None:
+            self.gone = True
+            self.task.cancel()
+
+
+class InferenceEndpoints:
+    """POST /v1/chat/completions, /v1/completions and /v1/embeddings."""
+
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+        self.prefix_chars = gw.policy.affinity_prefix_chars if gw.policy.affinity else 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        auth = given_id = declared = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                auth = value
+            elif name == b"x-request-id":
+                given_id = value
+            elif name == b"content-length":
+                declared = value
+        ex = _Exchange(request_id_from(given_id), asyncio.current_task())
+        watcher: asyncio.Future[MutableMapping[str, Any]] | None = None
+        try:
+            key = authenticate(self.gw, auth.decode("latin-1") if auth else None)
+            ex.key = key.name
+            body = await read_body(receive, declared, self.gw.max_body_bytes)
+            # From here on a message from the client means it went away.
+            watcher = asyncio.ensure_future(receive())
+            watcher.add_done_callback(ex.on_client_message)
+            await self._serve(scope["path"], key, body, ex, send)
+        except GatewayError as err:
+            ex.status = err.status
+            self.gw.metrics.error(err.code or "error")
+            ex.done = True
+            await err.send(send, ex.request_id)
+        except ClientGone:
+            ex.status = CLIENT_GONE
+            self.gw.metrics.error("client_disconnected")
+        except asyncio.CancelledError:
+            if not ex.gone:
+                raise
+            if ex.task is not None:
+                ex.task.uncancel()
+            ex.status = CLIENT_GONE
+            self.gw.metrics.error("client_disconnected")
+        except Exception:
+            log.exception("request %s failed unexpectedly", ex.request_id)
+            self.gw.metrics.error("internal_error")
+            if not ex.responded:
+                ex.status = 500
+                ex.done = True
+                await GatewayError(
+                    500,
+                    "The gateway failed unexpectedly; see its log.",
+                    type_="server_error",
+                    code="internal_error",
+                ).send(send, ex.request_id)
+        finally:
+            ex.done = True
+            if watcher is not None and not watcher.done():
+                watcher.cancel()
+            self._record(ex)
+
+    async def _serve(
+        self, path: str, key: KeyPolicy, body: bytes, ex: _Exchange, send: Send
+    ) -> None:
+        gw = self.gw
+        parsed = protocol.parse(body, ROUTES[path])
+        # Client text in a log line: no spaces or control characters to forge fields.
+        asked = parsed.model
+        ex.asked = asked if asked.isprintable() and " " not in asked else repr(asked)
+        entry = gw.directory.current().names.get(parsed.model)
+        if entry is None or not key.allows(entry.name):
+            raise unknown_model(parsed.model)
+        ex.served = entry.name
+        hint = None
+        if self.prefix_chars:
+            hint = policy.prefix_hash(protocol.prompt_start(parsed, self.prefix_chars), gw.policy)
+        gw.admission.enter_key(key.name, key.concurrency)
+        try:
+            started = await gw.upstream.start(
+                entry.name,
+                key.name,
+                path,
+                body,
+                stream=parsed.stream,
+                request_id=ex.request_id,
+                prefix_hash=hint,
+            )
+            ex.pg = started.replica.pg_id
+            ex.queue_s = started.queue_s
+            try:
+                await self._answer(started, ex, send)
+            finally:
+                gw.upstream.finish(started)
+        finally:
+            gw.admission.leave_key(key.name)
+
+    async def _answer(self, started: Started, ex: _Exchange, send: Send) -> None:
+        headers = [
+            (b"content-type", started.content_type),
+            (b"x-request-id", ex.request_id.encode()),
+        ]
+        ex.status = started.status
+        ex.responded = True
+        if started.response is None:  # the whole answer is here
+            headers.append((b"content-length", str(len(started.first)).encode()))
+            await send(
+                {"type": "http.response.start", "status": started.status, "headers": headers}
+            )
+            ex.ttft = time.perf_counter() - ex.started
+            ex.tail = started.first
+            ex.done = True
+            await send({"type": "http.response.body", "body": started.first})
+            return
+        headers.append((b"cache-control", b"no-cache"))
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        chunk: bytes | None = started.first
+        last = before = b""
+        response = started.response
+        try:
+            while chunk is not None:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                if ex.ttft is None:
+                    ex.ttft = time.perf_counter() - ex.started
+                before, last = last, chunk
+                chunk = await response.next_chunk()
+        except EngineError as exc:
+            # Bytes already reached the client: no retry, but no silent cut either.
+            ex.status = 502
+            self.gw.metrics.error("upstream_stream_error")
+            log.warning("request %s: stream from %s broke: %s", ex.request_id, ex.pg, exc)
+            ex.done = True
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": _stream_error_event(f"the model's stream broke: {exc}"),
+                }
+            )
+            return
+        ex.tail = before + last  # usage, when asked for, is in the last data events
+        ex.done = True
+        await send({"type": "http.response.body", "body": b""})
+
+    def _record(self, ex: _Exchange) -> None:
+        total = time.perf_counter() - ex.started
+        prompt_tokens, completion_tokens = usage_tokens(ex.tail) if ex.tail else (None, None)
+        self.gw.metrics.request(ex.served, ex.status, total, ex.ttft)
+        access_log.info(
+            "request_id=%s key=%s model=%s served=%s pg=%s status=%d queue_ms=%.2f "
+            "ttft_ms=%s total_ms=%.2f prompt_tokens=%s completion_tokens=%s",
+            ex.request_id,
+            ex.key,
+            ex.asked,
+            ex.served,
+            ex.pg,
+            ex.status,
+            ex.queue_s * 1000,
+            "-" if ex.ttft is None else f"{ex.ttft * 1000:.2f}",
+            total * 1000,
+            "-" if prompt_tokens is None else prompt_tokens,
+            "-" if completion_tokens is None else completion_tokens,
+        )
+
+
+def _stream_error_event(message: str) -> bytes:
+    error = {
+        "message": message,
+        "type": "server_error",
+        "param": None,
+        "code": "upstream_stream_error",
+    }
+    return b"data: " + json.dumps({"error": error}).encode() + b"\n\n"

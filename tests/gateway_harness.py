@@ -1,0 +1,156 @@
+"""A real gateway (uvicorn on 127.0.0.1) in front of mock engines, in this process.
+
+Everything server-side runs in one background event loop, so tests can read
+the mocks' counters and the routing table directly, while they talk to the
+gateway over HTTP like any client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, TypeVar
+
+import uvicorn
+
+from letsinfer.authority.apikeys import create_key
+from letsinfer.config import GatewaySettings
+from letsinfer.gateway.app import Gateway, create_app
+from letsinfer.gateway.directory import Directory
+from letsinfer.gateway.mock_upstream import MockBehaviour, MockUpstream
+from letsinfer.gateway.routing import Replica, RoutingTable
+from letsinfer.store import AuthorityStore
+
+T = TypeVar("T")
+MODEL = "mock"
+
+
+class GatewayHarness:
+    def __init__(
+        self,
+        tmp_path: Path,
+        engines: dict[str, MockBehaviour],
+        *,
+        capacity: int = 4,
+        keys: dict[str, int | None] | None = None,
+        **settings: Any,
+    ) -> None:
+        self.store = AuthorityStore(tmp_path / "authority.db")
+        self.store.add_service(MODEL, "0" * 64, 0, "gguf", None, aliases=("mock-alias",))
+        self.keys = {
+            name: create_key(self.store, name, concurrency=limit).secret
+            for name, limit in (keys or {"alice": None, "bob": None}).items()
+        }
+        self.settings = GatewaySettings(metrics_port=0, **settings)
+        self.routing = RoutingTable()
+        self.directory = Directory(self.store)
+        self.directory.refresh()
+        self.gateway = Gateway.build(self.directory, self.routing, self.settings)
+        self.engines = engines
+        self.capacity = capacity
+        self.mocks: dict[str, MockUpstream] = {}
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._server: uvicorn.Server | None = None
+        self.port = 0
+
+    # -- lifecycle -------------------------------------------------------------
+    def __enter__(self) -> GatewayHarness:
+        self._thread.start()
+        self.call(self._start())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.call(self._stop())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+            self.store.close()
+
+    async def _start(self) -> None:
+        for pg_id, behaviour in self.engines.items():
+            mock = await MockUpstream(behaviour).start()
+            self.mocks[pg_id] = mock
+            self.publish(pg_id)
+        config = uvicorn.Config(
+            create_app(self.gateway),
+            host="127.0.0.1",
+            port=0,
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+        )
+        self._server = uvicorn.Server(config)
+        self._serving = asyncio.ensure_future(self._server.serve())
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if self._serving.done() or time.monotonic() > deadline:
+                raise RuntimeError("the gateway did not start")
+            await asyncio.sleep(0.01)
+        self.port = self._server.servers[0].sockets[0].getsockname()[1]
+
+    async def _stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+            await asyncio.wait_for(self._serving, 10)
+        for mock in self.mocks.values():
+            await mock.close()
+        await self.gateway.aclose()
+
+    # -- helpers ---------------------------------------------------------------
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` in the servers' loop and return its result."""
+        future: Future[T] = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        return future.result(timeout=30)
+
+    def in_loop(self, fn: Callable[[], T]) -> T:
+        async def run() -> T:
+            return fn()
+
+        return self.call(run())
+
+    def publish(self, pg_id: str, **facts: Any) -> None:
+        mock = self.mocks[pg_id]
+        self.routing.publish(
+            Replica(
+                pg_id=pg_id,
+                service=MODEL,
+                base_url=mock.url,
+                authorization=f"Bearer engine-key-{pg_id}",
+                capacity=self.capacity,
+                **facts,
+            )
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def auth(self, key: str = "alice") -> dict[str, str]:
+        return {"authorization": f"Bearer {self.keys[key]}"}
+
+    def replica(self, pg_id: str) -> Replica:
+        return next(r for r in self.routing.replicas(MODEL) if r.pg_id == pg_id)
+
+    def wait_until(self, check: Callable[[], bool], timeout: float = 10) -> None:
+        """Poll ``check`` in the servers' loop until true (bounded)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.in_loop(check):
+                return
+            time.sleep(0.01)
+        raise AssertionError(f"condition not met within {timeout}s")
+
+
+def chat(stream: bool = False, content: str = "Say something.", **extra: Any) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "stream": stream,
+        **extra,
+    }

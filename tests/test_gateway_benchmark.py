@@ -1,0 +1,39 @@
+"""The gateway benchmark runs end to end in its short mode, so it cannot rot.
+
+Timings are not judged here (they live in the benchmark's own report); only
+that every target ran and letsinfer's gateway answered every request.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+@pytest.mark.timeout(900)
+def test_the_short_gateway_benchmark_runs_end_to_end(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gateway", "--short", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,  # the first run installs the LiteLLM proxy into its own venv
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    print(run.stdout[-6000:], run.stderr[-3000:])
+    assert run.returncode == 0, run.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    # A baseline may only be missing when it could not be installed, and then loudly.
+    for name, why in figures["skipped"].items():
+        assert f"{name} SKIPPED: {why}" in run.stdout
+    assert "nginx" not in figures["skipped"], "nginx is a test system package (tasks.py)"
+    for cell, rows in figures["results"].items():
+        ours = rows["letsinfer"]
+        assert ours["errors"] == 0 and ours["completed"] > 0, cell
+        assert rows["direct"]["errors"] == 0, cell
+        assert ours["rps"] > 0
+    assert "targets at stream c=20:" in run.stdout

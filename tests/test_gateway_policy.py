@@ -1,0 +1,227 @@
+"""Replica choice and admission as plain data: no servers."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import Counter
+
+import pytest
+
+from letsinfer.gateway import policy, protocol
+from letsinfer.gateway.admission import Admission, AdmissionLimits
+from letsinfer.gateway.errors import GatewayError
+from letsinfer.gateway.policy import RoutingPolicy
+from letsinfer.gateway.routing import Replica, RoutingTable
+
+NOW = 1000.0
+POLICY = RoutingPolicy(affinity_prefix_chars=64, affinity_min_chars=16, load_bound=1.25)
+
+
+def replica(pg: str, in_flight: int = 0, capacity: int = 100, **facts: object) -> Replica:
+    return Replica(pg, "m", f"http://{pg}", "", capacity, in_flight=in_flight, **facts)  # type: ignore[arg-type]
+
+
+def take(replicas: list[Replica], hint: int | None, exclude: frozenset[str] = frozenset()) -> str:
+    chosen = policy.choose(replicas, NOW, POLICY, hint, exclude)
+    assert chosen is not None
+    chosen.in_flight += 1
+    return chosen.pg_id
+
+
+def test_one_hot_prefix_sticks_to_one_replica_but_never_past_the_load_bound() -> None:
+    replicas = [replica("a"), replica("b"), replica("c")]
+    hot = policy.prefix_hash("You are a helpful assistant. " * 4, POLICY)
+    assert hot is not None
+    favourite = take(replicas, hot)
+    placed = Counter({favourite: 1})
+    for n in range(2, 151):  # nothing finishes: load only grows
+        placed[take(replicas, hot)] += 1
+        fair = n / len(replicas)
+        assert max(r.in_flight for r in replicas) <= math.ceil(POLICY.load_bound * fair), n
+    # The favourite holds its bounded share; the rest spill over, not to zero.
+    assert placed[favourite] == max(placed.values())
+    assert placed[favourite] <= math.ceil(1.25 * 150 / 3)
+    assert all(placed[r.pg_id] > 0 for r in replicas)
+
+
+def test_the_same_prefix_returns_to_the_same_replica_while_there_is_room() -> None:
+    replicas = [replica("a"), replica("b"), replica("c"), replica("d")]
+    prompts = [f"conversation {i}: " + "shared system prompt " * 3 for i in range(40)]
+    first = {}
+    for p in prompts:
+        first[p] = take(replicas, policy.prefix_hash(p, POLICY))
+        for r in replicas:  # each finishes before the next arrives
+            r.in_flight = 0
+    assert len(set(first.values())) == 4, "distinct prefixes spread over every replica"
+    for p in prompts:
+        assert take(replicas, policy.prefix_hash(p, POLICY)) == first[p]
+        for r in replicas:
+            r.in_flight = 0
+
+
+def test_without_a_hint_the_least_loaded_replica_wins() -> None:
+    a, b = replica("a", in_flight=3, capacity=4), replica("b", in_flight=3, capacity=8)
+    assert policy.choose([a, b], NOW, POLICY) is b  # 3/8 busy beats 3/4
+    short = policy.prefix_hash("hi", POLICY)
+    assert short is None, "prompts under the minimum match carry no hint"
+
+
+def test_fresh_facts_steer_the_choice_and_stale_ones_exclude() -> None:
+    queued = replica("queued", queue_depth=50, facts_at=NOW - 1)
+    hot = replica("hot", temperature_c=95.0, facts_at=NOW - 1)
+    busy = replica("busy", slots_free=1, facts_at=NOW - 1)  # engine says 99 of 100 busy
+    calm = replica("calm", in_flight=10, slots_free=90, temperature_c=60.0, facts_at=NOW - 1)
+    assert policy.choose([queued, hot, busy, calm], NOW, POLICY) is calm
+
+    stale = replica("stale", facts_at=NOW - POLICY.fact_max_age_s - 1)
+    loaded = replica("loaded", in_flight=90)
+    for _ in range(20):
+        hint = policy.prefix_hash("a prompt that is long enough " * 2, POLICY)
+        assert policy.choose([stale, loaded], NOW, POLICY, hint) is loaded
+    assert policy.choose([stale], NOW, POLICY) is None
+
+
+def test_paused_and_full_replicas_are_never_chosen() -> None:
+    paused = replica("paused", paused=True)
+    full = replica("full", in_flight=4, capacity=4)
+    for i in range(50):
+        hint = policy.prefix_hash(f"prompt number {i} with enough text", POLICY)
+        assert policy.choose([paused, full], NOW, POLICY, hint) is None
+    ok = replica("ok", in_flight=3, capacity=4)
+    assert policy.choose([paused, full, ok], NOW, POLICY) is ok
+    assert policy.choose([paused, full, ok], NOW, POLICY, exclude=frozenset({"ok"})) is None
+
+
+def test_the_prompt_start_covers_messages_in_order_and_prompts() -> None:
+    chat = protocol.parse(
+        b'{"model": "m", "messages": [{"role": "system", "content": "Be brief."},'
+        b'{"role": "user", "content": [{"type": "text", "text": "Hello"}]}]}',
+        protocol.ChatCompletionRequest,
+    )
+    assert protocol.prompt_start(chat, 100) == "system\nBe brief.\nuser\nHello\n"
+    assert protocol.prompt_start(chat, 6) == "system"
+    text = protocol.parse(b'{"model": "m", "prompt": ["Once upon"]}', protocol.CompletionRequest)
+    assert protocol.prompt_start(text, 100) == "Once upon"
+    embed = protocol.parse(b'{"model": "m", "input": "x"}', protocol.EmbeddingRequest)
+    assert protocol.prompt_start(embed, 100) == ""
+
+
+# -- admission ----------------------------------------------------------------
+
+
+def admission(*replicas: Replica, waiting: int = 100, wait_s: float = 30) -> Admission:
+    table = RoutingTable()
+    for r in replicas:
+        table.publish(r)
+    return Admission(table, POLICY, AdmissionLimits(waiting, wait_s))
+
+
+def test_waiters_are_served_round_robin_across_keys() -> None:
+    async def scenario() -> list[str]:
+        r = replica("a", capacity=1)
+        adm = admission(r)
+        await adm.acquire("m", "holder")
+        served: list[str] = []
+
+        async def wait(key: str) -> None:
+            got = await adm.acquire("m", key)
+            served.append(key)
+            adm.release(got)
+
+        # A busy key queues six requests before two other keys queue theirs.
+        tasks = [asyncio.create_task(wait("busy")) for _ in range(6)]
+        await asyncio.sleep(0)
+        tasks += [asyncio.create_task(wait(k)) for k in ("x", "y", "x")]
+        await asyncio.sleep(0)
+        assert adm.depth("m") == 9
+        adm.release(r)  # the holder finishes; each served request frees the next
+        await asyncio.gather(*tasks)
+        assert r.in_flight == 0 and adm.depth() == 0
+        return served
+
+    served = asyncio.run(scenario())
+    assert served[:5] == ["busy", "x", "y", "busy", "x"]
+    assert Counter(served) == {"busy": 6, "x": 2, "y": 1}
+
+
+def test_the_queue_is_bounded_in_size_and_time() -> None:
+    async def scenario() -> tuple[GatewayError, GatewayError]:
+        r = replica("a", capacity=1)
+        adm = admission(r, waiting=1, wait_s=0.05)
+        await adm.acquire("m", "k")
+        first = asyncio.create_task(adm.acquire("m", "k"))
+        await asyncio.sleep(0)
+        with pytest.raises(GatewayError) as full:
+            await adm.acquire("m", "k")
+        with pytest.raises(GatewayError) as late:
+            await first
+        assert adm.depth() == 0 and r.in_flight == 1
+        return full.value, late.value
+
+    full, late = asyncio.run(scenario())
+    assert (full.status, full.code) == (429, "queue_full") and full.headers["retry-after"]
+    assert (late.status, late.code) == (429, "queue_timeout") and late.headers["retry-after"]
+
+
+def test_waiters_get_503_when_the_last_replica_goes_and_a_new_one_serves_them() -> None:
+    async def scenario() -> None:
+        r = replica("a", capacity=1)
+        adm = admission(r)
+        await adm.acquire("m", "k")
+        doomed = asyncio.create_task(adm.acquire("m", "k"))
+        await asyncio.sleep(0)
+        adm.routing.withdraw("m", "a", "engine exited")
+        with pytest.raises(GatewayError) as gone:
+            await doomed
+        assert gone.value.status == 503 and "engine exited" in gone.value.message
+        with pytest.raises(GatewayError) as none:
+            await adm.acquire("m", "k")
+        assert none.value.status == 503
+
+        adm.routing.publish(busy := replica("b", capacity=1))
+        await adm.acquire("m", "k")
+        waiting = asyncio.create_task(adm.acquire("m", "k"))
+        await asyncio.sleep(0)
+        adm.routing.publish(fresh := replica("c", capacity=1))  # new capacity: served at once
+        assert (await waiting) is fresh
+        assert busy.in_flight == 1 and fresh.in_flight == 1
+
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_waiter_leaves_no_trace_even_when_a_slot_was_on_its_way() -> None:
+    async def scenario() -> None:
+        r = replica("a", capacity=1)
+        adm = admission(r)
+        await adm.acquire("m", "k")
+        gone = asyncio.create_task(adm.acquire("m", "k"))
+        await asyncio.sleep(0)
+        gone.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        assert adm.depth() == 0
+
+        late = asyncio.create_task(adm.acquire("m", "k"))
+        await asyncio.sleep(0)
+        adm.release(r)  # hands the slot to `late` ...
+        late.cancel()  # ... which is cancelled before it runs: the slot must come back
+        with pytest.raises(asyncio.CancelledError):
+            await late
+        assert r.in_flight == 0 and adm.depth() == 0
+
+    asyncio.run(scenario())
+
+
+def test_per_key_concurrency_is_counted_and_refused_over_the_limit() -> None:
+    adm = admission(replica("a"))
+    adm.enter_key("k", 2)
+    adm.enter_key("k", 2)
+    with pytest.raises(GatewayError) as over:
+        adm.enter_key("k", 2)
+    assert over.value.status == 429 and over.value.code == "concurrency_limit_exceeded"
+    assert adm.key_in_flight("k") == 2
+    adm.leave_key("k")
+    adm.enter_key("k", 2)
+    adm.enter_key("unlimited", None)
+    assert adm.key_in_flight("k") == 2 and adm.key_in_flight("unlimited") == 1
