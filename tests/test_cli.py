@@ -180,3 +180,26 @@ def test_invalid_config_is_refused_at_start(
     assert result.returncode == 2, result.stderr
     assert words in result.stderr
     assert not (home / "etc" / "node.json").exists(), "nothing is initialised on a bad config"
+
+
+def test_key_refusals_reach_the_audit_chain_without_secrets(main_node: RunningNode) -> None:
+    url = main_node.url + "/v1/chat/completions"
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+    for _ in range(3):
+        assert (
+            httpx.post(url, json=body, headers={"authorization": "Bearer li-guess"}).status_code
+            == 401
+        )
+    made = json.loads(
+        main_node.cli("auth", "key", "create", "narrow", "--model", "tiny", "--json").stdout
+    )
+    deadline = time.monotonic() + 10
+    while True:
+        records = json.loads(main_node.cli("audit", "list", "--json").stdout)
+        refusals = [r for r in records if r["action"] == "gateway.request"]
+        if any("invalid_api_key" in str(r["detail"]) for r in refusals):
+            break
+        assert time.monotonic() < deadline, "refusals are audited within the refresh interval"
+        time.sleep(0.3)
+    text = json.dumps(records)
+    assert "li-guess" not in text and made["key"] not in text

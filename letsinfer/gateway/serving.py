@@ -48,6 +48,9 @@ _SANE_REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:-]{1,128}$")
 _ID_PREFIX = os.urandom(8).hex()
 _ids = itertools.count(1)
 
+# Refusals of a key's use that land in the audit chain (never the key itself).
+_AUDITED = frozenset({"invalid_api_key", "concurrency_limit_exceeded"})
+
 CLIENT_GONE = 499  # nginx's status for "the client closed the connection"
 
 
@@ -209,6 +212,10 @@ class InferenceEndpoints:
         except GatewayError as err:
             ex.status = err.status
             self.gw.metrics.error(err.code or "error")
+            if err.code in _AUDITED:
+                client = scope.get("client") or ("?",)
+                who = f"key:{ex.key}" if ex.key != "-" else f"client:{client[0]}"
+                self.gw.directory.note_refusal("gateway.request", who, err.code or "")
             ex.done = True
             await err.send(send, ex.request_id)
         except ClientGone:
@@ -249,6 +256,12 @@ class InferenceEndpoints:
         ex.asked = asked if asked.isprintable() and " " not in asked else repr(asked)
         entry = gw.directory.current().names.get(parsed.model)
         if entry is None or not key.allows(entry.name):
+            if entry is not None:  # exists, but not for this key: audited, same answer
+                gw.directory.note_refusal(
+                    "gateway.request",
+                    f"key:{key.name}",
+                    f"model {entry.name} is not in the key's allowlist",
+                )
             raise unknown_model(parsed.model)
         ex.served = entry.name
         hint = None
