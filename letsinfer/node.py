@@ -34,6 +34,7 @@ from letsinfer.gateway.metrics import start_metrics_server
 from letsinfer.gateway.routing import Replica, RoutingTable
 from letsinfer.home import Home
 from letsinfer.identity import NodeIdentity
+from letsinfer.mirror.layout import MirrorLayout
 from letsinfer.planes import RunningPlane, tls_server
 from letsinfer.store import AuthorityStore
 from letsinfer.trust.material import ClusterCA, presented_fingerprint, tls_files
@@ -96,6 +97,7 @@ class MainNode:
             heartbeat_interval_s=self.settings.control.heartbeat_interval_s,
             on_facts=self.on_facts,
             model_store=self.home.model_store,
+            mirror=MirrorLayout.for_home(self.home),
         )
         fingerprint = presented_fingerprint(self.home, self.identity)
         agent = self.settings.agent

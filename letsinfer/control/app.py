@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from letsinfer import __version__
@@ -21,6 +21,8 @@ from letsinfer.authority import controllers, enrollment
 from letsinfer.authority.apikeys import create_key
 from letsinfer.authority.modelstore import artifact_path
 from letsinfer.identity import NodeIdentity
+from letsinfer.mirror.layout import MirrorLayout
+from letsinfer.mirror.serving import artifact_router
 from letsinfer.store import AuthorityStore, StoreError
 from letsinfer.trust import pki
 from letsinfer.trust.material import ClusterCA
@@ -39,6 +41,7 @@ class ControlContext:
     # (peer, its certificate, signed envelope) -> desired state; raises FactError
     on_facts: Callable[[Peer, bytes, dict[str, Any]], dict[str, Any]]
     model_store: Path
+    mirror: MirrorLayout
 
 
 class _Body(BaseModel):
@@ -165,16 +168,6 @@ def create_control_app(ctx: ControlContext) -> PeerGate:
                 actor(p), "node.facts", "denied", role=p.identity.role, detail=str(exc)
             )
             raise HTTPException(422, f"facts refused: {exc}") from exc
-
-    @app.get("/v1/agent/mirror/sha256/{digest}")
-    async def artifact(digest: str, request: Request) -> FileResponse:
-        # Read-only, by digest, with Range (Starlette) so a broken fetch resumes.
-        if len(digest) != 64 or not all(c in "0123456789abcdef" for c in digest):
-            raise HTTPException(400, "an artifact is named by its sha256")
-        path = artifact_path(ctx.model_store, digest)
-        if not path.is_file():
-            raise HTTPException(404, f"no artifact sha256:{digest}")
-        return FileResponse(path, media_type="application/octet-stream")
 
     @app.post("/v1/agent/pause")
     async def agent_pause(body: Pause, request: Request) -> dict[str, Any]:
@@ -307,6 +300,13 @@ def create_control_app(ctx: ControlContext) -> PeerGate:
     @app.get("/v1/ops/version")
     async def version(p: Annotated[Peer, Depends(need("viewer"))]) -> dict[str, str]:
         return {"version": __version__, "main": ctx.identity.name}
+
+    def model_file(digest: str) -> Path | None:
+        path = artifact_path(ctx.model_store, digest)
+        return path if path.is_file() else None
+
+    # Nodes fetch model files and imported artifacts by digest (Range resumes).
+    app.include_router(artifact_router(ctx.mirror, also=model_file), prefix="/v1/agent")
 
     def admit(p: Peer, path: str) -> str | None:
         ident = p.identity

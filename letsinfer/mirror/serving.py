@@ -8,6 +8,9 @@ listener already refuses a peer without a verified certificate.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 from fastapi import APIRouter, HTTPException
 from fastapi.responses import FileResponse
 
@@ -17,13 +20,28 @@ from letsinfer.mirror.layout import DIGEST, MirrorLayout
 ARTIFACT_ROUTE = "/mirror/sha256/{digest}"
 
 
-def artifact_router(layout: MirrorLayout) -> APIRouter:
+def artifact_router(
+    layout: MirrorLayout, also: Callable[[str], Path | None] | None = None
+) -> APIRouter:
+    """``also`` looks a digest up in another content-addressed store first (the
+    main's model store), so nodes fetch every artifact the same way."""
     router = APIRouter()
 
+    def respond(path: Path, digest: str) -> FileResponse:
+        return FileResponse(
+            path,
+            media_type="application/octet-stream",
+            # The digest names the bytes exactly: a strong validator for If-Range.
+            headers={"ETag": f'"{digest}"', "Cache-Control": "immutable"},
+        )
+
     @router.api_route(ARTIFACT_ROUTE, methods=["GET", "HEAD"])
-    def artifact(digest: str) -> FileResponse:
+    async def artifact(digest: str) -> FileResponse:
         if not DIGEST.fullmatch(digest):
             raise HTTPException(404, "not a sha256 digest")
+        other = also(digest) if also is not None else None
+        if other is not None:
+            return respond(other, digest)
         try:
             catalog = read_catalog(layout)
         except CatalogError as exc:
@@ -31,11 +49,6 @@ def artifact_router(layout: MirrorLayout) -> APIRouter:
         path = layout.blob(digest)
         if digest not in catalog.artifacts or not path.is_file():
             raise HTTPException(404, f"no artifact sha256:{digest} in this mirror")
-        return FileResponse(
-            path,
-            media_type="application/octet-stream",
-            # The digest names the bytes exactly: a strong validator for If-Range.
-            headers={"ETag": f'"{digest}"', "Cache-Control": "immutable"},
-        )
+        return respond(path, digest)
 
     return router
