@@ -36,6 +36,7 @@ from letsinfer.home import Home
 from letsinfer.identity import NodeIdentity
 from letsinfer.mirror.layout import MirrorLayout
 from letsinfer.planes import RunningPlane, tls_server
+from letsinfer.release import runtime
 from letsinfer.store import AuthorityStore
 from letsinfer.trust.material import ClusterCA, presented_fingerprint, tls_files
 from letsinfer.trust.peer import Peer, server_context
@@ -67,7 +68,12 @@ class MainNode:
         )
         self._engine_secret = engine_keys.ensure_secret(self.store)
         self.placements = PlacementRunner(
-            home.model_store, home.engine_run, self.supervisor, _ENGINE_HOST, self._pg_failed
+            home.model_store,
+            home.engine_run,
+            self.supervisor,
+            _ENGINE_HOST,
+            self._pg_failed,
+            trusted=runtime.trusted_for(home, settings.release.trusted_keys, None),
         )
         self.ledger = FactLedger()
         self.tasks = TaskBoard()
@@ -98,6 +104,7 @@ class MainNode:
             on_facts=self.on_facts,
             model_store=self.home.model_store,
             mirror=MirrorLayout.for_home(self.home),
+            release_key=runtime.ensure_cluster_key(self.home).text,
         )
         fingerprint = presented_fingerprint(self.home, self.identity)
         agent = self.settings.agent

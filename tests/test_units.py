@@ -156,3 +156,14 @@ def test_tiny_model_is_byte_for_byte_reproducible(tmp_path: Path) -> None:
     assert a[:4] == b"GGUF"
     assert hashlib.sha256(a).digest() == hashlib.sha256(b).digest()
     assert 100_000 < len(a) < 2_000_000
+
+
+def test_republishing_a_replica_keeps_the_object_requests_hold() -> None:
+    table = RoutingTable()
+    first = replica("a", 0)
+    table.publish(first)
+    first.in_flight += 1  # a request takes a slot on the published object
+    table.publish(replica("a", 0, capacity=8))  # fresh facts arrive meanwhile
+    first.in_flight -= 1  # the request gives its slot back to the object it holds
+    [current] = table.replicas("m")
+    assert current.in_flight == 0 and current.capacity == 8

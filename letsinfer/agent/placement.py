@@ -18,6 +18,9 @@ from letsinfer.agent.supervisor import EngineSupervisor
 from letsinfer.authority.modelstore import ModelFileError, artifact_path, verify_artifact
 from letsinfer.engines.launch import EngineTask, LaunchPlan, plan_llamacpp
 from letsinfer.engines.releases import Release
+from letsinfer.release import runtime
+from letsinfer.release.keys import PublicKey
+from letsinfer.release.signatures import TrustError
 
 log = logging.getLogger("letsinfer.agent")
 
@@ -35,6 +38,7 @@ class DesiredPlacement:
     threads: int = 2
     context: int = 4096
     parallel: int = 4
+    release_signature: str | None = None
 
 
 @dataclass
@@ -44,6 +48,7 @@ class PlacementRunner:
     supervisor: EngineSupervisor
     host: str
     on_failed: Callable[[str, str], None]  # (pg id, why)
+    trusted: list[PublicKey] = field(default_factory=list)  # release signers
     services: dict[str, str] = field(default_factory=dict)  # pg id -> model service
     _background: set[asyncio.Task[None]] = field(default_factory=set)
     _verified: set[str] = field(default_factory=set)
@@ -84,6 +89,11 @@ class PlacementRunner:
         self._start(d)
 
     def _start(self, d: DesiredPlacement) -> None:
+        try:
+            runtime.verify(d.release, d.release_signature, self.trusted)
+        except TrustError as exc:
+            self.on_failed(d.pg_id, f"refused to run: {exc}")
+            return
         try:
             if d.artifact_digest not in self._verified:
                 verify_artifact(self.model_store, d.artifact_digest)

@@ -30,6 +30,7 @@ from letsinfer.config import Settings
 from letsinfer.home import Home
 from letsinfer.identity import NodeIdentity, load_identity
 from letsinfer.mirror.fetching import fetch_artifact
+from letsinfer.release import runtime
 from letsinfer.store import AuthorityStore
 from letsinfer.trust import pki
 from letsinfer.trust.client import ClusterClient, PeerMismatch
@@ -90,12 +91,19 @@ class AgentNode:
             lambda status: None,  # reported to the main with the next facts
         )
         # Engines listen on this node's data address, for the main's gateway only.
+        release_pub = (
+            home.cluster_dir(identity.cluster) / "release.pub" if identity.cluster else None
+        )
+        cluster_key = (
+            release_pub.read_text().strip() if release_pub and release_pub.exists() else None
+        )
         self.placements = PlacementRunner(
             home.model_store,
             home.engine_run,
             self.supervisor,
             advertise_address(agent.api_host, agent.advertise),
             lambda pg, why: log.warning("placement group %s failed: %s", pg, why),
+            trusted=runtime.trusted_for(home, settings.release.trusted_keys, cluster_key),
         )
         self.server: Any = None  # the uvicorn server, set by the runner
         self._mtime = home.identity_file.stat().st_mtime_ns

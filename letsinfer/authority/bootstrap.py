@@ -14,6 +14,7 @@ from letsinfer.engines import releases
 from letsinfer.engines.tinymodel import DEFAULT_NAME, write_tiny_model
 from letsinfer.home import Home
 from letsinfer.identity import NodeIdentity, load_identity, save_identity
+from letsinfer.release import runtime
 from letsinfer.store import AuthorityStore, StoreError
 from letsinfer.trust.material import ensure_pairing_cert, init_main_pki, presented_fingerprint
 
@@ -32,6 +33,7 @@ def init_main(
     home.ensure()
     identity = NodeIdentity.new_main(name)
     cluster = init_main_pki(home, identity.node_id)
+    runtime.ensure_cluster_key(home)
     identity = replace(identity, cluster=cluster, main_id=identity.node_id)
     store = AuthorityStore(home.database)
     try:
@@ -55,6 +57,7 @@ def init_main(
                     node_id=identity.node_id,
                     release=release,
                     actor="up",
+                    release_signature=runtime.sign(home, release),
                 )
             issued = create_key(store, "default", actor="up")
             store.append_audit("up", "node.init", "ok", role="main", target=identity.name)

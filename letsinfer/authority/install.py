@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from letsinfer.engines import releases
@@ -112,14 +113,19 @@ def plan(
     return out
 
 
-def apply(store: AuthorityStore, p: InstallPlan, actor: str = "cli") -> list[str]:
+def apply(
+    store: AuthorityStore, p: InstallPlan, sign: Callable[[Release], str], actor: str = "cli"
+) -> list[str]:
+    """``sign`` gives the release signature the main stores with a new release."""
     created = []
     with store.transaction():
         for pl in p.placements:
             if pl.replaces:
                 store.delete_placement_group(pl.replaces)
             r = pl.release
-            store.ensure_release(r.id, r.engine, r.version, r.target, r.artifacts, r.launch)
+            store.ensure_release(
+                r.id, r.engine, r.version, r.target, r.artifacts, r.launch, sign(r)
+            )
             pg = store.add_placement_group(
                 f"pg-{uuid.uuid4().hex[:12]}", p.service, pl.node.id, r.id, r.target, pl.gpus
             )

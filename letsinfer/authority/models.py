@@ -30,6 +30,7 @@ def add_gguf_model(
     release: Release,
     aliases: tuple[str, ...] = (),
     actor: str = "cli",
+    release_signature: str | None = None,
 ) -> tuple[ServiceRecord, PlacementGroupRecord | None]:
     """Check and store the file, then record the service and its first PG atomically."""
     check_model_name(name)
@@ -46,6 +47,7 @@ def add_gguf_model(
             release.target,
             release.artifacts,
             release.launch,
+            release_signature,
         )
         svc = store.add_service(name, artifact.digest, artifact.size, "gguf", str(source), aliases)
         pg = None

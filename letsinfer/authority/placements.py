@@ -39,6 +39,7 @@ def desired_for_node(store: AuthorityStore, node_id: str, secret: bytes) -> list
                 release=release_of(rel),
                 engine_key=engine_keys.derive(secret, pg.id, "0"),
                 gpu_uuids=tuple(store.pg_gpus(pg.id)),
+                release_signature=rel["signature"],
             )
         )
     return out
@@ -62,4 +63,5 @@ def from_wire(data: dict[str, Any], threads: int, context: int, parallel: int) -
         threads=threads,
         context=context,
         parallel=parallel,
+        release_signature=data.get("release_signature"),
     )

@@ -13,6 +13,7 @@ from letsinfer.cli import cli
 from letsinfer.cli.output import console, emit
 from letsinfer.cli.scope import CliContext, scoped
 from letsinfer.engines import releases
+from letsinfer.release import runtime
 from letsinfer.store import AuthorityStore, StoreError
 
 
@@ -113,6 +114,7 @@ def add_model(
             node_id=None if no_serve else ctx.identity.node_id,
             release=release,
             aliases=aliases,
+            release_signature=runtime.sign(ctx.home, release),
         )
     finally:
         store.close()
@@ -226,7 +228,7 @@ def install(
                 f"{name} already runs on {', '.join(p.node.name for p in plan.replacing)}; "
                 "pass --replace-existing to replace it. Nothing changed."
             )
-        created = install_mod.apply(store, plan)
+        created = install_mod.apply(store, plan, lambda r: runtime.sign(ctx.home, r))
     finally:
         store.close()
     console.print(f"{len(created)} placement group(s) created: {', '.join(created)}")

@@ -42,6 +42,7 @@ class ControlContext:
     on_facts: Callable[[Peer, bytes, dict[str, Any]], dict[str, Any]]
     model_store: Path
     mirror: MirrorLayout
+    release_key: str  # the cluster's release-signing public key, for new nodes
 
 
 class _Body(BaseModel):
@@ -130,6 +131,7 @@ def create_control_app(ctx: ControlContext) -> PeerGate:
             raise HTTPException(exc.status, str(exc)) from exc
         return {
             "node_id": rec.candidate_id,
+            "release_key": ctx.release_key,
             "certificate": cert.decode(),
             "ca": ctx.ca.pem,
             "main_id": ctx.identity.node_id,

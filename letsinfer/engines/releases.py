@@ -6,6 +6,7 @@ always means the same engine build.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
@@ -33,8 +34,10 @@ def xllamacpp_cpu() -> Release:
 
 
 def llama_server(binary: str, target: str = "cpu") -> Release:
+    # The binary is part of what runs: another path is another release.
+    tag = hashlib.sha256(binary.encode()).hexdigest()[:8]
     return Release(
-        id=f"llama.cpp-llama-server-{target}",
+        id=f"llama.cpp-llama-server-{target}-{tag}",
         engine="llama-server",
         version="local",
         target=target,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 
 @dataclass(eq=False)
@@ -75,15 +75,19 @@ class RoutingTable:
             self._changed(service)
 
     def publish(self, replica: Replica) -> None:
-        """Add or update a replica; its in-flight count carries over, since
-        requests already sent to it are still running."""
+        """Add or update a replica. An update changes the published object in
+        place: requests in flight hold that object and give their slot back to
+        it, so replacing it would leak their count."""
         self._not_ready.get(replica.service, {}).pop(replica.pg_id, None)
-        current = self._by_service.setdefault(replica.service, {}).get(replica.pg_id)
-        if current is not None:
-            replica.in_flight = current.in_flight
         if replica.node_id in self._paused_nodes:
             replica.paused = True
-        self._by_service[replica.service][replica.pg_id] = replica
+        current = self._by_service.setdefault(replica.service, {}).get(replica.pg_id)
+        if current is None:
+            self._by_service[replica.service][replica.pg_id] = replica
+        else:
+            for f in fields(Replica):
+                if f.name != "in_flight":
+                    setattr(current, f.name, getattr(replica, f.name))
         self._changed(replica.service)
 
     def withdraw(self, service: str, pg_id: str, reason: str) -> None:

@@ -414,10 +414,13 @@ class AuthorityStore:
         target: str,
         artifacts: dict[str, str],
         launch: dict[str, Any],
+        signature: str | None = None,
     ) -> None:
+        """Record a release once; an id never changes meaning."""
         self.db.execute(
             "INSERT OR IGNORE INTO runtime_releases"
-            "(id, engine, version, target, artifacts, launch, created_at) VALUES (?,?,?,?,?,?,?)",
+            "(id, engine, version, target, artifacts, launch, signature, created_at) "
+            "VALUES (?,?,?,?,?,?,?,?)",
             (
                 release_id,
                 engine,
@@ -425,6 +428,7 @@ class AuthorityStore:
                 target,
                 json.dumps(artifacts, sort_keys=True),
                 json.dumps(launch, sort_keys=True),
+                signature,
                 time.time(),
             ),
         )

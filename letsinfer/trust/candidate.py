@@ -135,6 +135,8 @@ def accept(
     shutil.rmtree(staging, ignore_errors=True)
     pki.write_pem(staging / "ca.crt", req.ca_pem.encode())
     pki.write_pem(staging / "node.crt", pki.cert_pem(cert))
+    if resp.json().get("release_key"):  # what vouches for the main's runtime releases
+        (staging / "release.pub").write_text(resp.json()["release_key"] + "\n")
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
     previous = load_identity(home.identity_file)
