@@ -92,6 +92,11 @@ class Home:
         return self.var / "enrollment"
 
     @property
+    def move_window(self) -> Path:
+        """Set by `node move-into`: which other main may adopt this node, until when."""
+        return self.var / "move-into.json"
+
+    @property
     def controller_dir(self) -> Path:
         """On an operator's workstation: the controller key and certificate."""
         return self.etc / "controller"

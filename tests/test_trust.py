@@ -4,6 +4,7 @@ pinned enrollment, mutual TLS, and every refusal a user should see."""
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Iterator
 
 import pytest
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.skipif(not can_make_namespaces(), reason="needs root (n
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    lab = NetLab(["main", "n1", "n2", "other"]).up()
+    lab = NetLab(["main", "n1", "n2", "other", "second"]).up()
     c = Cluster(lab, tmp_path_factory.mktemp("trust"))
     try:
         c.ok("main", "node", "init", "--main", "--name", "main")
@@ -91,8 +92,8 @@ def test_refusals_are_clear_and_audited(cluster: Cluster) -> None:
 
     # A second main never adopts an enrolled node silently.
     n1_fp = json.loads(c.ok("n1", "status", "--json"))[0]
-    second = c.root / "second"
-    c.ok("other", "node", "init", "--main", "--name", "second", home="second")
+    second = c.root / "adopter"
+    c.ok("other", "node", "init", "--main", "--name", "second", home="adopter")
     from letsinfer.trust import pki
 
     n1_cert = next((c.home("n1") / "etc/clusters").glob("*/node.crt"))
@@ -104,7 +105,7 @@ def test_refusals_are_clear_and_audited(cluster: Cluster) -> None:
         f"{c.lab.hosts['n1']}:8444",
         "--fingerprint",
         pki.fingerprint(pki.load_cert(n1_cert.read_bytes())),
-        home="second",
+        home="adopter",
     )
     assert adopt.returncode == 1 and "already belongs to a cluster" in adopt.stderr
     assert "move-into" in adopt.stderr
@@ -290,3 +291,72 @@ print(json.dumps(packets))
     for forbidden in (b"li-", b"tiny", b"BEGIN", b"token", b"key=", b"models"):
         assert forbidden not in wire, forbidden
     assert b"role=main" in wire and b"gateway=http://" in wire, wire
+
+
+def test_moving_a_child_is_explicit_and_atomic(cluster: Cluster) -> None:
+    c = cluster
+    from letsinfer.trust import pki
+
+    c.ok("second", "node", "init", "--main", "--name", "second")
+    c.up("second")
+    second = f"{c.lab.hosts['second']}:8443"
+    n1_cert = next((c.home("n1") / "etc/clusters").glob("*/node.crt"))
+    fp = pki.fingerprint(pki.load_cert(n1_cert.read_bytes()))
+    before = json.loads((c.home("n1") / "etc/node.json").read_text())
+    models_before = sorted(
+        p.name for p in (c.home("n1") / "var").rglob("*") if p.is_file() and "models" in p.parts
+    )
+
+    def offer() -> str:
+        out = c.ok(
+            "second",
+            "node",
+            "add",
+            "--address",
+            f"{c.lab.hosts['n1']}:8444",
+            "--fingerprint",
+            fp,
+            home="second",
+        )
+        return out.split("letsinfer node accept ")[1].split()[0]
+
+    c.ok("n1", "node", "move-into", "--main", second)
+    request_id = offer()
+
+    # Interrupted: the new main is gone when the node accepts. Nothing moves.
+    proc = c.procs.pop("second")
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+    failed = c.cli("n1", "node", "accept", request_id)
+    assert failed.returncode == 1 and "cannot reach the main" in failed.stderr
+    assert json.loads((c.home("n1") / "etc/node.json").read_text()) == before
+    assert n1_cert.exists()
+    c.wait(
+        lambda: (
+            next(
+                n for n in json.loads(c.ok("main", "node", "list", "--json")) if n["name"] == "n1"
+            )["state"]
+            == "active"
+        ),
+        "n1 still in its cluster",
+    )
+
+    # Completed: a new request, accepted; certificates and authority replaced,
+    # model data kept.
+    c.up("second")
+    c.ok("n1", "node", "accept", offer())
+    after = json.loads((c.home("n1") / "etc/node.json").read_text())
+    assert after["main_address"] == second and after["cluster"] != before["cluster"]
+    assert after["node_id"] == before["node_id"]
+    assert not n1_cert.exists(), "the old cluster's certificate is gone"
+    models_after = sorted(
+        p.name for p in (c.home("n1") / "var").rglob("*") if p.is_file() and "models" in p.parts
+    )
+    assert models_after == models_before
+    c.wait(
+        lambda: any(
+            n["name"] == "n1" and n["state"] == "active"
+            for n in json.loads(c.ok("second", "node", "list", "--json", home="second"))
+        ),
+        "n1 reporting to its new main",
+    )

@@ -40,7 +40,7 @@ class EnrollRequest(BaseModel):
 
 
 def adoption_window(home: Home) -> dict[str, Any] | None:
-    path = home.enrollment_dir / "move-into.json"
+    path = home.move_window
     if not path.exists():
         return None
     window = json.loads(path.read_text())

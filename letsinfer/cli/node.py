@@ -259,7 +259,7 @@ def accept(ctx: CliContext, request_id: str) -> None:
         store.close()
     if was_main:
         _retire_authority(ctx)
-    (ctx.home.enrollment_dir / "move-into.json").unlink(missing_ok=True)
+    (ctx.home.move_window).unlink(missing_ok=True)
     console.print(
         f"this node is now a child of [bold]{req.main_name}[/bold] "
         f"({req.main_address}); a running node switches within a second"
@@ -413,7 +413,7 @@ def move_into(ctx: CliContext, main_address: str, window: float) -> None:
             store.append_audit("cli", "node.move-into", "denied", target=main_address, detail=why)
             raise click.ClickException(f"cannot move this node: {why}")
         ctx.home.enrollment_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        (ctx.home.enrollment_dir / "move-into.json").write_text(
+        (ctx.home.move_window).write_text(
             json.dumps({"main": main_address, "until": time.time() + window})
         )
         store.append_audit("cli", "node.move-into", "ok", target=main_address)
