@@ -55,7 +55,8 @@ class Cluster:
         return result.stdout
 
     def up(self, name: str) -> None:
-        log = (self.root / f"{name}.log").open("w")
+        log_path = self.root / f"{name}.log"
+        log = log_path.open("w")
         proc = self.lab.popen(
             name,
             PY,
@@ -70,10 +71,18 @@ class Cluster:
             stdin=subprocess.DEVNULL,
         )
         assert proc.stdout is not None
+        listeners = 1
         for line in proc.stdout:
+            if line.startswith("letsinfer main node"):
+                listeners = 3  # control, agent and gateway
             if line.startswith("Ctrl-C"):
                 break
         self.procs[name] = proc
+        # The banner comes before the listeners bind: wait for them.
+        self.wait(
+            lambda: log_path.read_text().count("Uvicorn running on") >= listeners,
+            f"{name} listening",
+        )
 
     def wait(self, predicate: object, what: str, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout
