@@ -41,6 +41,14 @@ def cli(ctx: click.Context, home: str | None) -> None:
 
 
 def main() -> None:
-    from letsinfer.cli import audit, auth, model, status, up  # noqa: F401  (registers commands)
+    from letsinfer.cli import (  # noqa: F401  (registers commands)
+        audit,
+        auth,
+        fleet,
+        model,
+        service,
+        status,
+        up,
+    )
 
     cli(prog_name="letsinfer")
