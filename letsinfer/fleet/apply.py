@@ -160,7 +160,10 @@ def apply(
     on_event: Callable[[Progress], None] | None = None,
 ) -> ApplyResult:
     """Run ``playbook`` against ``inventory``; ``on_event`` sees the progress after each event."""
-    import ansible_runner
+    try:
+        import ansible_runner
+    except ImportError:
+        raise FleetError("letsinfer fleet needs Ansible: pip install 'letsinfer[fleet]'") from None
 
     if not inventory.exists():
         raise FleetError(f"no inventory at {inventory}")
@@ -175,7 +178,9 @@ def apply(
     if cfg is not None:
         envvars["ANSIBLE_CONFIG"] = str(cfg)
     bindir = str(Path(_binary("ansible-playbook")).parent)
-    envvars["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
+    path = os.environ.get("PATH", "")
+    if bindir not in path.split(os.pathsep):  # ansible-runner looks ansible-playbook up here
+        os.environ["PATH"] = bindir + os.pathsep + path
 
     def handler(event: dict[str, Any]) -> bool:
         progress.feed(event)
@@ -191,10 +196,12 @@ def apply(
             extravars=dict(extravars or {}),
             cmdline=" ".join(cmdline) or None,
             envvars=envvars,
-            binary=_binary("ansible-playbook"),
             project_dir=str(playbook.parent),
             event_handler=handler,
             quiet=True,
             suppress_env_files=True,
         )
+        if not progress.hosts and runner.rc != 0:  # ansible failed before any host ran
+            output = runner.stdout.read() if runner.stdout else ""
+            progress.failures.append(("-", "ansible-playbook", output.strip()[-3000:]))
     return ApplyResult(rc=int(runner.rc), status=str(runner.status), progress=progress)

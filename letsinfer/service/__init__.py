@@ -14,13 +14,14 @@ from __future__ import annotations
 import fcntl
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import httpx
 
 from letsinfer.home import Home
 
@@ -69,11 +70,13 @@ def _tail(path: Path, lines: int = 15) -> str:
         return ""
 
 
-def _listening(host: str, port: int) -> bool:
+def _gateway_answers(host: str, port: int) -> bool:
+    """Whether a letsinfer gateway answers /health there (200 or 503 both count):
+    an open port alone could be another program's."""
     try:
-        with socket.create_connection((host, port), timeout=1):
-            return True
-    except OSError:
+        reply = httpx.get(f"http://{host}:{port}/health", timeout=2)
+        return isinstance(reply.json(), dict) and "status" in reply.json()
+    except (httpx.HTTPError, ValueError):
         return False
 
 
@@ -86,7 +89,7 @@ def start(
     timeout: float = 60.0,
 ) -> ServiceState:
     """Start ``letsinfer up`` detached; return once it holds the pid lock and its
-    gateway accepts connections. Raises ServiceError (with the log's tail) if the
+    gateway answers. Raises ServiceError (with the log's tail) if the
     node exits or does not come up within ``timeout`` seconds."""
     current = status(home)
     if current.running:
@@ -120,13 +123,13 @@ def start(
                 f"letsinfer up exited with status {code}; the end of {log}:\n" + _since(log, offset)
             )
         pid = running_pid(home)
-        if pid == proc.pid and _listening(probe, port):
+        if pid == proc.pid and _gateway_answers(probe, port):
             return ServiceState(running=True, pid=pid, log=log)
         if time.monotonic() > deadline:
             proc.kill()
             proc.wait()
             raise ServiceError(
-                f"letsinfer up did not listen on {probe}:{port} within {timeout:.0f}s; "
+                f"letsinfer up did not answer on {probe}:{port} within {timeout:.0f}s; "
                 f"the end of {log}:\n" + _since(log, offset)
             )
         time.sleep(0.1)

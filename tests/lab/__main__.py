@@ -4,7 +4,8 @@
     python -m tests.lab down --state FILE
 
 ``up`` prints the lab as JSON (hosts, addresses, key, controller namespace)
-and writes it to FILE; ``down`` reads FILE and removes everything.
+and writes it to FILE (a lab still recorded there is taken down first);
+``down`` reads FILE and removes everything.
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     down.add_argument("--state", type=Path, required=True)
     args = parser.parse_args(argv)
     if args.command == "up":
-        if args.state.exists():
-            print(f"a lab is already recorded in {args.state}; take it down first", file=sys.stderr)
-            return 1
+        if args.state.exists():  # left by a run that was killed: take it down first
+            Lab.load(args.state).down()
+            args.state.unlink()
         lab = lab_up(args.hosts, args.dir, args.prefix)
         lab.save(args.state)
         if args.instance_config:

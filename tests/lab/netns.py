@@ -8,7 +8,8 @@ Layout of one lab (prefix ``P``, a fresh name per run so two runs never collide)
   an address from ``SUBNET`` (private, used only inside these namespaces), its
   own sshd (key login only, ``UsePAM no``, ``internal-sftp``) started inside a
   new mount and UTS namespace with overlayfs over ``/etc``, ``/var/lib`` and
-  ``/opt`` and a tmpfs on ``/run``, so the machine's real files are untouched;
+  ``/opt`` (their upper layers on a tmpfs private to that namespace) and a
+  tmpfs on ``/run``, so the machine's real files are untouched;
 - ``Pctl``: the controller's hop (no sshd): Ansible on the root namespace
   reaches hosts with ``ProxyCommand="ip netns exec Pctl nc %h %p"``. It is not
   a cluster member, so it is also the "outsider" that firewall checks use.
@@ -208,10 +209,14 @@ Subsystem sftp internal-sftp
 
 _HOST_INIT = """\
 set -eu
+# the host's own files live in a tmpfs that exists only in its mount namespace:
+# gone, instantly, when its last process is killed
+mkdir -p "{workdir}/fs"
+mount -t tmpfs -o mode=0755 "lab-{name}-fs" "{workdir}/fs"
 for d in {overlaid}; do
-  mkdir -p "{workdir}/upper/$d" "{workdir}/work/$d"
+  mkdir -p "{workdir}/fs/upper/$d" "{workdir}/fs/work/$d"
   mount -t overlay "lab-{name}" \
-    -o "lowerdir=/$d,upperdir={workdir}/upper/$d,workdir={workdir}/work/$d" "/$d"
+    -o "lowerdir=/$d,upperdir={workdir}/fs/upper/$d,workdir={workdir}/fs/work/$d" "/$d"
 done
 mount -t tmpfs -o mode=0755 "lab-{name}-run" /run
 mkdir -p /run/sshd

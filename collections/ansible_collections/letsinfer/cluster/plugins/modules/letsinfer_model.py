@@ -16,7 +16,7 @@ description:
     C(letsinfer model add) when it is missing. The file is checked, hashed
     and copied into the node's model store by letsinfer itself.
   - A model that exists with other aliases is reported as an error, not
-    changed: letsinfer has no command to change aliases yet.
+    changed, since letsinfer has no command to change aliases yet.
 extends_documentation_fragment:
   - action_common_attributes
 attributes:
