@@ -63,7 +63,9 @@ def connect(
 
 
 def render_config(s: OnboardSettings) -> str:
-    """The same config.toml the node role's template writes."""
+    """config.toml with the gateway's address and port (and engine threads when
+    given); everything else keeps letsinfer's defaults, as with the node role's
+    default variables."""
     lines = [
         "# written by letsinfer node add --ssh",
         "",
