@@ -84,7 +84,8 @@ class FakeNode:
             if args[1:] == ["requests", "--json"]:
                 return 0, json.dumps(self.requests), ""
             if args[1] == "add":
-                return 0, json.dumps({"id": "r1", "address": args[3]}), ""
+                pinned = args[args.index("--fingerprint") + 1] if "--fingerprint" in args else None
+                return 0, json.dumps({"id": "r1", "address": args[3], "pinned": pinned}), ""
             if args[1] == "accept":
                 self.state.update(role="child", main="10.0.0.1:8443")
                 return 0, "", ""
@@ -197,7 +198,8 @@ def test_enrollment_accepts_only_the_main_s_request(exe: str) -> None:
 def test_enrollment_request_is_sent_once(exe: str) -> None:
     fake = FakeNode(initialised=True, running=True, role="main")
     enrollment = Enrollment(LetsinferCli(fake, exe))
-    assert enrollment.request("10.0.0.2:8444")["changed"] is True
+    sent = enrollment.request("10.0.0.2:8444", fingerprint="sha256:ab12")
+    assert sent["changed"] is True and sent["request"]["pinned"] == "sha256:ab12"
     fake.nodes = [{"name": "n1", "address": "10.0.0.2:8444"}]
     assert enrollment.request("10.0.0.2:8444")["changed"] is False
 

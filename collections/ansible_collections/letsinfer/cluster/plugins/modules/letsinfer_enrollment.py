@@ -42,6 +42,11 @@ options:
       - With O(state=accepted), the main's address; only a request from it is accepted.
     type: str
     required: true
+  fingerprint:
+    description:
+      - With O(state=requested), the candidate's certificate fingerprint (its
+        C(letsinfer status)); the request is pinned to it (C(--fingerprint)).
+    type: str
   executable:
     description: Path of the C(letsinfer) command on the host.
     type: path
@@ -112,7 +117,7 @@ class Enrollment:
                 "with the trust layer"
             ) from exc
 
-    def request(self, address):
+    def request(self, address, fingerprint=None):
         """On the main: request enrollment of the candidate at ``address``."""
         self._require()
         status = self.cli.status()
@@ -124,7 +129,10 @@ class Enrollment:
             return {"changed": False, "role": "main"}
         request = {"address": address}
         if not self.check_mode:
-            request = self.cli.json("node", "add", "--address", address, "--json")
+            args = ["node", "add", "--address", address, "--json"]
+            if fingerprint:
+                args += ["--fingerprint", fingerprint]
+            request = self.cli.json(*args)
         return {"changed": True, "role": "main", "request": request}
 
     def accept(self, main_address):
@@ -161,6 +169,7 @@ def main():
         argument_spec={
             "state": {"type": "str", "required": True, "choices": ["requested", "accepted"]},
             "address": {"type": "str", "required": True},
+            "fingerprint": {"type": "str"},
             "executable": {"type": "path", "default": "/opt/letsinfer/current/bin/letsinfer"},
             "home": {"type": "path"},
         },
@@ -173,7 +182,7 @@ def main():
     enrollment = Enrollment(cli, module.check_mode)
     try:
         if p["state"] == "requested":
-            result = enrollment.request(p["address"])
+            result = enrollment.request(p["address"], p["fingerprint"])
         else:
             result = enrollment.accept(p["address"])
     except EnrollmentError as exc:
