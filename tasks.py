@@ -2,26 +2,52 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
 import sys
+import tarfile
+import tempfile
+from pathlib import Path
 
 from invoke import Context, Exit, task
+from invoke.exceptions import UnexpectedExit
 
 PY = sys.executable
-# Debian packages the tests need (later issues add ssh, nftables, ...).
-# nginx: the gateway benchmark's baseline (its short mode runs in the tests).
-TEST_SYSTEM_PACKAGES: list[str] = ["nginx"]
+BIN = Path(PY).parent
+ROOT = Path(__file__).resolve().parent
+COLLECTION = ROOT / "collections" / "ansible_collections" / "letsinfer" / "cluster"
+BUILD = ROOT / "build"
+# Debian packages the tests need: the lab's hosts (sshd, nft, nc; ip and nsenter).
+TEST_SYSTEM_PACKAGES: list[str] = [
+    "openssh-server",
+    "nftables",
+    "netcat-openbsd",
+    "iproute2",
+    "util-linux",
+    "curl",
+    "nginx",  # the gateway benchmark's baseline (its short mode runs in the tests)
+]
+
+
+def _installed(package: str) -> bool:
+    probe = subprocess.run(
+        ["dpkg-query", "-W", "-f=${Status}", package], capture_output=True, text=True
+    )
+    return probe.returncode == 0 and probe.stdout.strip() == "install ok installed"
+
+
+def _env() -> dict[str, str]:
+    """Tools from this venv first (molecule calls ansible-config, ansible-playbook)."""
+    return {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 
 @task
 def system_packages(c: Context) -> None:
     """Install the Debian packages the test suite needs (as root, when missing)."""
-    # Some binaries live in /usr/sbin, which a non-root PATH may lack.
-    missing = [
-        p
-        for p in TEST_SYSTEM_PACKAGES
-        if shutil.which(p) is None and shutil.which(p, path="/usr/sbin:/sbin") is None
-    ]
+    if shutil.which("dpkg-query") is None:
+        return
+    missing = [p for p in TEST_SYSTEM_PACKAGES if not _installed(p)]
     if not missing:
         return
     c.run("apt-get update -qq", hide="out")
@@ -35,17 +61,95 @@ def lint(c: Context) -> None:
     c.run(f"{PY} -m ruff format --check .")
 
 
-@task(pre=[system_packages, lint], help={"k": "only tests matching this expression"})
+@task
+def ansible_lint(c: Context) -> None:
+    """ansible-lint (production profile) over playbooks, roles, collection, molecule."""
+    c.run(f"{BIN}/ansible-lint --offline -q", env=_env())
+
+
+@task
+def collection(c: Context) -> None:
+    """Build the letsinfer.cluster artifact into build/collection, roles copied in.
+
+    The roles live once, in ./roles; the collection reaches them through a link
+    that ansible-galaxy would skip, so the build works on a copy with the link
+    replaced by the real directories."""
+    out = BUILD / "collection"
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        staged = Path(tmp) / "cluster"
+        shutil.copytree(COLLECTION, staged, symlinks=False)  # follows the roles link
+        c.run(
+            f"{BIN}/ansible-galaxy collection build {staged} --output-path {out} --force",
+            env=_env(),
+            hide="out",
+        )
+    version = next(
+        line.split(":", 1)[1].strip()
+        for line in (COLLECTION / "galaxy.yml").read_text().splitlines()
+        if line.startswith("version:")
+    )
+    artifact = out / f"letsinfer-cluster-{version}.tar.gz"
+    with tarfile.open(artifact) as tar:
+        names = set(tar.getnames())
+    wanted = {f"roles/{r.name}/tasks/main.yml" for r in (ROOT / "roles").iterdir()}
+    wanted |= {f"roles/{r.name}/meta/argument_specs.yml" for r in (ROOT / "roles").iterdir()}
+    wanted.add("plugins/modules/letsinfer_node.py")
+    missing = sorted(wanted - names)
+    if missing:
+        raise Exit(f"{artifact} lacks {', '.join(missing)}", code=1)
+    print(f"built {artifact.relative_to(ROOT)} ({len(names)} entries, roles included)")
+
+
+@task
+def wheelhouse(c: Context) -> None:
+    """Wheels of this checkout and its dependencies for the lab (build/lab/wheelhouse.tar)."""
+    from tests.lab.wheelhouse import build
+
+    print(build(BUILD / "lab"))
+
+
+@task
+def molecule(c: Context) -> None:
+    """molecule test of the lab scenario, molecule/default (root; hosts are namespaces)."""
+    from tests.lab.netns import new_prefix
+
+    wheels = BUILD / "lab" / "wheelhouse.tar"
+    if not wheels.exists():
+        wheelhouse(c)
+    env = {**_env(), "LETSINFER_LAB_PREFIX": new_prefix(), "LETSINFER_LAB_WHEELHOUSE": str(wheels)}
+    c.run(f"{BIN}/molecule test", env=env)
+
+
+@task(
+    pre=[system_packages, lint, ansible_lint, collection],
+    help={"k": "only tests matching this expression (skips molecule)"},
+)
 def test(c: Context, k: str = "") -> None:
-    """The whole test suite (what .ci/run runs)."""
+    """The whole test suite (what .ci/run runs): molecule's lab scenario, then pytest."""
+    env = _env()
+    lab = os.geteuid() == 0
+    molecule_failed = False
+    if lab:
+        wheelhouse(c)
+        env["LETSINFER_LAB_WHEELHOUSE"] = str(BUILD / "lab" / "wheelhouse.tar")
+        if not k:
+            try:
+                molecule(c)
+            except UnexpectedExit:
+                molecule_failed = True  # pytest still runs; the task fails below
+    else:
+        print("molecule's lab scenario and the lab tests need root: skipped", file=sys.stderr)
     selector = f" -k '{k}'" if k else ""
-    result = c.run(f"{PY} -m pytest{selector}", warn=True, pty=False)
+    result = c.run(f"{PY} -m pytest{selector}", warn=True, pty=False, env=env)
     assert result is not None
     if result.exited == 5:  # pytest: nothing collected
         print("no tests were collected", file=sys.stderr)
         raise Exit(code=1)
     if result.exited:
         raise Exit(code=result.exited)
+    if molecule_failed:
+        raise Exit("molecule test of the lab scenario failed (output above)", code=1)
 
 
 @task(

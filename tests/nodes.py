@@ -21,6 +21,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def loopback_env(gateway_port: int) -> dict[str, str]:
+    """A node on this machine for a test: every plane on loopback with its own
+    port, and no mDNS on the machine's real links."""
+    return {
+        "LETSINFER_GATEWAY__HOST": "127.0.0.1",
+        "LETSINFER_GATEWAY__PORT": str(gateway_port),
+        "LETSINFER_CONTROL__HOST": "127.0.0.1",
+        "LETSINFER_CONTROL__PORT": str(free_port()),
+        "LETSINFER_AGENT__API_HOST": "127.0.0.1",
+        "LETSINFER_AGENT__API_PORT": str(free_port()),
+        "LETSINFER_GATEWAY__METRICS_PORT": "0",
+        "LETSINFER_DISCOVERY__ENABLED": "false",
+    }
+
+
 def processes_using(path: Path) -> list[int]:
     """PIDs whose command line mentions ``path`` (engines carry their model path)."""
     needle = str(path).encode()
@@ -110,16 +125,7 @@ def start_node(
 ) -> RunningNode:
     port = free_port()
     log_path = home.parent / f"{home.name}.log"
-    # Every plane on loopback with its own port; no mDNS on the machine's links.
-    env = {
-        "PYTHONUNBUFFERED": "1",
-        "LETSINFER_CONTROL__HOST": "127.0.0.1",
-        "LETSINFER_CONTROL__PORT": str(free_port()),
-        "LETSINFER_AGENT__API_HOST": "127.0.0.1",
-        "LETSINFER_AGENT__API_PORT": str(free_port()),
-        "LETSINFER_DISCOVERY__ENABLED": "false",
-        **(env or {}),
-    }
+    env = {"PYTHONUNBUFFERED": "1", **loopback_env(port), **(env or {})}
     proc = subprocess.Popen(
         [
             sys.executable,

@@ -36,7 +36,7 @@ from letsinfer.mirror.serving import artifact_router
 from letsinfer.release.keys import generate, load_private
 from letsinfer.release.signatures import sign_bytes
 from letsinfer.store import AuthorityStore
-from tests.nodes import RunningNode, free_port, letsinfer
+from tests.nodes import RunningNode, free_port, letsinfer, loopback_env
 
 Entries = list[tuple[tarfile.TarInfo, bytes]]
 
@@ -628,7 +628,7 @@ def start_installed_node(letsinfer_bin: Path, home: Path, cwd: Path) -> RunningN
         stdin=subprocess.DEVNULL,
         text=True,
         cwd=cwd,
-        env={**offline_env(), "PYTHONUNBUFFERED": "1"},
+        env={**offline_env(), "PYTHONUNBUFFERED": "1", **loopback_env(port)},
     )
     node = RunningNode(home=home, port=port, proc=proc, banner=[], log_path=log_path)
     assert proc.stdout is not None

@@ -11,7 +11,7 @@ from pathlib import Path
 import openai
 
 from letsinfer.engines.tinymodel import SENTENCE
-from tests.nodes import free_port, processes_using
+from tests.nodes import free_port, loopback_env, processes_using
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,13 +31,8 @@ def test_readme_first_command_brings_up_a_serving_main_node(tmp_path: Path) -> N
     first, _ = readme_commands()
     port = free_port()
     home = tmp_path / "home"
-    env = {
-        **os.environ,
-        "LETSINFER_HOME": str(home),
-        "LETSINFER_GATEWAY__HOST": "127.0.0.1",
-        "LETSINFER_GATEWAY__PORT": str(port),
-        "PYTHONUNBUFFERED": "1",
-    }
+    # The README's command as is; only the home and the listeners are confined.
+    env = {**os.environ, "LETSINFER_HOME": str(home), "PYTHONUNBUFFERED": "1", **loopback_env(port)}
     proc = subprocess.Popen(
         ["bash", "-c", first],
         cwd=ROOT,

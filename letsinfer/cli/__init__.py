@@ -46,10 +46,12 @@ def main() -> None:
         auth,
         bundle,
         controller,
+        fleet,
         mirror,
         model,
         node,
         release,
+        service,
         status,
         up,
     )

@@ -1,0 +1,171 @@
+"""``letsinfer service``: run this node in the background without systemd.
+
+Where systemd runs, use its unit (the Ansible ``node`` role installs one); on
+machines without it this is letsinfer's own supervisor: a detached
+``letsinfer up`` with its output in ``<var>/logs/node.log``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from letsinfer import config, service
+from letsinfer.authority.bootstrap import init_main
+from letsinfer.cli import cli
+from letsinfer.cli.output import console
+from letsinfer.cli.scope import CliContext, scoped
+
+
+def _home_option() -> str | None:
+    value = click.get_current_context().find_root().params.get("home")
+    return str(value) if value else None
+
+
+def _raise(exc: service.ServiceError) -> None:
+    raise click.ClickException(str(exc)) from exc
+
+
+@cli.group("service")
+def service_group() -> None:
+    """Start, stop and inspect this node in the background (no systemd needed)."""
+
+
+@scoped(service_group, "init", scope="all")
+@click.option("--name", help="This node's name (default: the host name).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+def init(ctx: CliContext, name: str | None, as_json: bool) -> None:
+    """Make a fresh home the main node without starting it; prints the first API key once.
+
+    A home that already belongs to a node is left as it is (exit 0). Use it
+    before handing the node to systemd, whose journal should never hold a key.
+    """
+    api_key = None
+    identity = ctx.identity
+    if identity is None:
+        settings = config.load(ctx.home.config_file)
+        identity, api_key = init_main(ctx.home, settings, name=name)
+    info = {
+        "initialised": api_key is not None,
+        "node_id": identity.node_id,
+        "name": identity.name,
+        "role": identity.role,
+        "api_key": api_key,
+    }
+    if as_json:
+        click.echo(json.dumps(info))
+        return
+    if api_key is None:
+        console.print(f"already a {identity.role} node ({identity.name}); nothing changed")
+        return
+    console.print(f"main node [bold]{identity.name}[/bold] ({identity.node_id}) initialised")
+    click.echo(f"API key   {api_key}")
+    click.echo("          (shown once: keep it; more with `letsinfer auth key create`)")
+
+
+@scoped(service_group, "start", scope="all")
+@click.option("--host", help="Gateway listen address (default from config: 0.0.0.0).")
+@click.option("--port", type=int, help="Gateway port (default from config: 8000).")
+@click.option("--name", help="This node's name when it is initialised (default: host name).")
+@click.option(
+    "--timeout", type=click.FloatRange(min=1), default=60.0, show_default=True,
+    help="Seconds to wait for the gateway to listen.",
+)  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+def start(
+    ctx: CliContext,
+    host: str | None,
+    port: int | None,
+    name: str | None,
+    timeout: float,
+    as_json: bool,
+) -> None:
+    """Start this node detached; on a fresh home, first make it the main node.
+
+    Prints the API key once when it initialises the main. Starting a node that
+    already runs changes nothing.
+    """
+    overrides: dict[str, dict[str, object]] = {"gateway": {}}
+    up_args: list[str] = []
+    if host is not None:
+        overrides["gateway"]["host"] = host
+        up_args += ["--host", host]
+    if port is not None:
+        overrides["gateway"]["port"] = port
+        up_args += ["--port", str(port)]
+    settings = config.load(ctx.home.config_file, overrides=overrides)
+    before = service.status(ctx.home)
+    api_key = None
+    identity = ctx.identity
+    if identity is None and not before.running:
+        identity, api_key = init_main(ctx.home, settings, name=name)
+    try:
+        state = service.start(
+            ctx.home,
+            up_args,
+            gateway=(settings.gateway.host, settings.gateway.port),
+            home_option=_home_option(),
+            timeout=timeout,
+        )
+    except service.ServiceError as exc:
+        _raise(exc)
+        return
+    shown = "127.0.0.1" if settings.gateway.host in ("0.0.0.0", "") else settings.gateway.host
+    info: dict[str, Any] = {
+        "started": not before.running,
+        "initialised": api_key is not None,
+        "running": state.running,
+        "pid": state.pid,
+        "role": identity.role if identity else None,
+        "endpoint": f"http://{shown}:{settings.gateway.port}/v1",
+        "log": str(state.log),
+        "api_key": api_key,
+    }
+    if as_json:
+        click.echo(json.dumps(info))
+        return
+    if not info["started"]:
+        console.print(f"already running (pid {state.pid})")
+        return
+    console.print(f"started (pid {state.pid}); endpoint {info['endpoint']}; log {state.log}")
+    if api_key:
+        click.echo(f"API key   {api_key}")
+        click.echo("          (shown once: keep it; more with `letsinfer auth key create`)")
+
+
+@scoped(service_group, "stop", scope="all")
+@click.option(
+    "--timeout", type=click.FloatRange(min=1), default=30.0, show_default=True,
+    help="Seconds to wait after SIGTERM before SIGKILL.",
+)  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+def stop(ctx: CliContext, timeout: float, as_json: bool) -> None:
+    """Stop this node and its engines; stopping a stopped node changes nothing."""
+    try:
+        was_running = service.stop(ctx.home, timeout)
+    except service.ServiceError as exc:
+        _raise(exc)
+        return
+    if as_json:
+        click.echo(json.dumps({"stopped": was_running, "running": False}))
+        return
+    console.print("stopped" if was_running else "not running")
+
+
+@scoped(service_group, "status", scope="all")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+def service_status(ctx: CliContext, as_json: bool) -> None:
+    """Whether this node runs (exit 0) or not (exit 3), and its log file."""
+    state = service.status(ctx.home)
+    if as_json:
+        click.echo(json.dumps({"running": state.running, "pid": state.pid, "log": str(state.log)}))
+    else:
+        console.print(f"running (pid {state.pid})" if state.running else "not running")
+    if not state.running:
+        raise SystemExit(3)

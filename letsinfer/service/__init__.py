@@ -1,0 +1,179 @@
+"""letsinfer's own supervisor, for machines where systemd does not run.
+
+``start`` runs ``letsinfer up`` detached from the caller: a new session
+(``setsid``), standard input from /dev/null and both outputs appended to
+``<var>/logs/node.log``, so an SSH session that starts it returns at once. The
+node itself writes and locks ``<run>/node.pid``; a held lock is what
+"running" means (a stale file from a killed node does not count). ``stop``
+sends SIGTERM (the node stops its engines in order) and SIGKILL after a
+grace period.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from letsinfer.home import Home
+
+
+class ServiceError(Exception):
+    """The node could not be started or stopped; the message says why."""
+
+
+@dataclass(frozen=True)
+class ServiceState:
+    running: bool
+    pid: int | None
+    log: Path
+
+
+def log_file(home: Home) -> Path:
+    return home.var / "logs" / "node.log"
+
+
+def running_pid(home: Home) -> int | None:
+    """The pid of the node holding this home's pid-file lock, or None."""
+    path = home.pid_file
+    try:
+        fh = path.open()
+    except FileNotFoundError:
+        return None
+    with fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            text = fh.read().strip()
+            return int(text) if text.isdigit() else -1
+        fcntl.flock(fh, fcntl.LOCK_UN)
+    return None
+
+
+def status(home: Home) -> ServiceState:
+    pid = running_pid(home)
+    return ServiceState(running=pid is not None, pid=pid, log=log_file(home))
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _gateway_answers(host: str, port: int) -> bool:
+    """Whether a letsinfer gateway answers /health there (200 or 503 both count):
+    an open port alone could be another program's."""
+    try:
+        reply = httpx.get(f"http://{host}:{port}/health", timeout=2)
+        return isinstance(reply.json(), dict) and "status" in reply.json()
+    except (httpx.HTTPError, ValueError):
+        return False
+
+
+def start(
+    home: Home,
+    up_args: Sequence[str],
+    *,
+    gateway: tuple[str, int],
+    home_option: str | None = None,
+    timeout: float = 60.0,
+) -> ServiceState:
+    """Start ``letsinfer up`` detached; return once it holds the pid lock and its
+    gateway answers. Raises ServiceError (with the log's tail) if the
+    node exits or does not come up within ``timeout`` seconds."""
+    current = status(home)
+    if current.running:
+        return current
+    home.var.mkdir(parents=True, exist_ok=True)
+    log = log_file(home)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "letsinfer"]
+    if home_option:
+        argv += ["--home", home_option]
+    argv += ["up", *up_args]
+    offset = log.stat().st_size if log.exists() else 0
+    with open(os.devnull, "rb") as devnull, log.open("ab") as out:
+        os.chmod(log, 0o640)
+        proc = subprocess.Popen(
+            argv,
+            stdin=devnull,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # setsid: not the caller's terminal, not its SSH session
+            close_fds=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    host, port = gateway
+    probe = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    deadline = time.monotonic() + timeout
+    while True:
+        code = proc.poll()
+        if code is not None:
+            raise ServiceError(
+                f"letsinfer up exited with status {code}; the end of {log}:\n" + _since(log, offset)
+            )
+        pid = running_pid(home)
+        if pid == proc.pid and _gateway_answers(probe, port):
+            return ServiceState(running=True, pid=pid, log=log)
+        if time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            raise ServiceError(
+                f"letsinfer up did not answer on {probe}:{port} within {timeout:.0f}s; "
+                f"the end of {log}:\n" + _since(log, offset)
+            )
+        time.sleep(0.1)
+
+
+def _since(log: Path, offset: int) -> str:
+    try:
+        with log.open("rb") as fh:
+            fh.seek(offset)
+            text = fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-15:])
+
+
+def stop(home: Home, timeout: float = 30.0) -> bool:
+    """Stop the running node; True if one was running. SIGKILL after ``timeout``."""
+    pid = running_pid(home)
+    if pid is None:
+        return False
+    if pid <= 0:
+        raise ServiceError(f"{home.pid_file} is locked but holds no pid; stop that process by hand")
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return True
+    deadline = time.monotonic() + timeout
+    while running_pid(home) is not None:
+        if time.monotonic() > deadline:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                break
+            _wait_gone(pid, 10)
+            break
+        time.sleep(0.1)
+    return True
+
+
+def _wait_gone(pid: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)

@@ -1,0 +1,253 @@
+"""The playbooks against a lab of real hosts (namespaces with sshd, nftables,
+their own /etc, /var/lib and /opt): a rolling upgrade to a broken build, wipe,
+and onboarding one machine over SSH with fabric. Needs root, like CI."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from letsinfer.fleet.ssh_onboard import OnboardSettings, connect, onboard
+from tests.lab import wheelhouse
+from tests.lab.netns import Lab, lab_up, new_prefix
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or not all(shutil.which(t) for t in ("sshd", "nft", "nc", "nsenter")),
+    reason="the lab needs root, openssh-server, nftables, netcat-openbsd and util-linux",
+)
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    given = os.environ.get("LETSINFER_LAB_WHEELHOUSE")
+    if given and Path(given).is_file():
+        return Path(given)
+    return wheelhouse.build(tmp_path_factory.mktemp("wheelhouse"))
+
+
+@pytest.fixture(scope="module")
+def lab(wheels: Path) -> Iterator[Lab]:
+    prefix = new_prefix()
+    the_lab = lab_up(["main", "n1", "n2"], Path(f"/tmp/letsinfer-lab-{prefix}"), prefix)
+    try:
+        the_lab.wait_for_ssh()
+        yield the_lab
+    finally:
+        the_lab.down()
+
+
+def env(lab: Lab, wheels: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+        "LETSINFER_LAB_PREFIX": lab.prefix,
+        "LETSINFER_LAB_WHEELHOUSE": str(wheels),
+        "ANSIBLE_FORCE_COLOR": "0",
+    }
+
+
+def playbook(lab: Lab, wheels: Path, name: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN / "ansible-playbook"), "-i", "inventories/lab", f"playbooks/{name}", *extra],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env(lab, wheels),
+        stdin=subprocess.DEVNULL,
+        timeout=600,
+    )
+
+
+@pytest.fixture(scope="module")
+def converged(lab: Lab, wheels: Path) -> Lab:
+    """site.yml and firewall.yml through `letsinfer fleet apply`, as an operator runs them."""
+    for name in ("site", "firewall"):
+        result = subprocess.run(
+            [sys.executable, "-m", "letsinfer", "fleet", "apply", name, "-i", "inventories/lab"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env=env(lab, wheels),
+            timeout=600,
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "summary" in result.stdout
+    return lab
+
+
+def sh(lab: Lab, host: str, command: str) -> str:
+    result = lab.ssh(host, command)
+    assert result.returncode == 0, f"{host}: {command}: {result.stderr}"
+    return result.stdout.strip()
+
+
+def healthy(lab: Lab, host: str, timeout: float = 60) -> bool:
+    """GET /health from the LAN (the controller's namespace) until it answers 200."""
+    url = f"http://{lab.hosts[host].address}:8000/health"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        probe = subprocess.run(
+            lab.in_ctl("curl", "-sf", "-m", "5", url), capture_output=True, text=True
+        )
+        if probe.returncode == 0:
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def node_status(lab: Lab, host: str) -> dict[str, object]:
+    data = json.loads(sh(lab, host, "/opt/letsinfer/current/bin/letsinfer status --json"))
+    return dict(data[0])
+
+
+def letsinfer_processes(lab: Lab, host: str) -> list[str]:
+    """Command lines of processes in ``host``'s filesystem view that run letsinfer
+    (a node, an engine, anything started from the install root)."""
+    sshd = int((Path(lab.hosts[host].workdir) / "sshd.pid").read_text())
+    view = os.stat(f"/proc/{sshd}/ns/mnt").st_ino
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.stat(entry / "ns" / "mnt").st_ino != view:
+                continue
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if "/opt/letsinfer" in cmdline or " -m letsinfer" in cmdline:
+            found.append(cmdline)
+    return found
+
+
+def test_onboarding_one_machine_over_ssh_serves_and_is_idempotent(lab: Lab, wheels: Path) -> None:
+    n2 = lab.hosts["n2"]
+    settings = OnboardSettings(version="0.1.0", wheelhouse=wheels, engine_threads=1)
+    proxy = f"ip netns exec {lab.ctl_ns} nc {n2.address} 22"
+    steps: list[str] = []
+    with connect(f"root@{n2.address}", key_file=lab.key, proxy_command=proxy) as conn:
+        first = onboard(conn, settings, echo=steps.append)
+    assert first.installed and first.config_changed and first.started
+    assert steps[0] == "check Python" and "start the node" in steps
+    assert healthy(lab, "n2")
+    assert sh(lab, "n2", "/opt/letsinfer/current/bin/letsinfer --version").endswith("0.1.0")
+    assert sh(lab, "n2", "stat -c %a /etc/letsinfer/config.toml") == "600"
+
+    with connect(f"root@{n2.address}", key_file=lab.key, proxy_command=proxy) as conn:
+        second = onboard(conn, settings)
+    assert (second.installed, second.config_changed, second.started) == (False, False, False)
+
+
+def test_upgrade_to_a_broken_build_stops_at_the_first_host_and_restores_it(
+    converged: Lab, wheels: Path, tmp_path: Path
+) -> None:
+    lab = converged
+    n1_before = node_status(lab, "n1")
+    assert n1_before["running"]
+    broken = wheelhouse.build_variant(tmp_path / "broken", "0.1.1", broken=True)
+
+    result = playbook(
+        lab,
+        wheels,
+        "upgrade.yml",
+        "-e",
+        "upgrade_version=0.1.1",
+        "-e",
+        f"upgrade_wheelhouse={broken}",
+    )
+    out = " ".join(result.stdout.split())
+    assert result.returncode != 0
+    assert "Upgrading main from 0.1.0 to 0.1.1 failed" in out
+    assert "a deliberately broken build of letsinfer" in out
+    assert "Release 0.1.0 is current and healthy again" in out
+
+    # the first host: the broken release was tried, the previous one restored and serving
+    assert sh(lab, "main", "readlink /opt/letsinfer/current") == "/opt/letsinfer/releases/0.1.0"
+    assert sh(lab, "main", "/opt/letsinfer/current/bin/letsinfer --version").endswith("0.1.0")
+    assert sh(lab, "main", "test -d /opt/letsinfer/releases/0.1.1 && echo kept") == "kept"
+    assert node_status(lab, "main")["running"]
+    assert healthy(lab, "main")
+
+    # the next host was never touched
+    assert sh(lab, "n1", "ls /opt/letsinfer/releases") == "0.1.0"
+    assert node_status(lab, "n1")["pid"] == n1_before["pid"]
+
+
+def test_upgrade_to_a_good_build_keeps_the_previous_release_and_runs_once(
+    converged: Lab, wheels: Path, tmp_path: Path
+) -> None:
+    lab = converged
+    good = wheelhouse.build_variant(tmp_path / "good", "0.1.2", broken=False)
+    args = ("--limit", "n1", "-e", "upgrade_version=0.1.2", "-e", f"upgrade_wheelhouse={good}")
+
+    first = playbook(lab, wheels, "upgrade.yml", *args)
+    assert first.returncode == 0, first.stdout
+    assert sh(lab, "n1", "readlink /opt/letsinfer/current") == "/opt/letsinfer/releases/0.1.2"
+    assert sh(lab, "n1", "readlink /opt/letsinfer/previous") == "/opt/letsinfer/releases/0.1.0"
+    assert sh(lab, "n1", "/opt/letsinfer/current/bin/letsinfer --version").endswith("0.1.2")
+    assert healthy(lab, "n1")
+    pid = node_status(lab, "n1")["pid"]
+
+    again = playbook(lab, wheels, "upgrade.yml", *args)  # not older any more: nothing to do
+    assert again.returncode == 0, again.stdout
+    assert re.search(r"n1\s+: ok=\d+\s+changed=0\s", again.stdout), again.stdout
+    assert node_status(lab, "n1")["pid"] == pid
+
+
+def test_wipe_needs_the_host_name_then_removes_everything_but_models(
+    converged: Lab, wheels: Path
+) -> None:
+    lab = converged
+    other = "table inet othertool {\n chain c {\n  type filter hook input priority 5;\n }\n}\n"
+    sh(lab, "n1", f"printf '{other}' | nft -f -")  # another tool's table must survive
+    models = sh(lab, "n1", "find /var/lib/letsinfer/models -type f | sort")
+    assert models  # the node's store holds the tiny model
+    before = node_status(lab, "n1")
+
+    refused = playbook(lab, wheels, "wipe.yml", "--limit", "n1")
+    assert refused.returncode != 0
+    assert "Not wiping n1: its name was not confirmed" in " ".join(refused.stdout.split())
+    assert node_status(lab, "n1")["pid"] == before["pid"]
+    assert sh(lab, "n1", "nft list table inet letsinfer | head -1") == "table inet letsinfer {"
+
+    wrong = playbook(lab, wheels, "wipe.yml", "--limit", "n1", "-e", "wipe_confirm=main")
+    assert wrong.returncode != 0 and node_status(lab, "n1")["running"]
+
+    done = playbook(lab, wheels, "wipe.yml", "--limit", "n1", "-e", "wipe_confirm=n1")
+    assert done.returncode == 0, done.stdout
+    assert "except model data" in done.stdout
+    gone = "/opt/letsinfer /etc/letsinfer /run/letsinfer /var/lib/letsinfer/authority.db"
+    assert sh(lab, "n1", f"for p in {gone}; do test -e $p && echo $p; done; true") == ""
+    assert lab.ssh("n1", "nft list table inet letsinfer").returncode != 0
+    assert lab.ssh("n1", "nft list table inet othertool").returncode == 0
+    assert lab.ssh("n1", "getent passwd letsinfer").returncode == 2
+    assert letsinfer_processes(lab, "n1") == []
+    assert sh(lab, "n1", "find /var/lib/letsinfer/models -type f | sort") == models
+    assert healthy(lab, "main")  # the other host still serves
+
+    with_models = playbook(
+        lab,
+        wheels,
+        "wipe.yml",
+        "--limit",
+        "main",
+        "-e",
+        "wipe_confirm=main",
+        "-e",
+        "wipe_models=true",
+    )
+    assert with_models.returncode == 0, with_models.stdout
+    assert sh(lab, "main", "test -e /var/lib/letsinfer && echo left; true") == ""
+    assert letsinfer_processes(lab, "main") == []

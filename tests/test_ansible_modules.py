@@ -1,0 +1,279 @@
+"""The collection's modules and plugins: their decisions against a fake node,
+and the process sweep against real processes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ansible_collections.letsinfer.cluster.plugins.filter.inventory import (
+    address_kind,
+    network_kind,
+)
+from ansible_collections.letsinfer.cluster.plugins.module_utils.letsinfer_cli import (
+    CliError,
+    LetsinferCli,
+    processes_mentioning,
+    terminate,
+)
+from ansible_collections.letsinfer.cluster.plugins.modules.letsinfer_enrollment import (
+    Enrollment,
+    EnrollmentError,
+)
+from ansible_collections.letsinfer.cluster.plugins.modules.letsinfer_model import (
+    ModelError,
+    Models,
+)
+from ansible_collections.letsinfer.cluster.plugins.modules.letsinfer_node import Node
+from ansible_collections.letsinfer.cluster.plugins.test.inventory import (
+    ip_address,
+    ip_network,
+)
+
+
+class FakeNode:
+    """Answers letsinfer commands like a node would, and records the mutating ones."""
+
+    def __init__(self, **state: Any) -> None:
+        self.state = {"initialised": False, "running": False, "role": None, **state}
+        self.models: list[dict[str, Any]] = []
+        self.calls: list[list[str]] = []
+        self.requests: list[dict[str, Any]] = []
+        self.nodes: list[dict[str, Any]] = []
+        self.has_node_commands = True
+
+    def __call__(self, argv: list[str]) -> tuple[int, str, str]:
+        args = argv[1:]
+        if args[:1] == ["--home"]:
+            args = args[2:]
+        if args == ["--version"]:
+            return 0, "letsinfer, version 0.1.0\n", ""
+        if args == ["status", "--json"]:
+            return 0, json.dumps([self.state]), ""
+        if args == ["model", "list", "--json"]:
+            return 0, json.dumps(self.models), ""
+        self.calls.append(args)
+        if args[:3] == ["service", "init", "--json"]:
+            self.state.update(initialised=True, role="main")
+            return 0, json.dumps({"api_key": "li-secret"}), ""
+        if args[:3] == ["service", "start", "--json"]:
+            key = None if self.state["initialised"] else "li-first"
+            self.state.update(initialised=True, running=True, role=self.state["role"] or "main")
+            return 0, json.dumps({"started": True, "api_key": key}), ""
+        if args[:2] == ["service", "stop"]:
+            self.state["running"] = False
+            return 0, "{}", ""
+        if args[:2] == ["model", "add"]:
+            if args[2] == "broken":
+                return 1, "", "Error: not a GGUF file"
+            aliases = [args[i + 1] for i, a in enumerate(args) if a == "--alias"]
+            self.models.append({"name": args[2], "aliases": aliases})
+            return 0, "added", ""
+        if args[:1] == ["node"]:
+            if not self.has_node_commands:
+                return 2, "", "Error: No such command 'node'."
+            if args[1:] == ["--help"]:
+                return 0, "", ""
+            if args[1:] == ["list", "--json"]:
+                return 0, json.dumps(self.nodes), ""
+            if args[1:] == ["requests", "--json"]:
+                return 0, json.dumps(self.requests), ""
+            if args[1] == "add":
+                pinned = args[args.index("--fingerprint") + 1] if "--fingerprint" in args else None
+                return 0, json.dumps({"id": "r1", "address": args[3], "pinned": pinned}), ""
+            if args[1] == "accept":
+                self.state.update(role="child", main="10.0.0.1:8443")
+                return 0, "", ""
+        return 2, "", f"unexpected: {args}"
+
+
+@pytest.fixture
+def exe(tmp_path: Path) -> str:
+    path = tmp_path / "letsinfer"
+    path.write_text("#!/bin/sh\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def node(fake: FakeNode, exe: str, check: bool = False) -> Node:
+    return Node(LetsinferCli(fake, exe), check_mode=check, find=lambda paths: [], kill=None)
+
+
+def test_node_started_starts_once_and_reports_unchanged_after(exe: str) -> None:
+    fake = FakeNode(initialised=True, role="main")
+    first = node(fake, exe).ensure("started")
+    assert first["changed"] is True and first["node"]["running"] is True
+    assert "api_key" not in first  # an initialised main gets no new key
+    second = node(fake, exe).ensure("started")
+    assert second["changed"] is False
+    assert [c[:2] for c in fake.calls] == [["service", "start"]]
+
+
+def test_node_check_mode_predicts_without_acting(exe: str) -> None:
+    fake = FakeNode()
+    result = node(fake, exe, check=True).ensure("started")
+    assert result["changed"] is True
+    assert result["diff"] == {
+        "before": {"initialised": False, "running": False},
+        "after": {"initialised": True, "running": True},
+    }
+    assert fake.calls == []
+
+
+def test_node_initialised_returns_the_first_key_once(exe: str) -> None:
+    fake = FakeNode()
+    first = node(fake, exe).ensure("initialised", name="main")
+    assert first["changed"] is True and first["api_key"] == "li-secret"
+    assert fake.calls == [["service", "init", "--json", "--name", "main"]]
+    again = node(fake, exe).ensure("initialised", name="main")
+    assert again["changed"] is False and "api_key" not in again
+
+
+def test_node_stopped_sweeps_leftovers_even_without_the_cli(tmp_path: Path) -> None:
+    killed: list[list[int]] = []
+    missing = str(tmp_path / "gone" / "letsinfer")
+    n = Node(
+        LetsinferCli(FakeNode(), missing),
+        find=lambda paths: [4242] if paths == ["/opt/letsinfer"] else [],
+        kill=killed.append,
+    )
+    result = n.ensure("stopped", sweep_paths=["/opt/letsinfer"])
+    assert result["changed"] is True and result["swept"] == [4242]
+    assert killed == [[4242]]
+    assert result["installed"] is False and "node" not in result
+
+
+def test_node_start_without_letsinfer_fails_with_the_reason(tmp_path: Path) -> None:
+    n = node(FakeNode(), str(tmp_path / "nope"))
+    with pytest.raises(CliError, match="not installed"):
+        n.ensure("started")
+
+
+def test_model_present_adds_once_with_diff(exe: str, tmp_path: Path) -> None:
+    fake = FakeNode(initialised=True, role="main")
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    models = Models(LetsinferCli(fake, exe))
+    first = models.ensure("qwen", str(gguf), ["q"])
+    assert first["changed"] is True
+    assert first["diff"]["after"] == "qwen\n" and first["diff"]["before"] == ""
+    assert fake.calls == [["model", "add", "qwen", "--gguf", str(gguf), "--alias", "q"]]
+    assert models.ensure("qwen", str(gguf), ["q"])["changed"] is False
+    with pytest.raises(ModelError, match="cannot change aliases"):
+        models.ensure("qwen", str(gguf), ["other"])
+
+
+def test_model_refuses_a_missing_file_even_in_check_mode(exe: str, tmp_path: Path) -> None:
+    fake = FakeNode(initialised=True, role="main")
+    with pytest.raises(ModelError, match="no such file"):
+        Models(LetsinferCli(fake, exe), check_mode=True).ensure("x", str(tmp_path / "no.gguf"))
+    assert fake.calls == []
+
+
+def test_model_add_failure_carries_letsinfer_s_message(exe: str, tmp_path: Path) -> None:
+    gguf = tmp_path / "b.gguf"
+    gguf.write_text("x")
+    with pytest.raises(CliError, match="not a GGUF file"):
+        Models(LetsinferCli(FakeNode(initialised=True), exe)).ensure("broken", str(gguf))
+
+
+def test_enrollment_accepts_only_the_main_s_request(exe: str) -> None:
+    fake = FakeNode(initialised=True, running=True, role="main")
+    fake.requests = [{"id": "r7", "main_address": "10.0.0.1:8443"}]
+    enrollment = Enrollment(LetsinferCli(fake, exe))
+    with pytest.raises(EnrollmentError, match=r"no pending enrollment request from 10\.0\.0\.9"):
+        enrollment.accept("10.0.0.9")
+    result = enrollment.accept("10.0.0.1")
+    assert result["changed"] is True and fake.calls[-1] == ["node", "accept", "r7"]
+    assert enrollment.accept("10.0.0.1")["changed"] is False  # now a child of that main
+    with pytest.raises(EnrollmentError, match="explicit adoption"):
+        enrollment.accept("10.0.0.9")
+
+
+def test_enrollment_request_is_sent_once(exe: str) -> None:
+    fake = FakeNode(initialised=True, running=True, role="main")
+    enrollment = Enrollment(LetsinferCli(fake, exe))
+    sent = enrollment.request("10.0.0.2:8444", fingerprint="sha256:ab12")
+    assert sent["changed"] is True and sent["request"]["pinned"] == "sha256:ab12"
+    fake.nodes = [{"name": "n1", "address": "10.0.0.2:8444"}]
+    assert enrollment.request("10.0.0.2:8444")["changed"] is False
+
+
+def test_enrollment_says_when_letsinfer_lacks_the_commands(exe: str) -> None:
+    fake = FakeNode(initialised=True, role="main")
+    fake.has_node_commands = False
+    with pytest.raises(EnrollmentError, match="needs a release with the trust layer"):
+        Enrollment(LetsinferCli(fake, exe)).request("10.0.0.2:8444")
+
+
+@pytest.mark.parametrize(
+    ("value", "kind"),
+    [
+        ("10.1.2.3", "ipv4"),
+        ("fd00::1", "ipv6"),
+        ("gpu-a.lab.example", "hostname"),
+        ("999.1.1.1", "invalid"),
+        ("bad_name", "invalid"),
+        ("", "invalid"),
+        ("-lead.example", "invalid"),
+    ],
+)
+def test_address_kind(value: str, kind: str) -> None:
+    assert address_kind(value) == kind
+
+
+def test_network_checks() -> None:
+    assert network_kind("10.0.0.0/8") == "ipv4" and network_kind("fd00::/8") == "ipv6"
+    assert network_kind("10.0.0.0/33") == "invalid"
+    assert ip_address("10.0.0.1", 4) and not ip_address("10.0.0.1", 6)
+    assert ip_network("fd00::/8", 6) and not ip_network("lan", None)
+
+
+def test_sweep_finds_and_ends_only_processes_mentioning_the_path(tmp_path: Path) -> None:
+    marker = tmp_path / "opt-letsinfer"
+    code = "import time; time.sleep(60)"
+    ours = subprocess.Popen([sys.executable, "-c", code, str(marker / "bin")])
+    other = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "elsewhere")])
+    try:
+        deadline = time.monotonic() + 10
+        while ours.pid not in processes_mentioning([str(marker)]):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        found = processes_mentioning([str(marker)])
+        assert other.pid not in found
+        terminate(found, grace=5)
+        assert ours.wait(timeout=10) != 0
+        assert other.poll() is None
+        assert processes_mentioning([str(marker)]) == []
+    finally:
+        for proc in (ours, other):
+            proc.kill()
+            proc.wait()
+
+
+def test_module_documentation_parses_and_states_check_mode() -> None:
+    root = Path(__file__).resolve().parent.parent
+    bindir = Path(sys.executable).parent
+    names = [
+        f"letsinfer.cluster.{m}"
+        for m in ("letsinfer_node", "letsinfer_model", "letsinfer_enrollment")
+    ]
+    result = subprocess.run(
+        [str(bindir / "ansible-doc"), "-t", "module", "--json", *names],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    docs = json.loads(result.stdout)
+    for name in names:
+        doc = docs[name]["doc"]
+        assert doc["attributes"]["check_mode"]["support"] == "full"
+        assert docs[name]["examples"] and docs[name]["return"]
+    assert set(docs[names[0]]["doc"]["options"]) >= {"state", "executable", "home", "sweep_paths"}

@@ -1,0 +1,82 @@
+"""``letsinfer service``: letsinfer's own supervisor, used as an operator would."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from letsinfer.engines.tinymodel import SENTENCE
+from tests.nodes import free_port, letsinfer, loopback_env, processes_using
+
+
+def test_service_start_detaches_a_serving_node_and_stop_ends_it(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    port = free_port()
+    env = loopback_env(port)
+    try:
+        assert letsinfer(home, "service", "status", env=env).returncode == 3  # not running
+
+        started = letsinfer(home, "service", "start", "--json", env=env, timeout=120)
+        assert started.returncode == 0, started.stderr
+        info = json.loads(started.stdout)
+        assert info["started"] and info["initialised"] and info["role"] == "main"
+        assert info["api_key"].startswith("li-")
+        assert info["endpoint"] == f"http://127.0.0.1:{port}/v1"
+
+        again = letsinfer(home, "service", "start", "--json", env=env)
+        assert json.loads(again.stdout)["started"] is False
+        assert json.loads(again.stdout)["api_key"] is None  # the key is shown once
+        assert json.loads(again.stdout)["pid"] == info["pid"]
+
+        status = letsinfer(home, "service", "status", "--json", env=env)
+        assert status.returncode == 0 and json.loads(status.stdout)["pid"] == info["pid"]
+
+        reply = httpx.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            headers={"Authorization": f"Bearer {info['api_key']}"},
+            json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}]},
+            timeout=120,
+        )
+        assert reply.json()["choices"][0]["message"]["content"] == SENTENCE
+
+        stopped = letsinfer(home, "service", "stop", "--json", env=env, timeout=60)
+        assert stopped.returncode == 0 and json.loads(stopped.stdout)["stopped"] is True
+        assert letsinfer(home, "service", "status", env=env).returncode == 3
+        assert json.loads(letsinfer(home, "service", "stop", "--json").stdout)["stopped"] is False
+        assert processes_using(home) == []
+        assert "Application shutdown complete" in (home / "var/logs/node.log").read_text()
+    finally:
+        letsinfer(home, "service", "stop", env=env, timeout=60)
+
+
+def test_service_start_reports_a_node_that_cannot_start(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    port = free_port()
+    env = loopback_env(port)
+    init = letsinfer(home, "service", "init", "--json", env=env)
+    assert init.returncode == 0 and json.loads(init.stdout)["initialised"] is True
+    assert json.loads(letsinfer(home, "service", "init", "--json").stdout)["api_key"] is None
+    with socket.socket() as sock:  # something else holds the port
+        sock.bind(("127.0.0.1", port))
+        sock.listen()
+        result = letsinfer(home, "service", "start", env=env, timeout=60)
+    assert result.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+    assert letsinfer(home, "service", "status", env=env).returncode == 3
+    assert processes_using(home) == []
+
+
+def test_checkconfig_names_the_bad_key(tmp_path: Path) -> None:
+    good = tmp_path / "good.toml"
+    good.write_text('[gateway]\nport = 8000\n[engine]\nkind = "xllamacpp"\n')
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[gateway]\nport = 70000\n")
+    run = [sys.executable, "-m", "letsinfer.service.checkconfig"]
+    assert subprocess.run([*run, str(good)], capture_output=True).returncode == 0
+    result = subprocess.run([*run, str(bad)], capture_output=True, text=True)
+    assert result.returncode == 2 and "gateway.port" in result.stderr
