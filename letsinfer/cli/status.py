@@ -11,6 +11,7 @@ from letsinfer.cli import cli
 from letsinfer.cli.output import console, emit
 from letsinfer.cli.scope import CliContext, scoped
 from letsinfer.store import AuthorityStore
+from letsinfer.trust.material import presented_fingerprint
 
 
 def _running_pid(ctx: CliContext) -> int | None:
@@ -43,6 +44,8 @@ def status(ctx: CliContext, as_json: bool) -> None:
         "name": ident.name if ident else None,
         "role": ident.role if ident else None,
         "main": ident.main_address if ident else None,
+        # What a main pins when it enrolls this node (`node add --fingerprint`).
+        "fingerprint": presented_fingerprint(ctx.home, ident) if ident else None,
         "placement_groups": [],
     }
     if ident is not None and ident.role == "main" and ctx.home.database.exists():
@@ -73,6 +76,7 @@ def status(ctx: CliContext, as_json: bool) -> None:
         return
     state = f"[green]running[/green] (pid {pid})" if pid else "[red]not running[/red]"
     console.print(f"{ident.role} node [bold]{ident.name}[/bold] ({ident.node_id}): {state}")
+    console.print(f"certificate sha256:{info['fingerprint']}")
     emit(
         info["placement_groups"],
         ["id", "model", "target", "state", "endpoint", "restarts", "detail"],
