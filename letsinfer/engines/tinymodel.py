@@ -55,31 +55,90 @@ _CHATML = (
 _NORMAL, _UNKNOWN, _CONTROL, _BYTE = 1, 2, 3, 6
 
 
-def _vocabulary() -> tuple[list[str], list[float], list[int]]:
+def spm_vocabulary(pieces: list[str]) -> tuple[list[str], list[float], list[int]]:
+    """A SentencePiece-style vocabulary: control tokens (ChatML), 256 byte
+    tokens, printable characters, then ``pieces``; shorter pieces score higher."""
     tokens = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
     types = [_UNKNOWN, _CONTROL, _CONTROL, _CONTROL, _CONTROL]
-    for b in range(256):
-        tokens.append(f"<0x{b:02X}>")
-        types.append(_BYTE)
-    chars = ["▁"] + [chr(c) for c in range(33, 127)]
-    tokens += chars
-    types += [_NORMAL] * len(chars)
-    for piece in _SENTENCE_PIECES:
+    tokens += [f"<0x{b:02X}>" for b in range(256)]
+    types += [_BYTE] * 256
+    for piece in ["▁"] + [chr(c) for c in range(33, 127)] + pieces:
         if piece not in tokens:
             tokens.append(piece)
             types.append(_NORMAL)
-    scores = [0.0] * len(tokens)
-    for i, tok in enumerate(tokens):
-        if types[i] == _NORMAL:
-            scores[i] = -float(len(tok))
+    scores = [-float(len(t)) if ty == _NORMAL else 0.0 for t, ty in zip(tokens, types, strict=True)]
     return tokens, scores, types
+
+
+def write_llama_gguf(
+    path: Path,
+    name: str,
+    *,
+    n_ctx: int,
+    n_ff: int,
+    n_head: int,
+    n_layer: int,
+    vocab: tuple[list[str], list[float], list[int]],
+    token_embd: np.ndarray,
+    output: np.ndarray,
+    rng: np.random.Generator,
+) -> Path:
+    """A llama-architecture GGUF with a ChatML template; the blocks get small
+    random weights (every layer really computes). Written atomically."""
+    import gguf  # only needed when a model is generated
+
+    tokens, scores, types = vocab
+    n_embd = token_embd.shape[1]
+
+    def small(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.02).astype(np.float32)
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".part")
+    writer = gguf.GGUFWriter(str(tmp), "llama")
+    writer.add_name(name)
+    writer.add_context_length(n_ctx)
+    writer.add_embedding_length(n_embd)
+    writer.add_block_count(n_layer)
+    writer.add_feed_forward_length(n_ff)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_head)
+    writer.add_rope_dimension_count(n_embd // n_head)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_eot_token_id(4)
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(False)
+    writer.add_chat_template(_CHATML)
+    writer.add_tensor("token_embd.weight", token_embd)
+    writer.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
+    writer.add_tensor("output.weight", output)
+    for b in range(n_layer):
+        writer.add_tensor(f"blk.{b}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        for part in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            writer.add_tensor(f"blk.{b}.{part}.weight", small(n_embd, n_embd))
+        writer.add_tensor(f"blk.{b}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        writer.add_tensor(f"blk.{b}.ffn_gate.weight", small(n_ff, n_embd))
+        writer.add_tensor(f"blk.{b}.ffn_up.weight", small(n_ff, n_embd))
+        writer.add_tensor(f"blk.{b}.ffn_down.weight", small(n_embd, n_ff))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    tmp.replace(path)
+    return path
 
 
 def write_tiny_model(path: Path) -> Path:
     """Write the deterministic tiny model to ``path`` (same bytes every time)."""
-    import gguf  # only needed when a model is generated
-
-    tokens, scores, types = _vocabulary()
+    tokens, scores, types = spm_vocabulary(_SENTENCE_PIECES)
     n_vocab = len(tokens)
     rng = np.random.default_rng(_SEED)
     scale = float(np.sqrt(_N_EMBD))  # a one-hot direction scaled to unit RMS
@@ -99,50 +158,15 @@ def write_tiny_model(path: Path) -> Path:
         output[piece_ids[k + 1], k + 1] = _MARGIN / scale
     output[2, len(piece_ids)] = _MARGIN / scale  # last piece -> </s>
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".part")
-    writer = gguf.GGUFWriter(str(tmp), "llama")
-    writer.add_name("letsinfer-tiny")
-    writer.add_context_length(_N_CTX)
-    writer.add_embedding_length(_N_EMBD)
-    writer.add_block_count(_N_LAYER)
-    writer.add_feed_forward_length(_N_FF)
-    writer.add_head_count(_N_HEAD)
-    writer.add_head_count_kv(_N_HEAD)
-    writer.add_rope_dimension_count(_N_EMBD // _N_HEAD)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list(tokens)
-    writer.add_token_scores(scores)
-    writer.add_token_types(types)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_unk_token_id(0)
-    writer.add_eot_token_id(4)
-    writer.add_add_bos_token(True)
-    writer.add_add_eos_token(False)
-    writer.add_chat_template(_CHATML)
-
-    def small(*shape: int) -> np.ndarray:
-        return (rng.standard_normal(shape) * 0.02).astype(np.float32)
-
-    writer.add_tensor("token_embd.weight", embd)
-    writer.add_tensor("output_norm.weight", np.ones(_N_EMBD, dtype=np.float32))
-    writer.add_tensor("output.weight", output)
-    for b in range(_N_LAYER):
-        writer.add_tensor(f"blk.{b}.attn_norm.weight", np.ones(_N_EMBD, dtype=np.float32))
-        writer.add_tensor(f"blk.{b}.attn_q.weight", small(_N_EMBD, _N_EMBD))
-        writer.add_tensor(f"blk.{b}.attn_k.weight", small(_N_EMBD, _N_EMBD))
-        writer.add_tensor(f"blk.{b}.attn_v.weight", small(_N_EMBD, _N_EMBD))
-        writer.add_tensor(f"blk.{b}.attn_output.weight", small(_N_EMBD, _N_EMBD))
-        writer.add_tensor(f"blk.{b}.ffn_norm.weight", np.ones(_N_EMBD, dtype=np.float32))
-        writer.add_tensor(f"blk.{b}.ffn_gate.weight", small(_N_FF, _N_EMBD))
-        writer.add_tensor(f"blk.{b}.ffn_up.weight", small(_N_FF, _N_EMBD))
-        writer.add_tensor(f"blk.{b}.ffn_down.weight", small(_N_EMBD, _N_FF))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    tmp.replace(path)
-    return path
+    return write_llama_gguf(
+        path,
+        "letsinfer-tiny",
+        n_ctx=_N_CTX,
+        n_ff=_N_FF,
+        n_head=_N_HEAD,
+        n_layer=_N_LAYER,
+        vocab=(tokens, scores, types),
+        token_embd=embd,
+        output=output,
+        rng=rng,
+    )
