@@ -1,65 +1,49 @@
-"""Hosts as network namespaces on one bridge, for tests that need real links
-(mDNS, addresses per node). Needs root; nothing touches the machine's own
-network: the bridge itself lives in a namespace of its own."""
+"""Bare hosts as network namespaces on one bridge, for tests that run nodes
+directly (mDNS, one address per node). The lab's own network builder makes
+them; unlike the Ansible lab these hosts have no sshd or private filesystem
+(each node gets its own home instead). Needs root."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from pyroute2 import netns
 
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True)
+from tests.lab.netns import FIRST_HOST_OCTET, SUBNET, build_network, kill_namespace, new_prefix
 
 
 def can_make_namespaces() -> bool:
-    return (
-        os.geteuid() == 0 and subprocess.run(["which", "ip"], capture_output=True).returncode == 0
-    )
+    return os.geteuid() == 0 and shutil.which("ip") is not None
 
 
 @dataclass
 class NetLab:
     names: Sequence[str]
-    prefix: str = field(default_factory=lambda: "li" + uuid.uuid4().hex[:6])
+    prefix: str = field(default_factory=new_prefix)
     hosts: dict[str, str] = field(default_factory=dict)  # name -> address
 
-    @property
-    def bridge_ns(self) -> str:
-        return f"{self.prefix}-br"
-
     def ns(self, name: str) -> str:
-        return f"{self.prefix}-{name}"
+        return f"{self.prefix}{name}"
+
+    @property
+    def namespaces(self) -> list[str]:
+        return [self.ns(n) for n in self.names] + [f"{self.prefix}br"]
 
     def up(self) -> NetLab:
-        subnet = f"10.{200 + int(self.prefix[-2:], 16) % 50}.{int(self.prefix[-4:-2], 16)}"
-        _ip("netns", "add", self.bridge_ns)
-        br = ["ip", "netns", "exec", self.bridge_ns]
-        subprocess.run([*br, "ip", "link", "add", "br0", "type", "bridge"], check=True)
-        subprocess.run([*br, "ip", "link", "set", "br0", "up"], check=True)
-        for i, name in enumerate(self.names, start=1):
-            ns, host_if, br_if = self.ns(name), f"{self.prefix}h{i}", f"{self.prefix}b{i}"
-            _ip("netns", "add", ns)
-            _ip("link", "add", host_if, "type", "veth", "peer", "name", br_if)
-            _ip("link", "set", host_if, "netns", ns)
-            _ip("link", "set", br_if, "netns", self.bridge_ns)
-            subprocess.run([*br, "ip", "link", "set", br_if, "master", "br0"], check=True)
-            subprocess.run([*br, "ip", "link", "set", br_if, "up"], check=True)
-            inside = ["ip", "netns", "exec", ns]
-            address = f"{subnet}.{i}"
-            for cmd in (
-                ["ip", "link", "set", "lo", "up"],
-                ["ip", "link", "set", host_if, "name", "eth0"],
-                ["ip", "addr", "add", f"{address}/24", "dev", "eth0"],
-                ["ip", "link", "set", "eth0", "up"],
-                ["ip", "route", "add", "224.0.0.0/4", "dev", "eth0"],
-            ):
-                subprocess.run([*inside, *cmd], check=True)
-            self.hosts[name] = address
+        members = [
+            (self.ns(n), f"{SUBNET}.{FIRST_HOST_OCTET + i}") for i, n in enumerate(self.names)
+        ]
+        try:
+            build_network(f"{self.prefix}br", members)
+        except BaseException:
+            self.down()
+            raise
+        self.hosts = {n: address for n, (_, address) in zip(self.names, members, strict=True)}
         return self
 
     def run(
@@ -84,9 +68,7 @@ class NetLab:
         )  # type: ignore[call-overload]
 
     def down(self) -> None:
-        for ns in [self.ns(n) for n in self.names] + [self.bridge_ns]:
-            pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
-            for pid in pids.stdout.split():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(pid), 9)
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        for ns in self.namespaces:
+            kill_namespace(ns)
+            with contextlib.suppress(FileNotFoundError, OSError):
+                netns.remove(ns)

@@ -251,26 +251,12 @@ def lab_up(hosts: Sequence[str], workdir: Path, prefix: str | None = None) -> La
     return lab
 
 
-def _build(lab: Lab, hosts: list[str]) -> None:
-    workdir = Path(lab.workdir)
-    for name in hosts:
-        if not name.isidentifier() or len(name) > 12:
-            raise ValueError(f"lab host name {name!r}: use letters, digits, _ (12 at most)")
-    _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", lab.key])
-    authorized = workdir / "authorized_keys"
-    shutil.copyfile(lab.key + ".pub", authorized)
-
-    netns.create(lab.bridge_ns)
-    members = [(lab.ctl_ns, lab.ctl_address)]
-    for i, name in enumerate(hosts):
-        ns = f"{lab.prefix}{name}"
-        address = f"{SUBNET}.{FIRST_HOST_OCTET + i}"
-        lab.hosts[name] = LabHost(
-            name=name, namespace=ns, address=address, workdir=str(workdir / name)
-        )
-        members.append((ns, address))
-
-    with IPRoute(netns=lab.bridge_ns) as br:
+def build_network(bridge_ns: str, members: Sequence[tuple[str, str]]) -> None:
+    """Namespaces, each with an ``eth0`` (address/24) on a bridge that lives in a
+    namespace of its own: nothing is added to the machine's network. Multicast
+    is routed to ``eth0`` so mDNS works across the bridge."""
+    netns.create(bridge_ns)
+    with IPRoute(netns=bridge_ns) as br:
         br.link("add", ifname="br0", kind="bridge")
         br_idx = br.link_lookup(ifname="br0")[0]
         br.link("set", index=br_idx, state="up")
@@ -289,6 +275,27 @@ def _build(lab: Lab, hosts: list[str]) -> None:
                 host.link("set", index=pidx, state="up")
                 lo = host.link_lookup(ifname="lo")[0]
                 host.link("set", index=lo, state="up")
+                host.route("add", dst="224.0.0.0/4", oif=pidx)
+
+
+def _build(lab: Lab, hosts: list[str]) -> None:
+    workdir = Path(lab.workdir)
+    for name in hosts:
+        if not name.isidentifier() or len(name) > 12:
+            raise ValueError(f"lab host name {name!r}: use letters, digits, _ (12 at most)")
+    _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", lab.key])
+    authorized = workdir / "authorized_keys"
+    shutil.copyfile(lab.key + ".pub", authorized)
+
+    members = [(lab.ctl_ns, lab.ctl_address)]
+    for i, name in enumerate(hosts):
+        ns = f"{lab.prefix}{name}"
+        address = f"{SUBNET}.{FIRST_HOST_OCTET + i}"
+        lab.hosts[name] = LabHost(
+            name=name, namespace=ns, address=address, workdir=str(workdir / name)
+        )
+        members.append((ns, address))
+    build_network(lab.bridge_ns, members)
 
     for host in lab.hosts.values():
         hdir = Path(host.workdir)
