@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -107,6 +108,22 @@ def healthy(lab: Lab, host: str, timeout: float = 60) -> bool:
     return False
 
 
+def active_child(lab: Lab, child: str, since: float = 0, timeout: float = 60) -> bool:
+    """Whether the main lists ``child`` active (heard from after ``since``, a Unix
+    time): a child runs no gateway, so this is its health."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        listed = lab.ssh("main", "/opt/letsinfer/current/bin/letsinfer node list --json")
+        if listed.returncode == 0:
+            for n in json.loads(listed.stdout):
+                seen = n.get("last_seen")
+                when = datetime.fromisoformat(seen).timestamp() if seen else 0
+                if n["name"] == child and n["state"] == "active" and when >= since:
+                    return True
+        time.sleep(1)
+    return False
+
+
 def node_status(lab: Lab, host: str) -> dict[str, object]:
     data = json.loads(sh(lab, host, "/opt/letsinfer/current/bin/letsinfer status --json"))
     return dict(data[0])
@@ -191,13 +208,15 @@ def test_upgrade_to_a_good_build_keeps_the_previous_release_and_runs_once(
     lab = converged
     good = wheelhouse.build_variant(tmp_path / "good", "0.1.2", broken=False)
     args = ("--limit", "n1", "-e", "upgrade_version=0.1.2", "-e", f"upgrade_wheelhouse={good}")
+    assert node_status(lab, "n1")["role"] == "child"  # enrolled by site.yml: no gateway
 
+    began = time.time() - 1
     first = playbook(lab, wheels, "upgrade.yml", *args)
     assert first.returncode == 0, first.stdout
     assert sh(lab, "n1", "readlink /opt/letsinfer/current") == "/opt/letsinfer/releases/0.1.2"
     assert sh(lab, "n1", "readlink /opt/letsinfer/previous") == "/opt/letsinfer/releases/0.1.0"
     assert sh(lab, "n1", "/opt/letsinfer/current/bin/letsinfer --version").endswith("0.1.2")
-    assert healthy(lab, "n1")
+    assert active_child(lab, "n1", since=began)  # it rejoined the main
     pid = node_status(lab, "n1")["pid"]
 
     again = playbook(lab, wheels, "upgrade.yml", *args)  # not older any more: nothing to do

@@ -79,6 +79,9 @@ class FakeNode:
                 return 2, "", "Error: No such command 'node'."
             if args[1:] == ["--help"]:
                 return 0, "", ""
+            if args[1] == "init":
+                self.state.update(initialised=True, role="candidate", fingerprint="ab12")
+                return 0, "certificate fingerprint: ab12\n", ""
             if args[1:] == ["list", "--json"]:
                 return 0, json.dumps(self.nodes), ""
             if args[1:] == ["requests", "--json"]:
@@ -180,6 +183,59 @@ def test_model_add_failure_carries_letsinfer_s_message(exe: str, tmp_path: Path)
     gguf.write_text("x")
     with pytest.raises(CliError, match="not a GGUF file"):
         Models(LetsinferCli(FakeNode(initialised=True), exe)).ensure("broken", str(gguf))
+
+
+def test_node_started_as_a_candidate_initialises_it_first(exe: str) -> None:
+    fake = FakeNode()
+    first = node(fake, exe).ensure("started", name="n1", role="candidate")
+    assert first["changed"] is True and "api_key" not in first
+    assert first["node"]["role"] == "candidate" and first["node"]["fingerprint"] == "ab12"
+    assert [c[:2] for c in fake.calls] == [["node", "init"], ["service", "start"]]
+    assert fake.calls[0] == ["node", "init", "--name", "n1"]
+    assert node(fake, exe).ensure("started", role="candidate")["changed"] is False
+
+
+def test_node_initialised_as_a_candidate_and_check_mode(exe: str) -> None:
+    fake = FakeNode()
+    predicted = node(fake, exe, check=True).ensure("initialised", role="candidate")
+    assert predicted["changed"] is True and predicted["node"]["role"] == "candidate"
+    assert fake.calls == []
+    done = node(fake, exe).ensure("initialised", name="n1", role="candidate")
+    assert done["changed"] is True and fake.calls == [["node", "init", "--name", "n1"]]
+    assert node(fake, exe).ensure("initialised", role="candidate")["changed"] is False
+
+
+def test_node_never_turns_a_main_into_a_candidate(exe: str) -> None:
+    fake = FakeNode(initialised=True, running=True, role="main")
+    with pytest.raises(CliError, match="already is a main node"):
+        node(fake, exe).ensure("started", role="candidate")
+    assert fake.calls == []
+
+
+def test_enrollment_in_check_mode_predicts_for_a_node_not_yet_set_up(
+    exe: str, tmp_path: Path
+) -> None:
+    missing = LetsinferCli(FakeNode(), str(tmp_path / "absent"))
+    assert Enrollment(missing, check_mode=True).request("10.0.0.2:8444")["changed"] is True
+    assert Enrollment(missing, check_mode=True).accept("10.0.0.1")["changed"] is True
+    fake = FakeNode(initialised=True, running=True, role="candidate")
+    assert Enrollment(LetsinferCli(fake, exe), check_mode=True).accept("10.0.0.1")["changed"]
+    assert fake.calls == [["node", "--help"], ["node", "requests", "--json"]]
+
+
+def test_enrollment_matches_hosts_exactly_and_takes_the_newest_request(exe: str) -> None:
+    fake = FakeNode(initialised=True, running=True, role="main")
+    fake.nodes = [{"name": "n12", "address": "10.0.0.12:8444"}]
+    enrollment = Enrollment(LetsinferCli(fake, exe))
+    assert enrollment.request("10.0.0.1:8444", fingerprint="ab")["changed"] is True
+    cand = FakeNode(initialised=True, running=True, role="candidate")
+    cand.requests = [
+        {"id": "old", "main_address": "10.0.0.1:8443", "expires": "2026-01-01T00:00:00+00:00"},
+        {"id": "new", "main_address": "10.0.0.1:8443", "expires": "2026-01-01T00:10:00+00:00"},
+        {"id": "other", "main_address": "10.0.0.11:8443", "expires": "2026-01-02T00:00:00+00:00"},
+    ]
+    assert Enrollment(LetsinferCli(cand, exe)).accept("10.0.0.1")["request"]["id"] == "new"
+    assert cand.calls[-1] == ["node", "accept", "new"]
 
 
 def test_enrollment_accepts_only_the_main_s_request(exe: str) -> None:

@@ -54,6 +54,31 @@ def test_service_start_detaches_a_serving_node_and_stop_ends_it(tmp_path: Path) 
         letsinfer(home, "service", "stop", env=env, timeout=60)
 
 
+def test_service_start_waits_for_a_candidates_agent_not_a_gateway(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    port = free_port()
+    env = loopback_env(port)
+    try:
+        init = letsinfer(home, "node", "init", "--name", "cand", env=env)
+        assert init.returncode == 0, init.stderr
+        started = letsinfer(home, "service", "start", "--json", env=env, timeout=120)
+        assert started.returncode == 0, started.stderr
+        info = json.loads(started.stdout)
+        assert info["started"] and not info["initialised"] and info["role"] == "candidate"
+        assert info["endpoint"] is None and info["api_key"] is None
+        agent_port = int(env["LETSINFER_AGENT__API_PORT"])
+        with socket.create_connection(("127.0.0.1", agent_port), timeout=5):
+            pass  # the agent plane listens
+        with socket.socket() as sock:  # and no gateway does
+            assert sock.connect_ex(("127.0.0.1", port)) != 0
+        status = json.loads(letsinfer(home, "status", "--json", env=env).stdout)
+        status = status[0] if isinstance(status, list) else status
+        assert status["running"] and status["role"] == "candidate" and status["fingerprint"]
+    finally:
+        letsinfer(home, "service", "stop", env=env, timeout=60)
+    assert processes_using(home) == []
+
+
 def test_service_start_reports_a_node_that_cannot_start(tmp_path: Path) -> None:
     home = tmp_path / "home"
     port = free_port()

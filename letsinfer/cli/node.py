@@ -146,6 +146,21 @@ def add(
             raise click.ClickException(f"the candidate refused: {why}")
     finally:
         store.close()
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "id": offer.record.id,
+                    "name": offer.record.name,
+                    "node_id": cand_id,
+                    "address": target,
+                    "fingerprint": fingerprint,
+                    "expires_at": _when(offer.record.expires_at),
+                    "accept": f"letsinfer node accept {offer.record.id}",
+                }
+            )
+        )
+        return
     console.print(
         f"enrollment request [bold]{offer.record.id}[/bold] sent to {offer.record.name} at {target}"
     )

@@ -72,7 +72,7 @@ def init(ctx: CliContext, name: str | None, as_json: bool) -> None:
 @click.option("--name", help="This node's name when it is initialised (default: host name).")
 @click.option(
     "--timeout", type=click.FloatRange(min=1), default=60.0, show_default=True,
-    help="Seconds to wait for the gateway to listen.",
+    help="Seconds to wait for the gateway (a main) or the agent port (a candidate or child).",
 )  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
@@ -103,11 +103,14 @@ def start(
     identity = ctx.identity
     if identity is None and not before.running:
         identity, api_key = init_main(ctx.home, settings, name=name)
+    # A main answers on its gateway; a candidate or child runs only its agent.
+    is_main = identity is None or identity.role == "main"
     try:
         state = service.start(
             ctx.home,
             up_args,
-            gateway=(settings.gateway.host, settings.gateway.port),
+            gateway=(settings.gateway.host, settings.gateway.port) if is_main else None,
+            agent=None if is_main else (settings.agent.api_host, settings.agent.api_port),
             home_option=_home_option(),
             timeout=timeout,
         )
@@ -121,7 +124,7 @@ def start(
         "running": state.running,
         "pid": state.pid,
         "role": identity.role if identity else None,
-        "endpoint": f"http://{shown}:{settings.gateway.port}/v1",
+        "endpoint": f"http://{shown}:{settings.gateway.port}/v1" if is_main else None,
         "log": str(state.log),
         "api_key": api_key,
     }
@@ -131,7 +134,8 @@ def start(
     if not info["started"]:
         console.print(f"already running (pid {state.pid})")
         return
-    console.print(f"started (pid {state.pid}); endpoint {info['endpoint']}; log {state.log}")
+    where = f"endpoint {info['endpoint']}" if is_main else f"agent on :{settings.agent.api_port}"
+    console.print(f"started (pid {state.pid}); {where}; log {state.log}")
     if api_key:
         click.echo(f"API key   {api_key}")
         click.echo("          (shown once: keep it; more with `letsinfer auth key create`)")

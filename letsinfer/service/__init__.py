@@ -14,6 +14,8 @@ from __future__ import annotations
 import fcntl
 import os
 import signal
+import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -80,17 +82,43 @@ def _gateway_answers(host: str, port: int) -> bool:
         return False
 
 
+def _agent_answers(host: str, port: int) -> bool:
+    """Whether something completes a TLS handshake on the agent port. A candidate
+    or child runs only the agent plane (no gateway), so this is its readiness;
+    the certificate is not checked here (enrollment pins it)."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        with (
+            socket.create_connection((host, port), timeout=2) as raw,
+            context.wrap_socket(raw, server_hostname=host),
+        ):
+            return True
+    except (OSError, ssl.SSLError):
+        return False
+
+
+def _probe_host(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "") else host
+
+
 def start(
     home: Home,
     up_args: Sequence[str],
     *,
-    gateway: tuple[str, int],
+    gateway: tuple[str, int] | None = None,
+    agent: tuple[str, int] | None = None,
     home_option: str | None = None,
     timeout: float = 60.0,
 ) -> ServiceState:
-    """Start ``letsinfer up`` detached; return once it holds the pid lock and its
-    gateway answers. Raises ServiceError (with the log's tail) if the
-    node exits or does not come up within ``timeout`` seconds."""
+    """Start ``letsinfer up`` detached; return once it holds the pid lock and is
+    ready for its role: the ``gateway`` answers /health (a main), or, when no
+    gateway is given, the ``agent`` port completes a TLS handshake (a candidate
+    or child, which run no gateway). Raises ServiceError (with the log's tail)
+    if the node exits or does not come up within ``timeout`` seconds."""
+    if (gateway is None) == (agent is None):
+        raise ValueError("give exactly one of gateway (a main) or agent (a candidate or child)")
     current = status(home)
     if current.running:
         return current
@@ -113,8 +141,13 @@ def start(
             close_fds=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
-    host, port = gateway
-    probe = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    if gateway is not None:
+        probe, port = _probe_host(gateway[0]), gateway[1]
+        ready = _gateway_answers
+    else:
+        assert agent is not None
+        probe, port = _probe_host(agent[0]), agent[1]
+        ready = _agent_answers
     deadline = time.monotonic() + timeout
     while True:
         code = proc.poll()
@@ -123,7 +156,7 @@ def start(
                 f"letsinfer up exited with status {code}; the end of {log}:\n" + _since(log, offset)
             )
         pid = running_pid(home)
-        if pid == proc.pid and _gateway_answers(probe, port):
+        if pid == proc.pid and ready(probe, port):
             return ServiceState(running=True, pid=pid, log=log)
         if time.monotonic() > deadline:
             proc.kill()

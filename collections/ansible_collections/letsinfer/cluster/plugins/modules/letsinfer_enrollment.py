@@ -94,11 +94,18 @@ class EnrollmentError(Exception):
 
 
 def _host(address):
+    """The host part of HOST:PORT, [V6]:PORT or a bare host."""
+    address = str(address or "").strip()
+    if address.startswith("["):
+        return address[1:].split("]", 1)[0]
     return address.rsplit(":", 1)[0] if address.count(":") == 1 else address
 
 
-def _mentions(request, host):
-    return any(host and host in str(v) for v in request.values())
+def _mentions(record, host):
+    """Whether an address field of ``record`` names ``host`` (exactly, not as a prefix)."""
+    return bool(host) and any(
+        _host(v) == host for k, v in record.items() if "address" in k or k == "main"
+    )
 
 
 class Enrollment:
@@ -117,16 +124,31 @@ class Enrollment:
                 "with the trust layer"
             ) from exc
 
+    def _predicted(self, role):
+        """In check mode, a node this run has yet to install or initialise would be
+        enrolled by it: report the change instead of failing."""
+        if not self.check_mode:
+            return None
+        if not self.cli.installed():
+            return {"changed": True, "role": role}
+        if not self.cli.status().get("initialised"):
+            return {"changed": True, "role": role}
+        return None
+
     def request(self, address, fingerprint=None):
         """On the main: request enrollment of the candidate at ``address``."""
+        predicted = self._predicted("main")
+        if predicted:
+            return predicted
         self._require()
         status = self.cli.status()
         if status.get("role") != "main":
             raise EnrollmentError("`state: requested` runs on the main node")
         nodes = self.cli.json("node", "list", "--json")
         host = _host(address)
-        if any(_mentions(n, host) for n in nodes):
-            return {"changed": False, "role": "main"}
+        known = [n for n in nodes if _mentions(n, host)]
+        if known:
+            return {"changed": False, "role": "main", "node": known[0]}
         request = {"address": address}
         if not self.check_mode:
             args = ["node", "add", "--address", address, "--json"]
@@ -137,6 +159,9 @@ class Enrollment:
 
     def accept(self, main_address):
         """On the candidate: accept the pending request that came from ``main_address``."""
+        predicted = self._predicted("child")
+        if predicted:
+            return predicted
         self._require()
         status = self.cli.status()
         if status.get("role") == "child":
@@ -152,13 +177,14 @@ class Enrollment:
             for r in self.cli.json("node", "requests", "--json")
             if _mentions(r, _host(main_address))
         ]
+        if not pending and self.check_mode:
+            # The main's request is sent by this run's own (skipped) request step.
+            return {"changed": True, "role": "child"}
         if not pending:
             raise EnrollmentError(f"no pending enrollment request from {main_address}")
-        if len(pending) > 1:
-            raise EnrollmentError(
-                f"{len(pending)} pending requests from {main_address}; accept one by hand"
-            )
-        request = pending[0]
+        # A main that sent again (an earlier run stopped before accepting) left
+        # several; the newest is the one it waits for.
+        request = max(pending, key=lambda r: str(r.get("expires") or ""))
         if not self.check_mode:
             self.cli.run("node", "accept", str(request["id"]))
         return {"changed": True, "role": "child", "request": request}

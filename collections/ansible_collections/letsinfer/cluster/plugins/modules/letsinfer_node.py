@@ -32,9 +32,13 @@ options:
   state:
     description:
       - V(info) reports the node and changes nothing.
-      - V(initialised) makes a fresh home the main node (its first API key is
-        returned once in RV(api_key)); a home that already is a node is left alone.
-      - V(started) starts the node if it is not running (initialising a fresh home).
+      - V(initialised) makes a fresh home a node of the given O(role), either the main
+        (its first API key is returned once in RV(api_key)) or a candidate
+        waiting to be enrolled (C(letsinfer node init)); a home that already is
+        a node is left alone.
+      - V(started) starts the node if it is not running (initialising a fresh home
+        as O(role) first). A main is started once its gateway answers; a candidate
+        or child, which runs no gateway, once its agent port answers.
       - V(stopped) stops it and ends any process left from this installation
         (command line mentioning one of O(sweep_paths)) in this mount namespace.
       - V(restarted) stops then starts it.
@@ -51,6 +55,17 @@ options:
   name:
     description: The node's name when it is initialised (default its host name).
     type: str
+  role:
+    description:
+      - What a fresh home becomes with O(state=initialised) or O(state=started).
+      - V(main) runs the gateway and the cluster's authority.
+      - V(candidate) runs only the agent plane and waits for the main to enroll
+        it (M(letsinfer.cluster.letsinfer_enrollment)); it becomes a V(child) then.
+      - A home initialised as the main is never turned into a candidate; the
+        module fails instead (wipe the host first).
+    type: str
+    choices: [main, candidate]
+    default: main
   timeout:
     description: Seconds to wait for the node to start or stop.
     type: int
@@ -87,6 +102,12 @@ EXAMPLES = r"""
   register: main_init
   no_log: true
 
+- name: Service | Make this host a candidate, waiting to be enrolled
+  letsinfer.cluster.letsinfer_node:
+    state: initialised
+    role: candidate
+    name: "{{ inventory_hostname }}"
+
 - name: Service | Start the node without systemd
   letsinfer.cluster.letsinfer_node:
     state: started
@@ -111,7 +132,8 @@ node:
   description: The node as C(letsinfer status --json) reports it after the change.
   returned: when installed
   type: dict
-  sample: {"initialised": true, "running": true, "role": "main", "name": "main"}
+  sample: {"initialised": true, "running": true, "role": "main", "name": "main",
+           "fingerprint": "3f9a..."}
 api_key:
   description: The first API key of a main initialised by this call; shown only once.
   returned: when this call initialised the main and O(return_api_key) is true
@@ -148,8 +170,18 @@ class Node:
             return {**_EMPTY}
         return self.cli.status()
 
-    def ensure(self, state, name=None, timeout=60, sweep_paths=()):
+    def ensure(self, state, name=None, timeout=60, sweep_paths=(), role="main"):
         before = self.facts()
+        if role not in ("main", "candidate"):
+            raise ValueError(f"unknown role {role!r}")
+        if role == "candidate" and before.get("role") == "main" and state != "stopped":
+            raise CliError(
+                [self.cli.executable],
+                None,
+                "",
+                "this host already is a main node; it cannot become a candidate "
+                "(wipe it first, or make it the main in the inventory)",
+            )
         result = {"changed": False, "installed": self.cli.installed()}
         result["version"] = self.cli.version()
         if state == "info":
@@ -159,13 +191,14 @@ class Node:
                 self._need_cli("initialise the node")
                 result["changed"] = True
                 if not self.check_mode:
-                    args = ["service", "init", "--json"] + (["--name", name] if name else [])
-                    result["api_key"] = self.cli.json(*args).get("api_key")
+                    result["api_key"] = self._init(name, role)
         elif state == "started":
             if not before.get("running"):
                 self._need_cli("start the node")
                 result["changed"] = True
                 if not self.check_mode:
+                    if role == "candidate" and not before.get("initialised"):
+                        self._init(name, role)
                     result["api_key"] = self._start(name, timeout)
         elif state == "stopped":
             if before.get("running"):
@@ -184,12 +217,14 @@ class Node:
             if not self.check_mode:
                 if before.get("running"):
                     self.cli.run("service", "stop", "--json", "--timeout", str(timeout))
+                if role == "candidate" and not before.get("initialised"):
+                    self._init(name, role)
                 result["api_key"] = self._start(name, timeout)
         else:
             raise ValueError(f"unknown state {state!r}")
         if result.get("api_key") is None:
             result.pop("api_key", None)
-        after = self._predicted(before, state) if self.check_mode else self.facts()
+        after = self._predicted(before, state, role) if self.check_mode else self.facts()
         if result["installed"] or after.get("initialised"):
             result["node"] = after
         result["diff"] = {
@@ -197,6 +232,14 @@ class Node:
             "after": {k: after.get(k) for k in ("initialised", "running")},
         }
         return result
+
+    def _init(self, name, role):
+        """Initialise a fresh home; the main's first API key, or None for a candidate."""
+        named = ["--name", name] if name else []
+        if role == "candidate":
+            self.cli.run("node", "init", *named)
+            return None
+        return self.cli.json("service", "init", "--json", *named).get("api_key")
 
     def _start(self, name, timeout):
         args = ["service", "start", "--json", "--timeout", str(timeout)]
@@ -209,9 +252,11 @@ class Node:
             raise CliError([self.cli.executable], None, "", f"cannot {what}: not installed")
 
     @staticmethod
-    def _predicted(before, state):
+    def _predicted(before, state, role="main"):
         after = dict(before)
         if state in ("initialised", "started", "restarted"):
+            if not after.get("initialised"):
+                after["role"] = role
             after["initialised"] = True
         if state in ("started", "restarted"):
             after["running"] = True
@@ -231,6 +276,7 @@ def main():
             "executable": {"type": "path", "default": "/opt/letsinfer/current/bin/letsinfer"},
             "home": {"type": "path"},
             "name": {"type": "str"},
+            "role": {"type": "str", "default": "main", "choices": ["main", "candidate"]},
             "timeout": {"type": "int", "default": 60},
             "sweep_paths": {"type": "list", "elements": "path", "default": []},
             "return_api_key": {"type": "bool", "default": True},
@@ -243,7 +289,7 @@ def main():
     )
     node = Node(cli, check_mode=module.check_mode)
     try:
-        result = node.ensure(p["state"], p["name"], p["timeout"], p["sweep_paths"])
+        result = node.ensure(p["state"], p["name"], p["timeout"], p["sweep_paths"], role=p["role"])
     except CliError as exc:
         module.fail_json(msg=str(exc), rc=exc.rc, stdout=exc.stdout, stderr=exc.stderr)
     if not p["return_api_key"]:
