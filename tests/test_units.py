@@ -167,3 +167,11 @@ def test_republishing_a_replica_keeps_the_object_requests_hold() -> None:
     first.in_flight -= 1  # the request gives its slot back to the object it holds
     [current] = table.replicas("m")
     assert current.in_flight == 0 and current.capacity == 8
+
+
+def test_the_authority_database_is_not_world_readable(tmp_path: Path) -> None:
+    store = AuthorityStore(tmp_path / "a.db")
+    store.append_audit("t", "x", "ok")
+    for name in ("a.db", "a.db-wal"):
+        assert (tmp_path / name).stat().st_mode & 0o007 == 0, name
+    store.close()

@@ -8,6 +8,7 @@ all.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -135,6 +136,11 @@ class AuthorityStore:
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.exists():
+            # Owner and the letsinfer group only: it holds the cluster's state and
+            # audit chain. SQLite gives its -wal/-shm files the same mode.
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o660))
+            path.chmod(0o660)  # past the umask
         conn = sqlite3.connect(path, timeout=10.0, isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA foreign_keys=ON")
