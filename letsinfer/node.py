@@ -77,6 +77,7 @@ class MainNode:
         )
         self.ledger = FactLedger()
         self.tasks = TaskBoard()
+        self._observed: dict[str, tuple[object, ...]] = {}  # pg id -> last facts written
         self.gpus = gpu_probe(settings.hardware.fake_gpus)
         self._remote: dict[str, set[tuple[str, str]]] = {}  # node -> {(service, pg)} published
 
@@ -258,8 +259,9 @@ class MainNode:
         node = self.store.get_node(facts.node_id)
         if node is None:
             raise FactError("unknown node")
-        self.store.node_seen(node.id, None, peer.identity.fingerprint)
-        self.store.record_node_facts(node.id, _hardware(facts.model_dump(mode="json")))
+        self.store.record_node_facts(
+            node.id, _hardware(facts.model_dump(mode="json")), peer.identity.fingerprint
+        )
         wanted = {
             pg.id: pg
             for pg in self.store.list_placement_groups(node_id=node.id)
@@ -269,7 +271,10 @@ class MainNode:
         for p in facts.placements:
             self.tasks.report(p.pg_id, p.task, TaskReport(node.id, p.state, p.base_url))
             pg = wanted.get(p.pg_id)
-            if pg is not None:
+            seen = (p.state, p.base_url, p.pid, p.capacity, p.restarts, p.detail)
+            # Facts arrive every interval: write an observation only when it changed.
+            if pg is not None and self._observed.get(pg.id) != seen:
+                self._observed[pg.id] = seen
                 self.store.record_pg_observation(
                     pg.id,
                     state=p.state,
@@ -294,7 +299,6 @@ class MainNode:
         for service, pg_id in self._remote.get(node.id, set()) - published:
             self.routing.withdraw(service, pg_id, "not ready on its node")
         self._remote[node.id] = published
-        self.routing.set_paused_nodes({n.id for n in self.store.list_nodes() if n.paused})
         desired = desired_for_node(self.store, node.id, self._engine_secret)
         return {
             "placements": [to_wire(d) for d in desired],

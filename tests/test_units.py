@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from letsinfer.authority.audit import verify_chain
 from letsinfer.engines.launch import ENGINE_KEY_ENV, EngineTask, plan_llamacpp
 from letsinfer.engines.releases import llama_server, xllamacpp_cpu
 from letsinfer.engines.tinymodel import write_tiny_model
-from letsinfer.gateway import protocol
+from letsinfer.gateway import policy, protocol
 from letsinfer.gateway.directory import Directory, StoreUnavailable
 from letsinfer.gateway.errors import GatewayError
 from letsinfer.gateway.routing import Replica, RoutingTable
@@ -66,16 +67,22 @@ def replica(pg: str, in_flight: int = 0, capacity: int = 4, paused: bool = False
     )
 
 
+def pick(table: RoutingTable, exclude: frozenset[str] = frozenset()) -> Replica | None:
+    return policy.choose(
+        table.replicas("m"), time.monotonic(), policy.RoutingPolicy(), exclude=exclude
+    )
+
+
 def test_routing_prefers_the_least_pressed_ready_replica() -> None:
     table = RoutingTable()
     for r in (replica("a", 3), replica("b", 1), replica("c", 0, paused=True)):
         table.publish(r)
-    assert table.choose("m").pg_id == "b"  # type: ignore[union-attr]
-    assert table.choose("m", exclude=frozenset({"b"})).pg_id == "a"  # type: ignore[union-attr]
-    assert table.choose("m", exclude=frozenset({"a", "b"})) is None  # paused never chosen
+    assert pick(table).pg_id == "b"  # type: ignore[union-attr]
+    assert pick(table, exclude=frozenset({"b"})).pg_id == "a"  # type: ignore[union-attr]
+    assert pick(table, exclude=frozenset({"a", "b"})) is None  # paused never chosen
     table.withdraw("m", "a", "engine exited")
     table.withdraw("m", "b", "engine exited")
-    assert table.choose("m") is None
+    assert pick(table) is None
     assert "engine exited" in table.explain("m")
     assert table.explain("other") == "no placement group is running it"
 

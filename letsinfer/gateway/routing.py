@@ -10,7 +10,6 @@ none is left.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
@@ -114,15 +113,6 @@ class RoutingTable:
 
     def services(self) -> list[str]:
         return list(self._lists)
-
-    def choose(self, service: str, exclude: frozenset[str] = frozenset()) -> Replica | None:
-        """The replica the default policy would pick now, without taking a slot
-        (requests take slots through admission)."""
-        from letsinfer.gateway import policy  # the policy module imports this one
-
-        return policy.choose(
-            self.replicas(service), time.monotonic(), policy.RoutingPolicy(), exclude=exclude
-        )
 
     def explain(self, service: str) -> str:
         waiting = self._not_ready.get(service, {})

@@ -251,17 +251,16 @@ class AuthorityStore:
         )
         return _node(rows[0]) if rows else None
 
-    def node_seen(self, node_id: str, address: str | None, cert_fingerprint: str) -> None:
+    def record_node_facts(
+        self, node_id: str, facts: dict[str, Any], cert_fingerprint: str | None = None
+    ) -> None:
+        """Latest verified facts; also when the node was last heard from and by
+        which certificate (the one a removal revokes)."""
+        now = time.time()
         self.db.execute(
-            "UPDATE nodes SET last_seen = ?, address = COALESCE(?, address), "
-            "cert_fingerprint = ? WHERE id = ?",
-            (time.time(), address, cert_fingerprint, node_id),
-        )
-
-    def record_node_facts(self, node_id: str, facts: dict[str, Any]) -> None:
-        self.db.execute(
-            "UPDATE nodes SET facts = ?, facts_at = ?, last_seen = ? WHERE id = ?",
-            (json.dumps(facts, sort_keys=True), time.time(), time.time(), node_id),
+            "UPDATE nodes SET facts = ?, facts_at = ?, last_seen = ?, "
+            "cert_fingerprint = COALESCE(?, cert_fingerprint) WHERE id = ?",
+            (json.dumps(facts, sort_keys=True), now, now, cert_fingerprint, node_id),
         )
 
     def delete_placement_group(self, pg_id: str) -> None:
@@ -329,12 +328,6 @@ class AuthorityStore:
     def get_enrollment(self, enrollment_id: str) -> EnrollmentRecord | None:
         rows = self._rows("SELECT * FROM enrollments WHERE id = ?", (enrollment_id,))
         return EnrollmentRecord(**rows[0]) if rows else None
-
-    def list_enrollments(self) -> list[EnrollmentRecord]:
-        return [
-            EnrollmentRecord(**r)
-            for r in self._rows("SELECT * FROM enrollments ORDER BY created_at")
-        ]
 
     def set_enrollment_state(
         self, enrollment_id: str, state: str, detail: str | None = None
