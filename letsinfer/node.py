@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -23,11 +24,14 @@ from letsinfer.agent.placement import PlacementRunner
 from letsinfer.agent.runtime import advertise_address, advertiser_for, instance_name
 from letsinfer.agent.supervisor import EngineStatus, EngineSupervisor, SupervisionPolicy
 from letsinfer.authority import engine_keys
+from letsinfer.authority.audit import handshake_refusals
 from letsinfer.authority.facts import FactLedger
 from letsinfer.authority.parallel import TaskBoard, TaskReport
 from letsinfer.authority.placements import desired_for_node, to_wire
 from letsinfer.config import Settings
+from letsinfer.control.admin_socket import AdminPlane, LocalGate
 from letsinfer.control.app import ControlContext, create_control_app
+from letsinfer.control.ops import ops_router, typed_app
 from letsinfer.gateway.app import Gateway, create_app
 from letsinfer.gateway.directory import Directory
 from letsinfer.gateway.metrics import start_metrics_server
@@ -116,6 +120,7 @@ class MainNode:
                     self.settings.control.host,
                     self.settings.control.port,
                     ctx,
+                    on_refused=handshake_refusals(self.store, "control"),
                 )
             ),
             RunningPlane(
@@ -124,12 +129,23 @@ class MainNode:
                     agent.api_host,
                     agent.api_port,
                     ctx,
+                    on_refused=handshake_refusals(self.store, "agent"),
                 )
             ),
         ]
+        admin = typed_app("letsinfer admin socket")
+        admin.include_router(ops_router(self.store, self.identity, on_change=self.apply_now))
+        planes.append(
+            AdminPlane(self.home.admin_socket, LocalGate(admin, self.store, os.geteuid()))
+        )
         for plane in planes:
             await plane.start()
         return planes
+
+    def apply_now(self) -> None:
+        """A change made through the admin socket takes effect before it answers."""
+        self.directory.refresh()
+        self.reconcile()
 
     @asynccontextmanager
     async def _lifespan(self, app: FastAPI) -> AsyncIterator[None]:

@@ -78,11 +78,13 @@ class Cluster:
             if line.startswith("Ctrl-C"):
                 break
         self.procs[name] = proc
+
         # The banner comes before the listeners bind: wait for them.
-        self.wait(
-            lambda: log_path.read_text().count("Uvicorn running on") >= listeners,
-            f"{name} listening",
-        )
+        def bound() -> int:
+            text = log_path.read_text()  # the gateway is uvicorn's; mTLS planes are ours
+            return text.count("Uvicorn running on") + text.count("(mutual TLS)")
+
+        self.wait(lambda: bound() >= listeners, f"{name} listening")
 
     def wait(self, predicate: object, what: str, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout

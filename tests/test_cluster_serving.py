@@ -222,7 +222,10 @@ def test_pause_lets_a_stream_finish_and_moves_new_requests(cluster: Cluster) -> 
     )
     assert stream.stdout is not None
     assert stream.stdout.readline().strip() == "STARTED"
-    c.ok("n1", "node", "pause")  # a child asks the main over mutual TLS
+    # The CLI asks the child's running agent (admin socket), which asks the main
+    # over mutual TLS with the node's key.
+    c.ok("n1", "node", "pause")
+    assert ("local:root", "node.pause") in [(r["actor"], r["action"]) for r in c.audit("n1")]
     time.sleep(1.5)  # the main applies it on its next round
     before = served_by(c, "shared")
     assert load(c, "shared", n=12) == [200] * 12

@@ -120,7 +120,8 @@ def test_refusals_are_clear_and_audited(cluster: Cluster) -> None:
         r["action"] == "node.move-into" and r["outcome"] == "denied" for r in c.audit("main")
     )
 
-    # A certificate from another CA cannot even complete the TLS handshake.
+    # A certificate from another CA cannot even complete the TLS handshake, and
+    # the main audits the refused handshake with the address it came from.
     probe = c.lab.run(
         "other",
         PY,
@@ -141,6 +142,16 @@ except (httpx.HTTPError, ssl.SSLError) as exc:
 """,
     )
     assert "REFUSED" in probe.stdout, probe.stdout + probe.stderr
+    c.wait(
+        lambda: any(
+            r["actor"] == f"tls:{c.lab.hosts['other']}"
+            and r["action"] == "control:handshake"
+            and r["outcome"] == "denied"
+            and "CA" in str(r["detail"])
+            for r in c.audit("main")
+        ),
+        "the main audits the handshake refused over another CA's certificate",
+    )
 
     # A removed node's certificate is refused from then on, and that is audited.
     c.ok("main", "node", "remove", "n2")

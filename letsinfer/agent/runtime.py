@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import re
 import time
 from collections.abc import AsyncIterator
@@ -17,6 +18,8 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
+from fastapi import HTTPException, Request
+from pydantic import BaseModel, ConfigDict
 
 from letsinfer import __version__
 from letsinfer.agent.api import create_agent_app
@@ -27,6 +30,8 @@ from letsinfer.agent.supervisor import EngineSupervisor, SupervisionPolicy
 from letsinfer.authority.modelstore import artifact_path
 from letsinfer.authority.placements import from_wire
 from letsinfer.config import Settings
+from letsinfer.control.admin_socket import AdminPlane, LocalGate
+from letsinfer.control.ops import typed_app
 from letsinfer.home import Home
 from letsinfer.identity import NodeIdentity, load_identity
 from letsinfer.mirror.fetching import fetch_artifact
@@ -65,6 +70,11 @@ def advertiser_for(
         local_addresses(host),
         txt_record(identity.node_id, fingerprint, identity.role, pairing, gateway),
     )
+
+
+class LocalPause(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    paused: bool
 
 
 class AgentNode:
@@ -123,6 +133,10 @@ class AgentNode:
         if self.settings.discovery.enabled:
             adv = advertiser_for(self.identity, self.fingerprint, agent.api_host, agent.api_port)
             await adv.start()
+        admin = AdminPlane(
+            self.home.admin_socket, LocalGate(self._admin_app(), self.audit, os.geteuid())
+        )
+        await admin.start()
         tasks = [asyncio.create_task(self._watch_identity())]
         if self.identity.role == "child":
             tasks.append(asyncio.create_task(self._report()))
@@ -144,8 +158,45 @@ class AgentNode:
                     await t
             if adv is not None:
                 await adv.stop()
+            await admin.stop()
             await self.placements.stop_all()
             self.audit.close()
+
+    def _admin_app(self) -> Any:
+        """What the CLI on this machine may ask its running child node: to pause
+        or resume it, which the agent asks the main with the node's own key
+        (so the CLI needs no access to the key)."""
+        app = typed_app("letsinfer admin socket")
+
+        @app.post("/v1/local/pause")
+        async def pause(body: LocalPause, request: Request) -> dict[str, Any]:
+            ident = self.identity
+            if ident.role != "child":
+                raise HTTPException(409, "this node is not enrolled in a cluster yet")
+            client = ClusterClient(self.files, expect_node=ident.main_id)
+            try:
+                resp = await client.arequest(
+                    "POST",
+                    f"https://{ident.main_address}/v1/agent/pause",
+                    json={"paused": body.paused},
+                )
+            except (httpx.HTTPError, PeerMismatch, OSError) as exc:
+                raise HTTPException(
+                    502, f"cannot reach the main at {ident.main_address}: {exc}"
+                ) from exc
+            if resp.status_code != 200:
+                raise HTTPException(502, f"the main refused: {resp.text}")
+            who = request.scope["state"]["peer"].identity.id
+            self.audit.append_audit(
+                f"local:{who}",
+                "node.pause" if body.paused else "node.resume",
+                "ok",
+                target=ident.name,
+                detail=f"asked the main at {ident.main_address}",
+            )
+            return {"node": ident.name, "paused": body.paused, "main": ident.main_address}
+
+        return app
 
     async def _watch_identity(self) -> None:
         while True:

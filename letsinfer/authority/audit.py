@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
+
+from letsinfer.trust.handshake import RefusalLog
 
 GENESIS = "0" * 64
 
@@ -79,3 +81,27 @@ def verify_chain(records: Iterable[ChainedRecord]) -> ChainBreak | None:
         expected_prev = rec.hash
         expected_seq += 1
     return None
+
+
+class AuditSink(Protocol):
+    def append_audit(
+        self,
+        actor: str,
+        action: str,
+        outcome: str,
+        *,
+        role: str | None = None,
+        target: str | None = None,
+        detail: str | None = None,
+    ) -> object: ...
+
+
+def handshake_refusals(store: AuditSink, plane: str) -> Callable[[str, str], None]:
+    """``on_refused`` for a mutual-TLS plane: each refused handshake (rate-limited
+    per address and reason) becomes a denial in the chain."""
+
+    def audit(address: str, reason: str, count: int) -> None:
+        detail = reason if count == 1 else f"{reason} (x{count} since the last record)"
+        store.append_audit(f"tls:{address}", f"{plane}:handshake", "denied", detail=detail)
+
+    return RefusalLog(audit).refused

@@ -10,6 +10,7 @@ from letsinfer import config
 from letsinfer.authority import install as install_mod
 from letsinfer.authority.models import add_gguf_model
 from letsinfer.cli import cli
+from letsinfer.cli.local import ask_node, segment
 from letsinfer.cli.output import console, emit
 from letsinfer.cli.scope import CliContext, scoped
 from letsinfer.engines import releases
@@ -235,6 +236,12 @@ def install(
 
 
 def _set_desired(ctx: CliContext, name: str, desired: str, action: str) -> None:
+    verb = action.removeprefix("model.")
+    answer = ask_node(ctx.home, "POST", f"/v1/ops/models/{segment(name)}/{verb}")
+    if answer is not None:
+        n = answer["placement_groups"]
+        console.print(f"model {answer['model']}: {n} placement group(s) {desired}")
+        return
     store = AuthorityStore(ctx.home.database)
     try:
         svc = store.resolve_service(name)

@@ -17,6 +17,7 @@ from letsinfer.agent.api import adoption_window
 from letsinfer.authority import enrollment
 from letsinfer.authority.bootstrap import init_candidate, init_main
 from letsinfer.cli import cli
+from letsinfer.cli.local import ask_node, segment
 from letsinfer.cli.output import console, emit
 from letsinfer.cli.scope import CliContext, ScopedCommand, scoped
 from letsinfer.identity import load_identity
@@ -445,10 +446,19 @@ def _pause(ctx: CliContext, name: str | None, paused: bool) -> None:
     ident = ctx.identity
     assert ident is not None
     word = "paused" if paused else "resumed"
+    verb = "pause" if paused else "resume"
     if ident.role == "main":
+        target_name = name or ident.node_id
+        answer = ask_node(ctx.home, "POST", f"/v1/ops/nodes/{segment(target_name)}/{verb}")
+        if answer is not None:
+            console.print(
+                f"node {answer['node']} {word}: "
+                + ("no new requests; in-flight ones finish" if paused else "admitting")
+            )
+            return
         store = AuthorityStore(ctx.home.database)
         try:
-            target = store.find_node(name or ident.node_id)
+            target = store.find_node(target_name)
             if target is None:
                 raise StoreError(f"no node {name!r} (see `letsinfer node list`)")
             with store.transaction():
@@ -472,6 +482,10 @@ def _pause(ctx: CliContext, name: str | None, paused: bool) -> None:
             f"a child pauses only itself; run this on the main "
             f"at {ident.main_address} to pause {name}"
         )
+    if ask_node(ctx.home, "POST", "/v1/local/pause", json={"paused": paused}) is not None:
+        console.print(f"node {ident.name} {word} (asked the main at {ident.main_address})")
+        return
+    # No agent runs here: ask the main with the node's key directly.
     client = ClusterClient(tls_files(ctx.home, ident), expect_node=ident.main_id)
     try:
         resp = client.request(

@@ -149,6 +149,7 @@ def up(
 def _run_agent(ctx: CliContext, settings: config.Settings) -> None:
     """A candidate or child: the agent plane until stopped; rebuilt after enrollment."""
     from letsinfer.agent.runtime import AgentNode
+    from letsinfer.authority.audit import handshake_refusals
     from letsinfer.planes import tls_server
 
     agent = settings.agent
@@ -173,6 +174,7 @@ def _run_agent(ctx: CliContext, settings: config.Settings) -> None:
             node.ssl_context(),
             embedded=False,
             lifespan="on",
+            on_refused=handshake_refusals(node.audit, "agent"),
         )
         node.server = server
         server.run()

@@ -6,24 +6,22 @@ verified cluster certificate: nodes use ``/v1/agent/*``, controllers
 ``/v1/ops/*`` within their role.
 """
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import Depends, FastAPI, HTTPException, Request
-from fastapi.responses import JSONResponse
+from fastapi import HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from letsinfer import __version__
 from letsinfer.agent.facts import FactError
 from letsinfer.authority import controllers, enrollment
-from letsinfer.authority.apikeys import create_key
 from letsinfer.authority.modelstore import artifact_path
+from letsinfer.control.ops import actor_of, ops_router, peer, typed_app
 from letsinfer.identity import NodeIdentity
 from letsinfer.mirror.layout import MirrorLayout
 from letsinfer.mirror.serving import artifact_router
-from letsinfer.store import AuthorityStore, StoreError
+from letsinfer.store import AuthorityStore
 from letsinfer.trust import pki
 from letsinfer.trust.material import ClusterCA
 from letsinfer.trust.peer import Peer, PeerGate, Scope
@@ -74,51 +72,12 @@ class Renew(_Body):
     csr: str
 
 
-class KeyCreate(_Body):
-    name: str
-    models: list[str] = Field(default_factory=list)
-    concurrency: int | None = Field(None, ge=1)
-
-
 def create_control_app(ctx: ControlContext) -> PeerGate:
     store = ctx.store
-    app = FastAPI(title="letsinfer control plane", docs_url=None, redoc_url=None, openapi_url=None)
-
-    @app.exception_handler(HTTPException)
-    async def _error(request: Request, exc: HTTPException) -> JSONResponse:
-        return JSONResponse(
-            {"error": {"message": exc.detail, "code": exc.status_code}}, status_code=exc.status_code
-        )
-
-    def peer(request: Request) -> Peer:
-        found = request.scope.get("state", {}).get("peer")
-        assert found is not None  # the gate admits no request without one
-        return found  # type: ignore[no-any-return]
+    app = typed_app("letsinfer control plane")
 
     def actor(p: Peer) -> str:
-        if p.identity.kind == "controller":
-            rec = store.get_controller(p.identity.id)
-            return f"controller:{rec.name if rec else p.identity.id}"
-        return f"node:{p.identity.id}"
-
-    def need(role: str) -> Callable[[Request], Awaitable[Peer]]:
-        async def check(request: Request) -> Peer:
-            p = peer(request)
-            if not controllers.allows(p.identity.role, role):
-                store.append_audit(
-                    actor(p),
-                    request.url.path,
-                    "denied",
-                    role=p.identity.role,
-                    detail=f"needs {role}",
-                )
-                raise HTTPException(
-                    403,
-                    f"this operation needs the {role} role; this controller is {p.identity.role}",
-                )
-            return p
-
-        return check
+        return actor_of(store, p)
 
     # -- open: one-time secrets --------------------------------------------
     @app.post("/v1/enroll/complete")
@@ -205,103 +164,7 @@ def create_control_app(ctx: ControlContext) -> PeerGate:
             )
         return {"certificate": cert.decode()}
 
-    # -- controllers: a fixed set of typed operations ------------------------
-    @app.get("/v1/ops/state")
-    async def state(p: Annotated[Peer, Depends(need("viewer"))]) -> dict[str, Any]:
-        return {
-            "nodes": [
-                {
-                    "id": n.id,
-                    "name": n.name,
-                    "role": n.role,
-                    "state": n.state,
-                    "paused": n.paused,
-                    "last_seen": n.last_seen,
-                }
-                for n in store.list_nodes()
-            ],
-            "models": [{"name": s.name, "aliases": list(s.aliases)} for s in store.list_services()],
-            "placement_groups": [
-                {
-                    "id": g.id,
-                    "model": g.service,
-                    "node": g.node_id,
-                    "desired": g.desired,
-                    "state": g.state,
-                }
-                for g in store.list_placement_groups()
-            ],
-        }
-
-    def set_desired(name: str, desired: str, p: Peer) -> dict[str, Any]:
-        svc = store.resolve_service(name)
-        if svc is None:
-            raise HTTPException(404, f"no model {name!r}")
-        with store.transaction():
-            changed = store.set_service_desired(svc.name, desired)
-            store.append_audit(
-                actor(p),
-                f"model.{'start' if desired == 'running' else 'stop'}",
-                "ok",
-                role=p.identity.role,
-                target=svc.name,
-            )
-        return {"model": svc.name, "desired": desired, "placement_groups": changed}
-
-    @app.post("/v1/ops/models/{name}/stop")
-    async def model_stop(
-        name: str, p: Annotated[Peer, Depends(need("operator"))]
-    ) -> dict[str, Any]:
-        return set_desired(name, "stopped", p)
-
-    @app.post("/v1/ops/models/{name}/start")
-    async def model_start(
-        name: str, p: Annotated[Peer, Depends(need("operator"))]
-    ) -> dict[str, Any]:
-        return set_desired(name, "running", p)
-
-    @app.post("/v1/ops/keys")
-    async def key_create(
-        body: KeyCreate, p: Annotated[Peer, Depends(need("administrator"))]
-    ) -> dict[str, Any]:
-        try:
-            issued = create_key(
-                store, body.name, tuple(body.models), body.concurrency, actor=actor(p)
-            )
-        except StoreError as exc:
-            raise HTTPException(400, str(exc)) from exc
-        return {"name": issued.record.name, "key": issued.secret}
-
-    def pause_node(name: str, paused: bool, p: Peer) -> dict[str, Any]:
-        node = store.find_node(name)
-        if node is None:
-            raise HTTPException(404, f"no node {name!r}")
-        with store.transaction():
-            store.set_node_paused(node.id, paused)
-            store.append_audit(
-                actor(p),
-                "node.pause" if paused else "node.resume",
-                "ok",
-                role=p.identity.role,
-                target=node.name,
-            )
-        return {"node": node.name, "paused": paused}
-
-    @app.post("/v1/ops/nodes/{name}/pause")
-    async def node_pause(
-        name: str, p: Annotated[Peer, Depends(need("operator"))]
-    ) -> dict[str, Any]:
-        return pause_node(name, True, p)
-
-    @app.post("/v1/ops/nodes/{name}/resume")
-    async def node_resume(
-        name: str, p: Annotated[Peer, Depends(need("operator"))]
-    ) -> dict[str, Any]:
-        return pause_node(name, False, p)
-
-    @app.get("/v1/ops/version")
-    async def version(p: Annotated[Peer, Depends(need("viewer"))]) -> dict[str, str]:
-        return {"version": __version__, "main": ctx.identity.name}
+    app.include_router(ops_router(store, ctx.identity))
 
     def model_file(digest: str) -> Path | None:
         path = artifact_path(ctx.model_store, digest)

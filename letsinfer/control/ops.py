@@ -1,0 +1,194 @@
+"""The typed operations on a main node, each within a role: the same routes
+for a paired controller (mutual TLS, role from its certificate) and for a local
+administrator (the admin unix socket, peer credentials). Nothing runs commands.
+
+Roles: viewer reads state; operator adds lifecycle (pause, resume, model
+start/stop); administrator adds keys (and, through the CLI on the main,
+controllers, nodes and settings).
+"""
+
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from letsinfer import __version__
+from letsinfer.authority import controllers
+from letsinfer.authority.apikeys import create_key
+from letsinfer.identity import NodeIdentity
+from letsinfer.store import AuthorityStore, StoreError
+from letsinfer.trust.peer import Peer
+
+
+class KeyCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    models: list[str] = Field(default_factory=list)
+    concurrency: int | None = Field(None, ge=1)
+
+
+def actor_of(store: AuthorityStore, p: Peer) -> str:
+    """How the audit chain names a peer."""
+    if p.identity.kind == "controller":
+        rec = store.get_controller(p.identity.id)
+        return f"controller:{rec.name if rec else p.identity.id}"
+    return f"{p.identity.kind}:{p.identity.id}"
+
+
+def peer(request: Request) -> Peer:
+    found = request.scope.get("state", {}).get("peer")
+    assert found is not None  # every gate in front of these routes sets one
+    return found  # type: ignore[no-any-return]
+
+
+def typed_app(title: str) -> FastAPI:
+    """A FastAPI app whose errors all have one shape: {"error": {message, code}}."""
+    app = FastAPI(title=title, docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(HTTPException)
+    async def _error(request: Request, exc: HTTPException) -> JSONResponse:
+        return JSONResponse(
+            {"error": {"message": exc.detail, "code": exc.status_code}}, status_code=exc.status_code
+        )
+
+    return app
+
+
+def ops_router(
+    store: AuthorityStore, identity: NodeIdentity, on_change: Callable[[], None] = lambda: None
+) -> APIRouter:
+    """``on_change`` runs after each mutation: the node applies it at once
+    instead of at its next reconcile."""
+    router = APIRouter()
+
+    def actor(p: Peer) -> str:
+        return actor_of(store, p)
+
+    def need(role: str) -> Callable[[Request], Awaitable[Peer]]:
+        async def check(request: Request) -> Peer:
+            p = peer(request)
+            if not controllers.allows(p.identity.role, role):
+                store.append_audit(
+                    actor(p),
+                    request.url.path,
+                    "denied",
+                    role=p.identity.role,
+                    detail=f"needs {role}",
+                )
+                raise HTTPException(
+                    403,
+                    f"this operation needs the {role} role; this controller is {p.identity.role}",
+                )
+            return p
+
+        return check
+
+    @router.get("/v1/ops/state")
+    async def state(p: Annotated[Peer, Depends(need("viewer"))]) -> dict[str, Any]:
+        return {
+            "nodes": [
+                {
+                    "id": n.id,
+                    "name": n.name,
+                    "role": n.role,
+                    "state": n.state,
+                    "paused": n.paused,
+                    "last_seen": n.last_seen,
+                }
+                for n in store.list_nodes()
+            ],
+            "models": [{"name": s.name, "aliases": list(s.aliases)} for s in store.list_services()],
+            "placement_groups": [
+                {
+                    "id": g.id,
+                    "model": g.service,
+                    "node": g.node_id,
+                    "desired": g.desired,
+                    "state": g.state,
+                }
+                for g in store.list_placement_groups()
+            ],
+        }
+
+    def set_desired(name: str, desired: str, p: Peer, action: str | None = None) -> dict[str, Any]:
+        svc = store.resolve_service(name)
+        if svc is None:
+            raise HTTPException(404, f"no model {name!r}")
+        with store.transaction():
+            changed = store.set_service_desired(svc.name, desired)
+            store.append_audit(
+                actor(p),
+                action or f"model.{'start' if desired == 'running' else 'stop'}",
+                "ok",
+                role=p.identity.role,
+                target=svc.name,
+            )
+        on_change()
+        return {"model": svc.name, "desired": desired, "placement_groups": changed}
+
+    @router.post("/v1/ops/models/{name}/stop")
+    async def model_stop(
+        name: str, p: Annotated[Peer, Depends(need("operator"))]
+    ) -> dict[str, Any]:
+        return set_desired(name, "stopped", p)
+
+    @router.post("/v1/ops/models/{name}/start")
+    async def model_start(
+        name: str, p: Annotated[Peer, Depends(need("operator"))]
+    ) -> dict[str, Any]:
+        return set_desired(name, "running", p)
+
+    @router.post("/v1/ops/keys")
+    async def key_create(
+        body: KeyCreate, p: Annotated[Peer, Depends(need("administrator"))]
+    ) -> dict[str, Any]:
+        try:
+            issued = create_key(
+                store, body.name, tuple(body.models), body.concurrency, actor=actor(p)
+            )
+        except StoreError as exc:
+            raise HTTPException(400, str(exc)) from exc
+        on_change()
+        return {"name": issued.record.name, "key": issued.secret}
+
+    def pause_node(name: str, paused: bool, p: Peer) -> dict[str, Any]:
+        node = store.find_node(name)
+        if node is None:
+            raise HTTPException(404, f"no node {name!r}")
+        with store.transaction():
+            store.set_node_paused(node.id, paused)
+            store.append_audit(
+                actor(p),
+                "node.pause" if paused else "node.resume",
+                "ok",
+                role=p.identity.role,
+                target=node.name,
+            )
+        on_change()
+        return {"node": node.name, "paused": paused}
+
+    @router.post("/v1/ops/nodes/{name}/pause")
+    async def node_pause(
+        name: str, p: Annotated[Peer, Depends(need("operator"))]
+    ) -> dict[str, Any]:
+        return pause_node(name, True, p)
+
+    @router.post("/v1/ops/nodes/{name}/resume")
+    async def node_resume(
+        name: str, p: Annotated[Peer, Depends(need("operator"))]
+    ) -> dict[str, Any]:
+        return pause_node(name, False, p)
+
+    @router.post("/v1/ops/models/{name}/resume")
+    async def model_resume(
+        name: str, p: Annotated[Peer, Depends(need("operator"))]
+    ) -> dict[str, Any]:
+        return set_desired(name, "running", p, action="model.resume")
+
+    @router.get("/v1/ops/version")
+    async def version(p: Annotated[Peer, Depends(need("viewer"))]) -> dict[str, str]:
+        return {"version": __version__, "main": identity.name}
+
+    return router

@@ -1,0 +1,142 @@
+"""TLS handshakes the planes run themselves, so that a refused one is audited.
+
+With ``ssl=`` on a server, the event loop performs the handshake and a
+failure never reaches the application: a certificate from another cluster's
+CA would be refused without a trace. Instead :class:`TlsListener` accepts on
+a plain socket and hands each connection to ``connect_accepted_socket`` with
+the plane's TLS context, which raises when the handshake fails; the HTTP
+protocol (uvicorn's, via ``PeerCertProtocol``) only ever sees established TLS.
+(``start_tls`` on an accepted plain transport is not an option: uvloop may
+deliver the ClientHello to the plain protocol before it can pause reading.)
+A handshake refused over a certificate is reported to ``on_refused``; scans,
+resets and timeouts are not (they say nothing about trust, and would flood
+the chain).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import ssl
+import time
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+HANDSHAKE_TIMEOUT_S = 10.0
+# One audit record per (address, reason) per window; repeats are counted into
+# the next record so a misconfigured peer retrying every second cannot flood
+# the chain, while the first refusal is always recorded at once.
+REPEAT_WINDOW_S = 60.0
+
+# Alerts a client sends when it refuses *our* certificate (it trusts another CA).
+_CLIENT_REFUSED = frozenset(
+    {
+        "TLSV1_ALERT_UNKNOWN_CA",
+        "SSLV3_ALERT_BAD_CERTIFICATE",
+        "SSLV3_ALERT_CERTIFICATE_UNKNOWN",
+        "SSLV3_ALERT_UNSUPPORTED_CERTIFICATE",
+        "TLSV1_ALERT_ACCESS_DENIED",
+    }
+)
+
+Refused = Callable[[str, str, int], None]
+"""(peer address, reason, refusals since the last record) -> None"""
+
+
+def refusal_reason(exc: BaseException) -> str | None:
+    """What a failed handshake says about trust, or None when it says nothing."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"client certificate not accepted by this cluster's CA: {exc.verify_message}"
+    if isinstance(exc, ssl.SSLError) and exc.reason in _CLIENT_REFUSED:
+        return f"the client refused this node's certificate ({exc.reason})"
+    return None
+
+
+class RefusalLog:
+    """Rate-limits handshake refusals per (address, reason) before auditing."""
+
+    def __init__(
+        self,
+        audit: Refused,
+        window_s: float = REPEAT_WINDOW_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.audit = audit
+        self.window_s = window_s
+        self.clock = clock
+        self._last: dict[tuple[str, str], float] = {}
+        self._held: dict[tuple[str, str], int] = {}
+
+    def refused(self, address: str, reason: str) -> None:
+        key = (address, reason)
+        now = self.clock()
+        last = self._last.get(key)
+        if last is not None and now - last < self.window_s:
+            self._held[key] = self._held.get(key, 0) + 1
+            return
+        self._last[key] = now
+        self.audit(address, reason, self._held.pop(key, 0) + 1)
+
+
+class TlsListener:
+    """Accepts on a plain listening socket and runs each TLS handshake with
+    ``connect_accepted_socket``, which raises when the handshake fails; only
+    then is ``protocol()`` (uvicorn's HTTP protocol) attached to the connection.
+    No byte is read outside TLS, on asyncio or uvloop alike."""
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        ctx: ssl.SSLContext,
+        protocol: Callable[[], asyncio.Protocol],
+        on_refused: Callable[[str, str], None] | None,
+    ) -> None:
+        sock.setblocking(False)
+        self.sock = sock
+        self.ctx = ctx
+        self.protocol = protocol
+        self.on_refused = on_refused
+        self.task: asyncio.Task[None] | None = None
+        self.handshakes: set[asyncio.Task[None]] = set()
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self._accept())
+
+    async def _accept(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, peer = await loop.sock_accept(self.sock)
+            except OSError as exc:  # EMFILE and friends: keep serving the others
+                log.warning("accepting a connection failed: %s", exc)
+                await asyncio.sleep(0.1)
+                continue
+            task = loop.create_task(self._handshake(conn, str(peer[0])))
+            self.handshakes.add(task)
+            task.add_done_callback(self.handshakes.discard)
+
+    async def _handshake(self, conn: socket.socket, address: str) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            # On failure the loop closes the connection (and the socket) itself.
+            await loop.connect_accepted_socket(
+                self.protocol, conn, ssl=self.ctx, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S
+            )
+        except (OSError, TimeoutError, EOFError) as exc:  # ssl.SSLError is an OSError
+            reason = refusal_reason(exc)
+            if reason is not None and self.on_refused is not None:
+                self.on_refused(address, reason)
+
+    async def close(self) -> None:
+        tasks = [t for t in (self.task, *self.handshakes) if t is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.sock.close()
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family, backlog=2048)

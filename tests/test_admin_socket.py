@@ -1,0 +1,123 @@
+"""The local admin socket: the CLI on a machine reaches its own running node
+through it, with the kernel's peer credentials deciding who may."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import stat
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from letsinfer.control.admin_socket import AdminPlane, Credentials, LocalGate, refusal
+from letsinfer.control.ops import ops_router, typed_app
+from letsinfer.identity import NodeIdentity
+from letsinfer.store import AuthorityStore
+from tests.nodes import RunningNode
+
+NOBODY = 65534
+
+
+def chat(node: RunningNode) -> httpx.Response:
+    return httpx.post(
+        f"{node.url}/v1/chat/completions",
+        headers={"Authorization": f"Bearer {node.key}"},
+        json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}]},
+        timeout=30,
+    )
+
+
+def test_cli_pauses_the_running_main_through_its_admin_socket(main_node: RunningNode) -> None:
+    sock = main_node.home / "run" / "admin.sock"
+    mode = sock.stat().st_mode
+    assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o660
+
+    before = len(json.loads(main_node.cli("audit", "list", "--json").stdout))
+    try:
+        paused = main_node.cli("node", "pause")
+        assert paused.returncode == 0, paused.stderr
+        # The node applied it before answering: the very next request is refused.
+        assert chat(main_node).status_code == 503
+    finally:
+        resumed = main_node.cli("node", "resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert chat(main_node).status_code == 200
+
+    records = json.loads(main_node.cli("audit", "list", "--json").stdout)[before:]
+    mine = [(r["actor"], r["action"]) for r in records if r["action"].startswith("node.")]
+    assert mine == [("local:root", "node.pause"), ("local:root", "node.resume")]
+
+    missing = main_node.cli("model", "stop", "no-such-model")
+    assert missing.returncode == 1 and "no model 'no-such-model'" in missing.stderr
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """A directory user nobody may enter (pytest's own are root-only)."""
+    with tempfile.TemporaryDirectory(prefix="letsinfer-admin-") as d:
+        Path(d).chmod(0o755)
+        yield Path(d)
+
+
+def test_peer_credentials_decide_who_may_use_the_socket(open_dir: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run a client as another user")
+    # A directory anyone may enter and a socket anyone may open: only the peer
+    # credentials stand between user nobody and the node.
+    tmp_path = open_dir
+    store = AuthorityStore(tmp_path / "authority.db")
+    ident = NodeIdentity(node_id="n-main", name="main", role="main")
+    app = typed_app("test admin")
+    app.include_router(ops_router(store, ident))
+    path = tmp_path / "admin.sock"
+    request = "GET /v1/ops/version HTTP/1.1\\r\\nHost: node\\r\\nConnection: close\\r\\n\\r\\n"
+    client = (
+        "import socket\n"
+        "s = socket.socket(socket.AF_UNIX)\n"
+        f"s.connect({str(path)!r})\n"
+        f"s.sendall(b'{request}')\n"
+        "print(b''.join(iter(lambda: s.recv(65536), b'')).decode())\n"
+    )
+
+    def as_user(uid: int | None) -> str:
+        prefix = (
+            [] if uid is None else ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+        )
+        done = subprocess.run(
+            [*prefix, "/usr/bin/python3", "-c", client], capture_output=True, text=True, timeout=30
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    async def scenario() -> tuple[str, str]:
+        plane = AdminPlane(path, LocalGate(app, store, node_uid=os.geteuid()))
+        await plane.start()
+        try:
+            path.chmod(0o666)
+            return await asyncio.to_thread(as_user, NOBODY), await asyncio.to_thread(as_user, None)
+        finally:
+            await plane.stop()
+
+    try:
+        nobody, root = asyncio.run(scenario())
+        assert nobody.startswith("HTTP/1.1 403")
+        assert "is not root, the node's user, or in the 'letsinfer' group" in nobody
+        assert root.startswith("HTTP/1.1 200") and '"main":"main"' in root
+        assert not path.exists(), "the socket goes away with the node"
+        denied = [r for r in store.list_audit() if r.outcome == "denied"]
+        assert [(r.actor, r.action) for r in denied] == [("local:nobody", "admin:/v1/ops/version")]
+    finally:
+        store.close()
+
+
+def test_refusal_admits_root_the_node_user_and_nobody_else() -> None:
+    assert refusal(Credentials(pid=1, uid=0, gid=0), node_uid=1234) is None
+    assert refusal(Credentials(pid=-1, uid=1234, gid=1234), node_uid=1234) is None
+    why = refusal(Credentials(pid=-1, uid=NOBODY, gid=NOBODY), node_uid=1234, group="no-group")
+    assert why is not None and "'no-group' group" in why

@@ -1,0 +1,159 @@
+"""The mutual-TLS planes run each handshake themselves: a certificate from
+another CA is refused and reported (for the audit chain), a good one reaches
+the app with its identity, and noise (plain HTTP, scans) is not reported."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI, Request
+
+from letsinfer.authority.audit import handshake_refusals
+from letsinfer.planes import RunningPlane, tls_server
+from letsinfer.trust import pki
+from letsinfer.trust.handshake import RefusalLog
+from letsinfer.trust.peer import client_context, peer_of, server_context
+from tests.nodes import free_port
+
+
+class Cluster:
+    """A CA in ``tmp``/``name`` that issues node certificates into files."""
+
+    def __init__(self, tmp: Path, name: str) -> None:
+        self.dir = tmp / name
+        self.dir.mkdir()
+        self.key, self.cert = pki.create_ca(name)
+        self.ca = self.dir / "ca.crt"
+        pki.write_pem(self.ca, pki.cert_pem(self.cert))
+
+    def node(self, node_id: str) -> tuple[Path, Path]:
+        key = pki.new_key()
+        cert = pki.issue(
+            self.key,
+            self.cert,
+            key.public_key(),
+            kind="node",
+            subject_id=node_id,
+            role="child",
+            days=1,
+        )
+        pki.write_pem(self.dir / f"{node_id}.crt", pki.cert_pem(cert))
+        pki.write_private_key(self.dir / f"{node_id}.key", key)
+        return self.dir / f"{node_id}.crt", self.dir / f"{node_id}.key"
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+
+    def append_audit(self, actor: str, action: str, outcome: str, **kw: Any) -> None:
+        self.records.append({"actor": actor, "action": action, "outcome": outcome, **kw})
+
+
+def _app() -> FastAPI:
+    app = FastAPI()
+
+    @app.get("/who")
+    async def who(request: Request) -> dict[str, str | None]:
+        peer = peer_of(request.scope)
+        return {"id": peer.identity.id if peer else None, "scheme": request.url.scheme}
+
+    return app
+
+
+def _run_uvloop(coro: Any) -> Any:
+    uvloop = pytest.importorskip("uvloop")
+    return uvloop.run(coro)
+
+
+# uvicorn runs a child's agent plane on uvloop and the main's on asyncio: both.
+@pytest.mark.parametrize("run", [asyncio.run, _run_uvloop], ids=["asyncio", "uvloop"])
+def test_refused_handshakes_are_reported_and_good_ones_served(
+    tmp_path: Path, run: Callable[[Any], Any]
+) -> None:
+    ours = Cluster(tmp_path, "ours")
+    theirs_ca = Cluster(tmp_path, "theirs")
+    cert, key = ours.node("server")
+    good_cert, good_key = ours.node("n1")
+    other_cert, other_key = theirs_ca.node("intruder")
+    ca, other_ca = ours.ca, theirs_ca.ca
+
+    sink = Sink()
+    port = free_port()
+    server = tls_server(
+        _app(),
+        "127.0.0.1",
+        port,
+        server_context(cert, key, ca),
+        on_refused=handshake_refusals(sink, "control"),
+    )
+    url = f"https://127.0.0.1:{port}/who"
+
+    def clients() -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        good = httpx.get(url, verify=client_context(ca, good_cert, good_key), timeout=5)
+        seen["good"] = good.json()
+        anonymous = httpx.get(url, verify=client_context(ca), timeout=5)
+        seen["anonymous"] = anonymous.json()
+        theirs = client_context(other_ca, other_cert, other_key)
+        theirs.verify_mode = ssl.CERT_NONE  # it would refuse us too; make it try anyway
+        for _ in range(3):
+            with pytest.raises(httpx.HTTPError):
+                httpx.get(url, verify=theirs, timeout=5)
+        # A client that trusts another CA refuses our certificate: reported too.
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(url, verify=client_context(other_ca), timeout=5)
+        # Plain HTTP on the TLS port, and a connection that says nothing: noise.
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"http://127.0.0.1:{port}/who", timeout=5)
+        with socket.create_connection(("127.0.0.1", port)):
+            pass
+        seen["after"] = httpx.get(
+            url, verify=client_context(ca, good_cert, good_key), timeout=5
+        ).json()
+        return seen
+
+    async def scenario() -> dict[str, Any]:
+        plane = RunningPlane(server)
+        await plane.start()
+        try:
+            return await asyncio.to_thread(clients)
+        finally:
+            await plane.stop()
+
+    seen = run(scenario())
+    assert seen["good"] == {"id": "n1", "scheme": "https"}
+    assert seen["anonymous"] == {"id": None, "scheme": "https"}
+    assert seen["after"] == seen["good"], "refusals do not disturb the plane"
+
+    # Three refusals of the intruder's certificate inside the window: one record
+    # (the rest are counted into the next one); one for the client refusing ours.
+    assert [r["actor"] for r in sink.records] == ["tls:127.0.0.1", "tls:127.0.0.1"]
+    assert {r["action"] for r in sink.records} == {"control:handshake"}
+    assert {r["outcome"] for r in sink.records} == {"denied"}
+    theirs_record, refused_ours = (r["detail"] for r in sink.records)
+    assert "not accepted by this cluster's CA" in theirs_record
+    assert "refused this node's certificate" in refused_ours
+
+
+def test_repeated_refusals_are_counted_into_the_next_record() -> None:
+    records: list[tuple[str, str, int]] = []
+    clock = [0.0]
+    log = RefusalLog(lambda a, r, n: records.append((a, r, n)), window_s=60, clock=lambda: clock[0])
+    for _ in range(4):
+        log.refused("10.0.0.9", "bad CA")
+    log.refused("10.0.0.8", "bad CA")
+    clock[0] = 61.0
+    log.refused("10.0.0.9", "bad CA")
+    assert records == [
+        ("10.0.0.9", "bad CA", 1),
+        ("10.0.0.8", "bad CA", 1),
+        ("10.0.0.9", "bad CA", 4),
+    ]
