@@ -214,6 +214,7 @@ def plan_parallel(
         node = store.find_node(name)
         if node is None:
             raise StoreError(f"{name}: no such node")
+        _data_address(node)
         if node.facts_at is None or now - node.facts_at > fresh_within_s:
             raise StoreError(f"{node.name}: unreachable: no fresh facts from its agent")
         if any(n.id == node.id for n in nodes):
