@@ -25,7 +25,7 @@ from letsinfer.agent.runtime import advertise_address, advertiser_for, instance_
 from letsinfer.agent.supervisor import EngineStatus, EngineSupervisor, SupervisionPolicy
 from letsinfer.authority import engine_keys
 from letsinfer.authority.facts import FactLedger
-from letsinfer.authority.links import LinkBook, needed_links
+from letsinfer.authority.links import LinkBook, link_label, needed_links
 from letsinfer.authority.parallel import TaskBoard, TaskReport
 from letsinfer.authority.placements import desired_for_node, to_wire
 from letsinfer.config import Settings
@@ -322,7 +322,7 @@ class MainNode:
             why = f"paused: {pg.paused_reason}; run `letsinfer model resume {pg.service}`"
         else:
             missing = [
-                "–".join(names.get(n, n) for n in link)
+                link_label(link, names)
                 for link in needed_links(tasks)
                 if not self.links.is_proven(link)
             ]

@@ -125,6 +125,14 @@ def actions(c: Cluster) -> list[tuple[str, str, str | None]]:
     return [(str(r["action"]), str(r["outcome"]), r.get("detail")) for r in c.audit("main")]  # type: ignore[misc]
 
 
+def ensure_wide(c: Cluster) -> None:
+    """The parallel group over n1 and n2 (when a test runs on its own)."""
+    info = json.loads(c.ok("main", "model", "show", "wide", "--json"))[0]
+    if not info["placement_groups"]:
+        c.ok("main", "model", "install", "wide", "--parallel", "--node", "n1", "--node", "n2")
+    c.wait(lambda: chat(c, "wide")[0] == 200, "the parallel group serving", timeout=90)
+
+
 def test_a_two_task_group_is_published_only_after_both_tasks_are_ready(cluster: Cluster) -> None:
     c = cluster
     hold = c.root / "hold.flag"
@@ -167,7 +175,7 @@ def test_a_two_task_group_is_published_only_after_both_tasks_are_ready(cluster: 
 
 def test_a_failed_task_unpublishes_the_whole_group(cluster: Cluster) -> None:
     c = cluster
-    c.wait(lambda: chat(c, "wide")[0] == 200, "the group serving")
+    ensure_wide(c)
     hold = c.root / "hold.flag"
     hold.touch()  # the restarted worker stays not-ready
     worker = int((c.root / "pids-n2" / "task-1.pid").read_text())
@@ -215,7 +223,7 @@ def test_a_lost_link_pauses_only_the_group_that_needs_it(cluster: Cluster) -> No
     c = cluster
     c.ok("main", "model", "install", "solo", "--node", "n1", "--target", "cpu", "--yes")
     c.wait(lambda: chat(c, "solo")[0] == 200, "the single-node group on n1 serving")
-    c.wait(lambda: chat(c, "wide")[0] == 200, "the parallel group serving")
+    ensure_wide(c)
 
     n2 = c.lab.hosts["n2"]
     _nft(
@@ -255,6 +263,8 @@ def test_a_lost_link_pauses_only_the_group_that_needs_it(cluster: Cluster) -> No
 
 def test_a_forged_link_proof_is_refused(cluster: Cluster) -> None:
     c = cluster
+    ensure_wide(c)
+    c.wait(lambda: link_state(c, "n1", "n2") == "proven", "the n1–n2 data link proven")
     nodes = {n["name"]: n for n in json.loads(c.ok("main", "node", "list", "--json"))}
     n2_id = nodes["n2"]["id"]
     home = c.home("n1")

@@ -29,6 +29,11 @@ def pair(a: str, b: str) -> Pair:
     return (x, y)
 
 
+def link_label(link: Pair, names: dict[str, str]) -> str:
+    """``n1–n2``: the two nodes' names, in name order."""
+    return "–".join(sorted(names.get(n, n) for n in link))
+
+
 def needed_links(tasks: list[PgTaskRecord]) -> list[Pair]:
     """Every pair of distinct nodes in a group: its tasks talk to each other."""
     nodes = sorted({t.node_id for t in tasks})
@@ -66,7 +71,7 @@ class LinkBook:
         names = {n.id: n.name for n in self.store.list_nodes(include_removed=True)}
         paused: list[str] = []
         for link in sorted(needed | set(stored)):
-            label = "–".join(names.get(n, n) for n in link)
+            label = link_label(link, names)
             now = self.proven_now(link)
             if now and stored.get(link) != "proven":
                 with self.store.transaction():

@@ -8,7 +8,7 @@ import click
 
 from letsinfer import config
 from letsinfer.authority import install as install_mod
-from letsinfer.authority.links import needed_links
+from letsinfer.authority.links import link_label, needed_links
 from letsinfer.authority.models import add_gguf_model
 from letsinfer.cli import cli
 from letsinfer.cli.output import console, emit
@@ -386,7 +386,7 @@ def _links_blocking_resume(store: AuthorityStore, service: str) -> list[str]:
             continue
         for link in needed_links(store.pg_tasks(pg.id)):
             if states.get(link) != "proven":
-                label = "–".join(names.get(n, n) for n in link)
+                label = link_label(link, names)
                 out.append(
                     f"{pg.id}: data link {label} is {states.get(link, 'unproven')}; "
                     "it must be proven again before the group resumes"

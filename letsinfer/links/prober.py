@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 
 import httpx
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from letsinfer.agent.facts import LinkFact
 from letsinfer.engines.parallel_command import GroupTask
@@ -30,9 +31,7 @@ log = logging.getLogger("letsinfer.links")
 CHALLENGE_PATH = "/v1/link/challenge"
 
 
-async def prove(
-    client: httpx.AsyncClient, prober: str, peer: GroupTask, now: float | None = None
-) -> LinkFact:
+async def prove(client: httpx.AsyncClient, prober: str, peer: GroupTask) -> LinkFact:
     """One proof of the link to ``peer``, or LinkProofError saying why not."""
     # pyroute2's IPRoute runs its own event loop: ask the kernel from a thread.
     interface = await asyncio.to_thread(route.require_direct, peer.address)
@@ -102,8 +101,8 @@ class LinkProber:
 
 
 def answer(
-    key: object, prober: str, peer: str, address: str, challenge: str, now: float | None = None
+    key: ec.EllipticCurvePrivateKey, prober: str, peer: str, address: str, challenge: str
 ) -> dict[str, object]:
     """The peer's side: sign the challenge (checks are the caller's)."""
-    ts = time.time() if now is None else now
-    return {"ts": ts, "signature": proof.sign(key, prober, peer, address, challenge, ts)}  # type: ignore[arg-type]
+    ts = time.time()
+    return {"ts": ts, "signature": proof.sign(key, prober, peer, address, challenge, ts)}
