@@ -297,5 +297,6 @@ print(json.dumps([r.status_code, r.json()["error"]["message"]]))
         a == "node.facts" and o == "denied" and "refused link proof" in (d or "")
         for a, o, d in actions(c)
     )
-    # The real agents' facts still pass: the group keeps serving.
+    # The real agents' facts still pass: the link stays proven.
     assert link_state(c, "n1", "n2") == "proven"
+    assert "data link → n2 [proven]" in c.ok("main", "topology")

@@ -561,6 +561,7 @@ def topology(ctx: CliContext, as_json: bool) -> None:
     if as_json:
         emit(out, [], as_json=True)
         return
+    from rich.markup import escape
     from rich.tree import Tree
 
     tree = Tree("cluster")
@@ -573,7 +574,7 @@ def topology(ctx: CliContext, as_json: bool) -> None:
         for g in n["gpus"]:
             branch.add(f"GPU {g['uuid']} {g['name']} → {g['placement_group'] or 'free'}")
         for pg in n["placement_groups"]:
-            branch.add(f"{pg['id']} {pg['model']} [{pg['state']}]")
+            branch.add(escape(f"{pg['id']} {pg['model']} [{pg['state']}]"))
         for link in n["links"]:
-            branch.add(f"data link → {link['peer']} [{link['state']}]")
+            branch.add(escape(f"data link → {link['peer']} [{link['state']}]"))
     console.print(tree)
