@@ -58,6 +58,13 @@ class EngineSettings(_Section):
     context: int = Field(4096, ge=256)
     parallel: int = Field(4, ge=1, le=256)
     ready_timeout_s: float = Field(120.0, gt=0)
+    # Parallel runtimes (``model install --parallel``): vLLM over Ray on cuda
+    # targets; on cpu targets a parallel-command launcher, if one is configured.
+    vllm_version: str = "0.11.0"
+    parallel_command: str | None = None
+    # Ports the main hands to the tasks of parallel groups, per node.
+    task_port_first: int = Field(20000, ge=1024, le=65535)
+    task_port_last: int = Field(20999, ge=1024, le=65535)
 
 
 class ControlSettings(_Section):
@@ -90,6 +97,14 @@ class AgentSettings(_Section):
     reconcile_interval_s: float = Field(1.0, gt=0)
 
 
+class LinkSettings(_Section):
+    """Data links between the nodes of a parallel group, proven by their agents."""
+
+    probe_interval_s: float = Field(5.0, gt=0)
+    probe_timeout_s: float = Field(3.0, gt=0)
+    proof_ttl_s: float = Field(30.0, gt=0)  # a proof older than this proves nothing
+
+
 _RELEASE_PUBLIC_KEY = re.compile(r"ed25519:[A-Za-z0-9+/]{43}=")
 
 
@@ -119,6 +134,7 @@ class Settings(_Section):
     gateway: GatewaySettings = GatewaySettings()
     engine: EngineSettings = EngineSettings()
     agent: AgentSettings = AgentSettings()
+    links: LinkSettings = LinkSettings()
     control: ControlSettings = ControlSettings()
     discovery: DiscoverySettings = DiscoverySettings()
     release: ReleaseSettings = ReleaseSettings()

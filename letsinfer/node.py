@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -26,6 +27,7 @@ from letsinfer.agent.supervisor import EngineStatus, EngineSupervisor, Supervisi
 from letsinfer.authority import engine_keys
 from letsinfer.authority.audit import handshake_refusals
 from letsinfer.authority.facts import FactLedger
+from letsinfer.authority.links import LinkBook, link_label, needed_links
 from letsinfer.authority.parallel import TaskBoard, TaskReport
 from letsinfer.authority.placements import desired_for_node, to_wire
 from letsinfer.config import Settings
@@ -41,7 +43,7 @@ from letsinfer.identity import NodeIdentity
 from letsinfer.mirror.layout import MirrorLayout
 from letsinfer.planes import RunningPlane, tls_server
 from letsinfer.release import runtime
-from letsinfer.store import AuthorityStore
+from letsinfer.store import AuthorityStore, PlacementGroupRecord
 from letsinfer.trust.material import ClusterCA, presented_fingerprint, tls_files
 from letsinfer.trust.peer import Peer, server_context
 
@@ -81,7 +83,15 @@ class MainNode:
         )
         self.ledger = FactLedger()
         self.tasks = TaskBoard()
-        self._observed: dict[str, tuple[object, ...]] = {}  # pg id -> last facts written
+        self.links = LinkBook(
+            self.store,
+            self.ledger,
+            settings.control.node_stale_after_s,
+            settings.links.proof_ttl_s,
+        )
+        self._started = time.monotonic()
+        # (pg id, task) -> last observation written; only changes are written
+        self._observed: dict[tuple[str, str], tuple[object, ...]] = {}
         self.gpus = gpu_probe(settings.hardware.fake_gpus)
         self._remote: dict[str, set[tuple[str, str]]] = {}  # node -> {(service, pg)} published
 
@@ -195,6 +205,7 @@ class MainNode:
             try:
                 self.reconcile()
                 self.sweep_stale()
+                self.reconcile_links()
             except Exception:  # a bad row must not stop the loop
                 log.exception("reconcile failed")
 
@@ -278,40 +289,33 @@ class MainNode:
         self.store.record_node_facts(
             node.id, _hardware(facts.model_dump(mode="json")), peer.identity.fingerprint
         )
-        wanted = {
-            pg.id: pg
-            for pg in self.store.list_placement_groups(node_id=node.id)
-            if pg.desired == "running"
-        }
-        published: set[tuple[str, str]] = set()
+        self.reconcile_links()
+        wanted: dict[str, PlacementGroupRecord] = {}
+        for t in self.store.tasks_on_node(node.id):
+            pg = self.store.get_placement_group(t.pg_id)
+            if pg is not None and pg.desired == "running":
+                wanted[pg.id] = pg
         for p in facts.placements:
-            self.tasks.report(p.pg_id, p.task, TaskReport(node.id, p.state, p.base_url))
-            pg = wanted.get(p.pg_id)
+            self.tasks.report(p.pg_id, p.task, TaskReport(node.id, p.state, p.base_url, p.capacity))
             seen = (p.state, p.base_url, p.pid, p.capacity, p.restarts, p.detail)
             # Facts arrive every interval: write an observation only when it changed.
-            if pg is not None and self._observed.get(pg.id) != seen:
-                self._observed[pg.id] = seen
-                self.store.record_pg_observation(
-                    pg.id,
-                    state=p.state,
-                    endpoint=p.base_url,
-                    pid=p.pid,
-                    capacity=p.capacity,
-                    restarts=p.restarts,
-                    detail=p.detail,
-                )
-        capacity = {p.pg_id: p.capacity or 1 for p in facts.placements}
+            if p.pg_id in wanted and self._observed.get((p.pg_id, p.task)) != seen:
+                self._observed[(p.pg_id, p.task)] = seen
+                self.store.record_task_observation(p.pg_id, p.task, p.state, p.detail)
+                if len(self.store.pg_tasks(p.pg_id)) == 1:
+                    self.store.record_pg_observation(
+                        p.pg_id,
+                        state=p.state,
+                        endpoint=p.base_url,
+                        pid=p.pid,
+                        capacity=p.capacity,
+                        restarts=p.restarts,
+                        detail=p.detail,
+                    )
+        published: set[tuple[str, str]] = set()
         for pg in wanted.values():
-            expected = {"0"}  # one task per group until parallel install lands
-            url = self.tasks.endpoint(pg.id, expected)
-            if url is not None:
-                self.routing.publish(
-                    self._replica(pg.id, pg.service, url, capacity.get(pg.id, 1), node.id)
-                )
+            if self._route(pg):
                 published.add((pg.service, pg.id))
-            else:
-                waiting = ", ".join(self.tasks.waiting_for(pg.id, expected))
-                self.routing.withdraw(pg.service, pg.id, f"waiting for task(s) {waiting}")
         for service, pg_id in self._remote.get(node.id, set()) - published:
             self.routing.withdraw(service, pg_id, "not ready on its node")
         self._remote[node.id] = published
@@ -321,6 +325,65 @@ class MainNode:
             "paused": node.paused,
             "interval_s": self.settings.control.heartbeat_interval_s,
         }
+
+    def _route(self, pg: PlacementGroupRecord) -> bool:
+        """Publish a group's endpoint if every task is ready, it is not paused and
+        every data link its plan needs is proven; otherwise withdraw it, saying why."""
+        tasks = self.store.pg_tasks(pg.id)
+        expected = {t.task for t in tasks}
+        url = self.tasks.endpoint(pg.id, expected)
+        names = {n.id: n.name for n in self.store.list_nodes(include_removed=True)}
+        why = None
+        if pg.paused_reason:
+            why = f"paused: {pg.paused_reason}; run `letsinfer model resume {pg.service}`"
+        else:
+            missing = [
+                link_label(link, names)
+                for link in needed_links(tasks)
+                if not self.links.is_proven(link)
+            ]
+            if missing:
+                why = f"waiting for proof of data link(s) {', '.join(missing)}"
+        if why is None and url is None:
+            why = f"waiting for task(s) {', '.join(self.tasks.waiting_for(pg.id, expected))}"
+        head = self.tasks.head(pg.id)
+        if len(tasks) > 1:
+            self._observe_group(pg, url if why is None else None, why)
+        if why is not None or url is None:
+            self.routing.withdraw(pg.service, pg.id, why or "not ready")
+            return False
+        capacity = head.capacity if head and head.capacity else 1
+        self.routing.publish(self._replica(pg.id, pg.service, url, capacity, tasks[0].node_id))
+        return True
+
+    def _observe_group(self, pg: PlacementGroupRecord, url: str | None, why: str | None) -> None:
+        """A parallel group's own state: ready only when published."""
+        if url is not None:
+            state = "ready"
+        elif pg.paused_reason:
+            state = "paused"
+        else:
+            states = [r.state for r in self.tasks.reports.get(pg.id, {}).values()]
+            state = next((s for s in ("failed", "restarting") if s in states), "starting")
+        head = self.tasks.head(pg.id)
+        seen = (state, url, why)
+        if self._observed.get((pg.id, "*")) != seen:
+            self._observed[(pg.id, "*")] = seen
+            self.store.record_pg_observation(
+                pg.id,
+                state=state,
+                endpoint=url,
+                capacity=head.capacity if head and url else None,
+                detail=why,
+            )
+
+    def reconcile_links(self) -> None:
+        """Record link changes; withdraw at once the groups a lost link paused."""
+        settled = time.monotonic() - self._started > self.settings.control.node_stale_after_s
+        for pg_id in self.links.reconcile(may_lose=settled):
+            pg = self.store.get_placement_group(pg_id)
+            if pg is not None:
+                self.routing.withdraw(pg.service, pg.id, f"paused: {pg.paused_reason}")
 
     def sweep_stale(self) -> None:
         """Routing health comes from fresh facts only."""

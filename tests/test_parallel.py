@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
+from letsinfer.authority import install
 from letsinfer.authority.parallel import TaskBoard, TaskReport
+from letsinfer.authority.placements import desired_for_node, from_wire, to_wire
+from letsinfer.engines import releases
+from letsinfer.engines.launch import EngineTask
+from letsinfer.engines.parallel_command import GroupTask, plan_parallel_command
 from letsinfer.engines.vllm import ParallelLayout, ParallelTask, plan_vllm, vllm_release
+from letsinfer.store import AuthorityStore, StoreError
 
 TASKS = [
     ParallelTask("0", "node-a", "10.0.0.1", ("GPU-a0", "GPU-a1"), 9000),
@@ -62,3 +71,101 @@ def test_vllm_plan_refuses_a_layout_the_gpus_do_not_match() -> None:
         plan_vllm(
             vllm_release("0.11.0"), "/m", "m", "k", ParallelLayout(2, 1), TASKS[:1], "t", "/r"
         )
+
+
+# -- core's side: install, desired placements, the parallel-command plan --------
+
+
+def _cluster_store(tmp_path: Path, targets: list[str], gpus: int) -> AuthorityStore:
+    store = AuthorityStore(tmp_path / "authority.db")
+    store.add_node("main-id", "main", "main", None)
+    for i, name in enumerate(("n1", "n2")):
+        store.add_node(f"{name}-id", name, "child", f"10.0.0.{i + 1}:8444")
+        store.record_node_facts(
+            f"{name}-id",
+            {
+                "targets": targets,
+                "gpus": [{"uuid": f"GPU-{name}-{g}", "name": "H100"} for g in range(gpus)],
+            },
+        )
+    store.add_service("m", "0" * 64, 1, "gguf", None)
+    return store
+
+
+RUNTIMES = install.ParallelRuntimes(vllm_version="0.11.0", parallel_command="/opt/pc")
+
+
+def _req(*nodes: str, **kw: object) -> install.InstallRequest:
+    return install.InstallRequest(service="m", nodes=nodes, parallel=True, **kw)  # type: ignore[arg-type]
+
+
+def test_install_makes_one_group_with_a_task_per_node_and_its_own_gpus(tmp_path: Path) -> None:
+    store = _cluster_store(tmp_path, ["cpu", "cuda"], gpus=2)
+    plan = install.plan_parallel(store, _req("n1", "n2", gpus=2), RUNTIMES, 60)
+    assert plan.release.engine == "vllm"
+    assert [(n.name, t.task, t.address, t.port, t.gpu_uuids) for n, t in plan.tasks] == [
+        ("n1", "0", "10.0.0.1", 20000, ("GPU-n1-0", "GPU-n1-1")),
+        ("n2", "1", "10.0.0.2", 20000, ("GPU-n2-0", "GPU-n2-1")),
+    ]
+    pg_id = install.apply_parallel(store, plan, lambda r: "sig")
+    assert store.pg_gpus(pg_id) == ["GPU-n1-0", "GPU-n1-1", "GPU-n2-0", "GPU-n2-1"]
+    store.add_service("m2", "1" * 64, 1, "gguf", None)
+    with pytest.raises(StoreError, match="n1 needs 1 free GPU"):
+        install.plan_parallel(
+            store, install.InstallRequest("m2", ("n1", "n2"), parallel=True), RUNTIMES, 60
+        )
+
+    # Each node is told only its own task, the whole group, and the group key.
+    secret = b"s" * 32
+    [head] = desired_for_node(store, "n1-id", secret)
+    [worker] = desired_for_node(store, "n2-id", secret)
+    assert (head.task, head.port, worker.task, worker.port) == ("0", 20000, "1", 20000)
+    assert worker.gpu_uuids == ("GPU-n2-0", "GPU-n2-1")
+    assert [p.node_id for p in worker.peers] == ["n1-id"]
+    assert head.group_key == worker.group_key and head.engine_key != worker.engine_key
+    assert from_wire(to_wire(worker), 1, 256, 1).group == worker.group
+    store.close()
+
+
+def test_install_refuses_what_it_cannot_run_as_one_atomic_group(tmp_path: Path) -> None:
+    store = _cluster_store(tmp_path, ["cpu"], gpus=0)
+    single = install.InstallRequest(
+        "m", ("n1", "n2"), parallel=True, engine="xllamacpp", engine_explicit=True
+    )
+    with pytest.raises(StoreError, match="single-device runtime: core never splits it"):
+        install.plan_parallel(store, single, RUNTIMES, 60)
+    with pytest.raises(StoreError, match="two or more distinct nodes"):
+        install.plan_parallel(store, _req("n1", "n1"), RUNTIMES, 60)
+    with pytest.raises(StoreError, match="no parallel runtime for cpu targets"):
+        install.plan_parallel(
+            store, _req("n1", "n2"), install.ParallelRuntimes(vllm_version="0.11.0"), 60
+        )
+    with pytest.raises(StoreError, match="main's own agent does not prove data links"):
+        install.plan_parallel(store, _req("main", "n1"), RUNTIMES, 60)
+    plan = install.plan_parallel(store, _req("n1", "n2"), RUNTIMES, 60)
+    assert plan.release.engine == "parallel-command" and plan.release.target == "cpu"
+    assert store.list_placement_groups() == []
+    store.close()
+
+
+def test_the_parallel_command_plan_keeps_secrets_off_the_command_line() -> None:
+    group = (
+        GroupTask("0", "a", "10.0.0.1", 20000, "10.0.0.1:8444"),
+        GroupTask("1", "b", "10.0.0.2", 20001, "10.0.0.2:8444"),
+    )
+    release = releases.parallel_command("/opt/pc")
+    for task_id, host, port in (("0", "10.0.0.1", 20000), ("1", "10.0.0.2", 20001)):
+        task = EngineTask(
+            "pg", "m", Path("/models/m"), host, port, f"engine-key-{task_id}", ("GPU-1",)
+        )
+        plan = plan_parallel_command(release, task, task_id, group, "group-secret")
+        assert "group-secret" not in plan.argv and f"engine-key-{task_id}" not in plan.argv
+        assert plan.env["LETSINFER_GROUP_KEY"] == "group-secret"
+        assert plan.env["CUDA_VISIBLE_DEVICES"] == "GPU-1"
+        assert json.loads(plan.env["LETSINFER_TASKS"])[0] == {
+            "task": "0",
+            "address": "10.0.0.1",
+            "port": 20000,
+        }
+        assert plan.base_url == f"http://{host}:{port}"
+        assert ("LETSINFER_ENGINE_KEY" in plan.env) == (task_id == "0")

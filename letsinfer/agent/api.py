@@ -12,15 +12,18 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from letsinfer import __version__
 from letsinfer.home import Home
 from letsinfer.identity import NodeIdentity
+from letsinfer.links import proof
+from letsinfer.links.prober import CHALLENGE_PATH, answer
 from letsinfer.store import AuthorityStore
-from letsinfer.trust import candidate
+from letsinfer.trust import candidate, pki
+from letsinfer.trust.material import tls_files
 from letsinfer.trust.peer import Peer, PeerGate, Scope
 
 OPEN_PATHS = ("/v1/identity", "/v1/enroll/request")
@@ -37,6 +40,15 @@ class EnrollRequest(BaseModel):
     token: str
     expires_at: float
     gateway_url: str | None = None
+
+
+class LinkChallenge(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    prober: str = Field(max_length=64)
+    peer: str = Field(max_length=64)
+    address: str = Field(max_length=64)
+    challenge: str = Field(max_length=128)
 
 
 def adoption_window(home: Home) -> dict[str, Any] | None:
@@ -136,11 +148,32 @@ def create_agent_app(
             "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
         }
 
+    @app.post(CHALLENGE_PATH)
+    async def link_challenge(body: LinkChallenge, request: Request) -> dict[str, Any]:
+        """Sign a peer node's challenge, bound to both ids and the address the
+        challenge arrived on (this node's data address)."""
+        ident = identity()
+        peer: Peer = request.scope["state"]["peer"]
+        local = (request.scope.get("server") or ("", 0))[0]
+        if body.peer != ident.node_id:
+            raise HTTPException(409, f"this is node {ident.node_id}, not {body.peer}")
+        if body.prober != peer.identity.id:
+            raise HTTPException(403, "the prober must be the node whose certificate calls")
+        if body.address != local:
+            raise HTTPException(409, f"the challenge arrived on {local}, not {body.address}")
+        key = pki.read_private_key(tls_files(home, ident).key)
+        try:
+            return answer(key, body.prober, body.peer, body.address, body.challenge)
+        except proof.LinkProofError as exc:
+            raise HTTPException(400, str(exc)) from exc
+
     def admit(peer: Peer, path: str) -> str | None:
         ident = identity()
         p = peer.identity
         if p.kind == "node" and p.role == "main" and p.id == ident.main_id:
             return None
+        if path == CHALLENGE_PATH and p.kind == "node" and ident.enrolled:
+            return None  # a member of this node's cluster (its CA verified the certificate)
         return "only this node's main may use the agent API"
 
     def denied(scope: Scope, peer: Peer | None, reason: str) -> None:

@@ -46,9 +46,15 @@ class PlacementFact(_Fact):
 
 
 class LinkFact(_Fact):
+    """A data link this node proved to ``peer``: the peer's signature over the
+    challenge this node sent to ``address`` (see letsinfer.links.proof)."""
+
     peer: str = _ID
-    address: str = Field(max_length=64)
-    proven_at: float
+    address: str = Field(max_length=64)  # the peer's data address
+    proven_at: float  # the peer's clock, signed
+    challenge: str = Field(max_length=128)
+    signature: str = Field(max_length=256)
+    interface: str = Field(max_length=32)  # the on-link interface the route uses
 
 
 class Facts(_Fact):

@@ -17,6 +17,7 @@ from letsinfer.agent.ports import free_port
 from letsinfer.agent.supervisor import EngineSupervisor
 from letsinfer.authority.modelstore import ModelFileError, artifact_path, verify_artifact
 from letsinfer.engines.launch import EngineTask, LaunchPlan, plan_llamacpp
+from letsinfer.engines.parallel_command import GroupTask, plan_parallel_command
 from letsinfer.engines.releases import Release
 from letsinfer.release import runtime
 from letsinfer.release.keys import PublicKey
@@ -39,6 +40,18 @@ class DesiredPlacement:
     context: int = 4096
     parallel: int = 4
     release_signature: str | None = None
+    # Parallel groups: which task this node runs, on which fixed port, the whole
+    # group (head first) and the group's shared secret. A single-task group has
+    # task "0", no fixed port, no group.
+    task: str = "0"
+    port: int | None = None
+    group: tuple[GroupTask, ...] = ()
+    group_key: str | None = None
+
+    @property
+    def peers(self) -> tuple[GroupTask, ...]:
+        """The group's other tasks: the data links this task needs."""
+        return tuple(t for t in self.group if t.task != self.task)
 
 
 @dataclass
@@ -50,6 +63,7 @@ class PlacementRunner:
     on_failed: Callable[[str, str], None]  # (pg id, why)
     trusted: list[PublicKey] = field(default_factory=list)  # release signers
     services: dict[str, str] = field(default_factory=dict)  # pg id -> model service
+    tasks: dict[str, str] = field(default_factory=dict)  # pg id -> the task run here
     _background: set[asyncio.Task[None]] = field(default_factory=set)
     _verified: set[str] = field(default_factory=set)
     _fetching: set[str] = field(default_factory=set)
@@ -103,6 +117,12 @@ class PlacementRunner:
             return
         model_path = artifact_path(self.model_store, d.artifact_digest)
 
+        if d.release.engine == "vllm":
+            # engines/vllm.py plans it (Ray head + vLLM serve, Ray workers); this
+            # agent does not yet supervise a task made of several processes.
+            self.on_failed(d.pg_id, "refused to run: vLLM tasks are not supervised by agents yet")
+            return
+
         def make_plan(port: int) -> LaunchPlan:
             task = EngineTask(
                 pg_id=d.pg_id,
@@ -116,7 +136,13 @@ class PlacementRunner:
                 context=d.context,
                 parallel=d.parallel,
             )
+            if d.release.engine == "parallel-command":
+                return plan_parallel_command(d.release, task, d.task, d.group, d.group_key or "")
             return plan_llamacpp(d.release, task, self.run_dir)
 
         self.services[d.pg_id] = d.service
-        self.supervisor.ensure(d.pg_id, make_plan, lambda: free_port(self.host))
+        self.tasks[d.pg_id] = d.task
+        fixed = d.port
+        self.supervisor.ensure(
+            d.pg_id, make_plan, (lambda: fixed) if fixed else (lambda: free_port(self.host))
+        )

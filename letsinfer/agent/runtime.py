@@ -25,7 +25,7 @@ from letsinfer import __version__
 from letsinfer.agent.api import create_agent_app
 from letsinfer.agent.facts import Facts, GpuFact, PlacementFact, sign
 from letsinfer.agent.hardware import gpu_probe, host_facts
-from letsinfer.agent.placement import Fetch, PlacementRunner
+from letsinfer.agent.placement import DesiredPlacement, Fetch, PlacementRunner
 from letsinfer.agent.supervisor import EngineSupervisor, SupervisionPolicy
 from letsinfer.authority.modelstore import artifact_path
 from letsinfer.authority.placements import from_wire
@@ -34,6 +34,7 @@ from letsinfer.control.admin_socket import AdminPlane, LocalGate
 from letsinfer.control.ops import typed_app
 from letsinfer.home import Home
 from letsinfer.identity import NodeIdentity, load_identity
+from letsinfer.links.prober import LinkProber
 from letsinfer.mirror.fetching import fetch_artifact
 from letsinfer.release import runtime
 from letsinfer.store import AuthorityStore
@@ -41,7 +42,7 @@ from letsinfer.trust import pki
 from letsinfer.trust.client import ClusterClient, PeerMismatch
 from letsinfer.trust.discovery import Advertiser, local_addresses, txt_record
 from letsinfer.trust.material import presented_fingerprint, tls_files
-from letsinfer.trust.peer import server_context
+from letsinfer.trust.peer import client_context, server_context
 
 log = logging.getLogger("letsinfer.agent")
 
@@ -116,6 +117,14 @@ class AgentNode:
             trusted=runtime.trusted_for(home, settings.release.trusted_keys, cluster_key),
         )
         self.server: Any = None  # the uvicorn server, set by the runner
+        self.desired: list[DesiredPlacement] = []  # as the main last said
+        self.links: LinkProber | None = None
+        if identity.enrolled and self.files.ca is not None:
+            self.links = LinkProber(
+                identity.node_id,
+                client_context(self.files.ca, self.files.cert, self.files.key),
+                settings.links.probe_timeout_s,
+            )
         self._mtime = home.identity_file.stat().st_mtime_ns
 
     def app(self) -> Any:
@@ -140,6 +149,7 @@ class AgentNode:
         tasks = [asyncio.create_task(self._watch_identity())]
         if self.identity.role == "child":
             tasks.append(asyncio.create_task(self._report()))
+            tasks.append(asyncio.create_task(self._prove_links()))
         log.info(
             "%s node %s (%s) agent on %s:%d",
             self.identity.role,
@@ -220,6 +230,7 @@ class AgentNode:
             placements.append(
                 PlacementFact(
                     pg_id=pg_id,
+                    task=self.placements.tasks.get(pg_id, "0"),
                     state=st.state,
                     base_url=st.base_url,
                     pid=st.pid,
@@ -238,8 +249,22 @@ class AgentNode:
             targets=host["targets"],
             gpus=[GpuFact(**g) for g in host["gpus"]],
             placements=placements,
+            links=self.links.facts() if self.links else [],
             version=__version__,
         )
+
+    async def _prove_links(self) -> None:
+        """Prove, every interval, the data link to each peer this node's tasks need."""
+        if self.links is None:
+            return
+        interval = self.settings.links.probe_interval_s
+        while True:
+            peers = [p for d in self.desired for p in d.peers]
+            try:
+                await self.links.probe(peers)
+            except Exception:  # a probe bug must not end the loop
+                log.exception("link probing failed")
+            await asyncio.sleep(interval)
 
     async def _report(self) -> None:
         """Signed facts up, desired placements down, every interval."""
@@ -264,6 +289,7 @@ class AgentNode:
                         from_wire(d, engine.threads, engine.context, engine.parallel)
                         for d in resp.json()["placements"]
                     ]
+                    self.desired = desired
                     self.placements.apply(desired, fetch=self._fetcher(client, url))
                     await self._renew_if_due(client, url)
                 elif not refused:

@@ -1,6 +1,9 @@
-"""The main's check of incoming facts: identity, signature, freshness, sequence.
+"""The main's check of incoming facts: identity, signature, freshness, sequence,
+and the link proofs they carry.
 
 Facts that pass become the node's current view; routing uses only fresh facts.
+A link proof is checked with the peer's certificate key (known once the peer
+has sent facts itself): a proof the peer's key did not sign refuses the facts.
 """
 
 from __future__ import annotations
@@ -10,7 +13,8 @@ from dataclasses import dataclass, field
 
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from letsinfer.agent.facts import FactError, Facts, verify
+from letsinfer.agent.facts import FactError, Facts, LinkFact, verify
+from letsinfer.links import proof
 from letsinfer.trust import pki
 from letsinfer.trust.peer import Peer
 
@@ -26,6 +30,7 @@ class FactLedger:
     max_skew_s: float = 30.0
     views: dict[str, NodeView] = field(default_factory=dict)
     last_seq: dict[str, int] = field(default_factory=dict)
+    keys: dict[str, ec.EllipticCurvePublicKey] = field(default_factory=dict)  # node -> cert key
 
     def accept(
         self,
@@ -48,9 +53,60 @@ class FactLedger:
         last = self.last_seq.get(facts.node_id, 0)
         if facts.seq <= last:
             raise FactError(f"replayed facts: sequence {facts.seq} after {last}")
+        for link in facts.links:
+            self._check_link(facts.node_id, link)
         self.last_seq[facts.node_id] = facts.seq
+        self.keys[facts.node_id] = key
         self.views[facts.node_id] = NodeView(facts, time.monotonic())
         return facts
+
+    def _check_link(self, prober: str, link: LinkFact) -> None:
+        if link.peer == prober:
+            raise FactError("a node cannot prove a link to itself")
+        peer_key = self.keys.get(link.peer)
+        if peer_key is None:
+            return  # not checkable yet: verified_links() does not count it
+        try:
+            proof.verify(
+                peer_key,
+                link.signature,
+                prober,
+                link.peer,
+                link.address,
+                link.challenge,
+                link.proven_at,
+            )
+        except proof.LinkProofError as exc:
+            raise FactError(f"refused link proof: {exc}") from exc
+
+    def verified_links(
+        self, node_id: str, within_s: float, proof_ttl_s: float, now: float | None = None
+    ) -> dict[str, LinkFact]:
+        """The links a fresh view of ``node_id`` proves, each checked against
+        the peer's key and no older than ``proof_ttl_s`` (peer's signed clock)."""
+        facts = self.fresh(node_id, within_s)
+        if facts is None:
+            return {}
+        wall = time.time() if now is None else now
+        out = {}
+        for link in facts.links:
+            key = self.keys.get(link.peer)
+            if key is None or abs(wall - link.proven_at) > proof_ttl_s:
+                continue
+            try:
+                proof.verify(
+                    key,
+                    link.signature,
+                    node_id,
+                    link.peer,
+                    link.address,
+                    link.challenge,
+                    link.proven_at,
+                )
+            except proof.LinkProofError:
+                continue
+            out[link.peer] = link
+        return out
 
     def fresh(self, node_id: str, within_s: float) -> Facts | None:
         view = self.views.get(node_id)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from letsinfer.engines import releases
 from letsinfer.engines.releases import Release
-from letsinfer.store import AuthorityStore, NodeRecord, StoreError
+from letsinfer.store import AuthorityStore, NodeRecord, StoreError, TaskSpec
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,8 @@ class InstallRequest:
     gpu_uuids: tuple[str, ...] = ()  # exact GPUs (one node)
     engine: str = "xllamacpp"
     llama_server_binary: str = "llama-server"
+    parallel: bool = False  # one placement group, one task per node
+    engine_explicit: bool = False  # the operator named a (single-device) engine
 
 
 def _targets(node: NodeRecord) -> list[str]:
@@ -139,3 +141,152 @@ def apply(
                 + (f" replaces {pl.replaces}" if pl.replaces else ""),
             )
     return created
+
+
+# -- parallel placement groups ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ParallelRuntimes:
+    """The parallel runtime for each target, as this cluster is configured."""
+
+    vllm_version: str
+    parallel_command: str | None = None  # launcher binary for cpu targets
+    port_first: int = 20000
+    port_last: int = 20999
+
+    def release_for(self, target: str) -> Release:
+        if target == "cuda":
+            from letsinfer.engines.vllm import vllm_release
+
+            return vllm_release(self.vllm_version)
+        if self.parallel_command:
+            return releases.parallel_command(self.parallel_command, target)
+        raise StoreError(
+            f"no parallel runtime for {target} targets: set [engine] parallel_command "
+            "to a parallel-command launcher, or install without --parallel"
+        )
+
+
+@dataclass
+class ParallelPlan:
+    service: str
+    release: Release
+    tasks: list[tuple[NodeRecord, TaskSpec]] = field(default_factory=list)
+    replaces: list[str] = field(default_factory=list)  # pg ids with a task on these nodes
+
+
+def _data_address(node: NodeRecord) -> str:
+    if node.role == "main" or not node.address:
+        raise StoreError(
+            f"{node.name}: the main's own agent does not prove data links yet; "
+            "place parallel tasks on children"
+        )
+    return node.address.rsplit(":", 1)[0]
+
+
+def plan_parallel(
+    store: AuthorityStore,
+    req: InstallRequest,
+    runtimes: ParallelRuntimes,
+    fresh_within_s: float,
+) -> ParallelPlan:
+    """One placement group with one task per node, or a StoreError saying why not.
+
+    Core never invents parallelism: a single-device runtime is refused, and so
+    is a group any one of whose nodes cannot take its task (the group is atomic).
+    """
+    if req.engine_explicit:
+        raise StoreError(
+            f"{req.engine} is a single-device runtime: core never splits it across "
+            "nodes; install without --parallel (one placement group per node)"
+        )
+    svc = store.resolve_service(req.service)
+    if svc is None:
+        raise StoreError(f"no model {req.service!r}: add it first with `letsinfer model add`")
+    if len(set(req.nodes)) < 2:
+        raise StoreError("a parallel placement group needs two or more distinct nodes (--node)")
+    if req.gpu_uuids:
+        raise StoreError("--gpu names GPUs of one node; a parallel group takes --gpus per task")
+    now = time.time()
+    nodes: list[NodeRecord] = []
+    for name in req.nodes:
+        node = store.find_node(name)
+        if node is None:
+            raise StoreError(f"{name}: no such node")
+        _data_address(node)
+        if node.facts_at is None or now - node.facts_at > fresh_within_s:
+            raise StoreError(f"{node.name}: unreachable: no fresh facts from its agent")
+        if any(n.id == node.id for n in nodes):
+            raise StoreError(f"{node.name} is named twice")
+        nodes.append(node)
+    targets = [_targets(n) for n in nodes]
+    if req.target == "auto":
+        target = "cuda" if all("cuda" in t for t in targets) else "cpu"
+    else:
+        target = req.target
+    for node, offered in zip(nodes, targets, strict=True):
+        if target not in offered:
+            raise StoreError(f"{node.name} offers {', '.join(offered)}, not {target}")
+    release = runtimes.release_for(target)
+    if not releases.is_parallel(release):
+        raise StoreError(f"release {release.id} is a single-device runtime; core never splits it")
+    replaces = sorted(
+        {
+            t.pg_id
+            for n in nodes
+            for t in store.tasks_on_node(n.id)
+            if (pg := store.get_placement_group(t.pg_id)) is not None and pg.service == svc.name
+        }
+    )
+    out = ParallelPlan(service=svc.name, release=release, replaces=replaces)
+    for i, node in enumerate(nodes):
+        gpus: tuple[str, ...] = ()
+        if target == "cuda":
+            known = [g["uuid"] for g in (node.facts or {}).get("gpus", [])]
+            held = store.gpus_in_use(node.id)
+            for pg_id in replaces:
+                held -= set(store.pg_gpus(pg_id))
+            free = [g for g in known if g not in held]
+            if len(free) < req.gpus:
+                raise StoreError(
+                    f"{node.name} needs {req.gpus} free GPU(s); {len(free)} of {len(known)} "
+                    "are free"
+                )
+            gpus = tuple(free[: req.gpus])
+        taken = store.task_ports_in_use(node.id)
+        port = next(
+            (p for p in range(runtimes.port_first, runtimes.port_last + 1) if p not in taken),
+            None,
+        )
+        if port is None:
+            raise StoreError(
+                f"{node.name}: every task port {runtimes.port_first}-{runtimes.port_last} is taken"
+            )
+        out.tasks.append((node, TaskSpec(str(i), node.id, _data_address(node), port, gpus)))
+    return out
+
+
+def apply_parallel(
+    store: AuthorityStore, p: ParallelPlan, sign: Callable[[Release], str], actor: str = "cli"
+) -> str:
+    r = p.release
+    with store.transaction():
+        for pg_id in p.replaces:
+            store.delete_placement_group(pg_id)
+        store.ensure_release(r.id, r.engine, r.version, r.target, r.artifacts, r.launch, sign(r))
+        pg = store.add_parallel_placement_group(
+            f"pg-{uuid.uuid4().hex[:12]}", p.service, r.id, r.target, [t for _, t in p.tasks]
+        )
+        store.append_audit(
+            actor,
+            "model.install",
+            "ok",
+            target=f"{p.service}@{'+'.join(n.name for n, _ in p.tasks)}",
+            detail=f"{pg.id} {r.id} parallel tasks="
+            + ",".join(
+                f"{t.task}:{n.name}:{t.port}:{'|'.join(t.gpu_uuids) or '-'}" for n, t in p.tasks
+            )
+            + (f" replaces {','.join(p.replaces)}" if p.replaces else ""),
+        )
+    return pg.id

@@ -16,6 +16,7 @@ class TaskReport:
     node_id: str
     state: str
     base_url: str | None
+    capacity: int | None = None
 
 
 @dataclass
@@ -31,6 +32,9 @@ class TaskBoard:
         for tasks in self.reports.values():
             for task in [t for t, r in tasks.items() if r.node_id == node_id]:
                 del tasks[task]
+
+    def head(self, pg_id: str) -> TaskReport | None:
+        return self.reports.get(pg_id, {}).get("0")
 
     def endpoint(self, pg_id: str, expected: set[str]) -> str | None:
         """The head's URL if, and only if, every expected task is ready."""

@@ -7,8 +7,9 @@ from typing import Any
 
 from letsinfer.agent.placement import DesiredPlacement
 from letsinfer.authority import engine_keys
+from letsinfer.engines.parallel_command import GroupTask
 from letsinfer.engines.releases import Release
-from letsinfer.store import AuthorityStore
+from letsinfer.store import AuthorityStore, StoreError
 
 
 def release_of(row: dict[str, Any]) -> Release:
@@ -22,24 +23,46 @@ def release_of(row: dict[str, Any]) -> Release:
     )
 
 
+def group_of(store: AuthorityStore, pg_id: str) -> tuple[GroupTask, ...]:
+    """A parallel group's tasks, head first, as every task is told; empty for a
+    single-task group (its one task picks its own port)."""
+    tasks = store.pg_tasks(pg_id)
+    if len(tasks) < 2:
+        return ()
+    nodes = {n.id: n for n in store.list_nodes(include_removed=True)}
+    out = []
+    for t in tasks:
+        node = nodes.get(t.node_id)
+        if t.address is None or t.port is None or node is None or node.address is None:
+            raise StoreError(f"task {t.task} of {pg_id} has no data address or port")
+        out.append(GroupTask(t.task, t.node_id, t.address, t.port, node.address))
+    return tuple(out)
+
+
 def desired_for_node(store: AuthorityStore, node_id: str, secret: bytes) -> list[DesiredPlacement]:
     out = []
-    for pg in store.list_placement_groups(node_id=node_id):
-        if pg.desired != "running":
+    for task in store.tasks_on_node(node_id):
+        pg = store.get_placement_group(task.pg_id)
+        if pg is None or pg.desired != "running":
             continue
         svc = store.get_service(pg.service)
         rel = store.get_release(pg.release_id)
         if svc is None or rel is None:
             continue
+        group = group_of(store, pg.id)
         out.append(
             DesiredPlacement(
                 pg_id=pg.id,
                 service=svc.name,
                 artifact_digest=svc.artifact_digest,
                 release=release_of(rel),
-                engine_key=engine_keys.derive(secret, pg.id, "0"),
-                gpu_uuids=tuple(store.pg_gpus(pg.id)),
+                engine_key=engine_keys.derive(secret, pg.id, task.task),
+                gpu_uuids=tuple(store.task_gpus(pg.id, task.task)),
                 release_signature=rel["signature"],
+                task=task.task,
+                port=task.port if group else None,
+                group=group,
+                group_key=engine_keys.derive(secret, pg.id, "group") if group else None,
             )
         )
     return out
@@ -48,6 +71,7 @@ def desired_for_node(store: AuthorityStore, node_id: str, secret: bytes) -> list
 def to_wire(d: DesiredPlacement) -> dict[str, Any]:
     data = asdict(d)
     data["gpu_uuids"] = list(d.gpu_uuids)
+    data["group"] = [asdict(t) for t in d.group]
     return data
 
 
@@ -64,4 +88,8 @@ def from_wire(data: dict[str, Any], threads: int, context: int, parallel: int) -
         context=context,
         parallel=parallel,
         release_signature=data.get("release_signature"),
+        task=str(data.get("task", "0")),
+        port=data.get("port"),
+        group=tuple(GroupTask(**t) for t in data.get("group", [])),
+        group_key=data.get("group_key"),
     )

@@ -8,6 +8,7 @@ import click
 
 from letsinfer import config
 from letsinfer.authority import install as install_mod
+from letsinfer.authority.links import ResumeRefused, resume_model
 from letsinfer.authority.models import add_gguf_model
 from letsinfer.cli import cli
 from letsinfer.cli.local import ask_node, segment
@@ -158,6 +159,12 @@ def add_model(
     is_flag=True,
     help="Replace this model's placement group where a node already has one.",
 )
+@click.option(
+    "--parallel",
+    is_flag=True,
+    help="ONE placement group with one task per --node, run by a parallel runtime "
+    "(vLLM on cuda, [engine] parallel_command on cpu).",
+)
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.pass_obj
 def install(
@@ -169,14 +176,35 @@ def install(
     gpu_uuids: tuple[str, ...],
     engine: str | None,
     replace_existing: bool,
+    parallel: bool,
     yes: bool,
 ) -> None:
     """Place a model on nodes: one placement group per node, each with the release
-    qualified for that node's target and its exact GPUs."""
+    qualified for that node's target and its exact GPUs (or, with --parallel, one
+    group whose tasks span the nodes)."""
     assert ctx.identity is not None
     settings = config.load(ctx.home.config_file)
     store = AuthorityStore(ctx.home.database)
     try:
+        if parallel:
+            _install_parallel(
+                ctx,
+                store,
+                settings,
+                install_mod.InstallRequest(
+                    service=name,
+                    nodes=nodes,
+                    target=target,
+                    gpus=gpus,
+                    gpu_uuids=gpu_uuids,
+                    engine=engine or settings.engine.kind,
+                    parallel=True,
+                    engine_explicit=engine is not None,
+                ),
+                replace_existing,
+                yes,
+            )
+            return
         if not nodes:
             active = [n.name for n in store.list_nodes() if n.state == "active"]
             if not yes and not click.confirm(
@@ -235,6 +263,56 @@ def install(
     console.print(f"{len(created)} placement group(s) created: {', '.join(created)}")
 
 
+def _install_parallel(
+    ctx: CliContext,
+    store: AuthorityStore,
+    settings: config.Settings,
+    req: install_mod.InstallRequest,
+    replace_existing: bool,
+    yes: bool,
+) -> None:
+    engine = settings.engine
+    runtimes = install_mod.ParallelRuntimes(
+        vllm_version=engine.vllm_version,
+        parallel_command=engine.parallel_command,
+        port_first=engine.task_port_first,
+        port_last=engine.task_port_last,
+    )
+    try:
+        plan = install_mod.plan_parallel(store, req, runtimes, settings.control.node_stale_after_s)
+    except StoreError as exc:
+        store.append_audit("cli", "model.install", "denied", target=req.service, detail=str(exc))
+        raise click.ClickException(f"{exc}. Nothing changed.") from exc
+    for node, t in plan.tasks:
+        gpus_text = f" on {', '.join(t.gpu_uuids)}" if t.gpu_uuids else ""
+        role = "head" if t.task == "0" else "worker"
+        console.print(
+            f"  [green]task {t.task}[/green] ({role}) {node.name} {t.address}:{t.port}: "
+            f"{plan.release.id}{gpus_text}"
+        )
+    if (
+        plan.replaces
+        and not replace_existing
+        and not (not yes and click.confirm("Replace the existing placement groups?"))
+    ):
+        store.append_audit(
+            "cli",
+            "model.install",
+            "denied",
+            target=req.service,
+            detail="would replace without --replace-existing",
+        )
+        raise click.ClickException(
+            f"{req.service} already has placement group(s) {', '.join(plan.replaces)} on "
+            "these nodes; pass --replace-existing to replace them. Nothing changed."
+        )
+    pg_id = install_mod.apply_parallel(store, plan, lambda r: runtime.sign(ctx.home, r))
+    console.print(
+        f"1 parallel placement group created: {pg_id} ({len(plan.tasks)} tasks); its endpoint "
+        "is published when every task is ready and every data link is proven"
+    )
+
+
 def _set_desired(ctx: CliContext, name: str, desired: str, action: str) -> None:
     verb = action.removeprefix("model.")
     answer = ask_node(ctx.home, "POST", f"/v1/ops/models/{segment(name)}/{verb}")
@@ -275,8 +353,23 @@ def start(ctx: CliContext, name: str) -> None:
 @click.argument("name")
 @click.pass_obj
 def resume(ctx: CliContext, name: str) -> None:
-    """Resume placement groups paused by a lost data link (an explicit step)."""
-    _set_desired(ctx, name, "running", "model.resume")
+    """Resume placement groups paused by a lost data link (an explicit step), once
+    every link they need is proven again; also starts stopped groups."""
+    answer = ask_node(ctx.home, "POST", f"/v1/ops/models/{segment(name)}/resume")
+    if answer is None:
+        store = AuthorityStore(ctx.home.database)
+        try:
+            done = resume_model(store, name, actor="cli")
+        except ResumeRefused as exc:
+            raise click.ClickException(f"{exc}. Nothing changed.") from exc
+        finally:
+            store.close()
+        answer = done.to_json()
+    unpaused = answer["unpaused"]
+    note = f"; {len(unpaused)} unpaused" if unpaused else ""
+    console.print(
+        f"model {answer['model']}: {answer['placement_groups']} placement group(s) running{note}"
+    )
 
 
 @scoped(model, "show", scope="main")
@@ -305,6 +398,19 @@ def show(ctx: CliContext, name: str, as_json: bool) -> None:
                 "capacity": pg.capacity,
                 "restarts": pg.restarts,
                 "detail": pg.detail,
+                "paused": pg.paused_reason,
+                "tasks": [
+                    {
+                        "task": t.task,
+                        "node": nodes.get(t.node_id, t.node_id),
+                        "address": t.address,
+                        "port": t.port,
+                        "gpus": store.task_gpus(pg.id, t.task),
+                        "state": t.state,
+                        "detail": t.detail,
+                    }
+                    for t in store.pg_tasks(pg.id)
+                ],
             }
             for pg in store.list_placement_groups(service=svc.name)
         ]

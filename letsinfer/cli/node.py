@@ -519,12 +519,18 @@ def resume(ctx: CliContext, name: str | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
 def topology(ctx: CliContext, as_json: bool) -> None:
-    """Nodes, their GPUs and the placement groups on them."""
+    """Nodes, their GPUs, the placement groups on them and their data links."""
     store = AuthorityStore(ctx.home.database)
     try:
         out = []
+        names = {n.id: n.name for n in store.list_nodes(include_removed=True)}
+        links = store.list_links()
         for n in store.list_nodes():
-            pgs = store.list_placement_groups(node_id=n.id)
+            pgs = [
+                pg
+                for t in store.tasks_on_node(n.id)
+                if (pg := store.get_placement_group(t.pg_id)) is not None
+            ]
             gpus = (n.facts or {}).get("gpus", [])
             out.append(
                 {
@@ -548,8 +554,19 @@ def topology(ctx: CliContext, as_json: bool) -> None:
                             "model": pg.service,
                             "state": pg.state,
                             "gpus": store.pg_gpus(pg.id),
+                            "tasks": len(store.pg_tasks(pg.id)),
                         }
                         for pg in pgs
+                    ],
+                    "links": [
+                        {
+                            "peer": names.get(other, other),
+                            "state": link.state,
+                            "changed_at": link.changed_at,
+                        }
+                        for link in links
+                        if n.id in (link.node_a, link.node_b)
+                        for other in [link.node_b if link.node_a == n.id else link.node_a]
                     ],
                 }
             )
@@ -558,6 +575,7 @@ def topology(ctx: CliContext, as_json: bool) -> None:
     if as_json:
         emit(out, [], as_json=True)
         return
+    from rich.markup import escape
     from rich.tree import Tree
 
     tree = Tree("cluster")
@@ -570,5 +588,7 @@ def topology(ctx: CliContext, as_json: bool) -> None:
         for g in n["gpus"]:
             branch.add(f"GPU {g['uuid']} {g['name']} → {g['placement_group'] or 'free'}")
         for pg in n["placement_groups"]:
-            branch.add(f"{pg['id']} {pg['model']} [{pg['state']}]")
+            branch.add(escape(f"{pg['id']} {pg['model']} [{pg['state']}]"))
+        for link in n["links"]:
+            branch.add(escape(f"data link → {link['peer']} [{link['state']}]"))
     console.print(tree)

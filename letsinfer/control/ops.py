@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from letsinfer import __version__
 from letsinfer.authority import controllers
 from letsinfer.authority.apikeys import create_key
+from letsinfer.authority.links import ResumeRefused, resume_model
 from letsinfer.identity import NodeIdentity
 from letsinfer.store import AuthorityStore, StoreError
 from letsinfer.trust.peer import Peer
@@ -120,7 +121,7 @@ def ops_router(
             changed = store.set_service_desired(svc.name, desired)
             store.append_audit(
                 actor(p),
-                action or f"model.{'start' if desired == 'running' else 'stop'}",
+                f"model.{'start' if desired == 'running' else 'stop'}",
                 "ok",
                 role=p.identity.role,
                 target=svc.name,
@@ -185,7 +186,13 @@ def ops_router(
     async def model_resume(
         name: str, p: Annotated[Peer, Depends(need("operator"))]
     ) -> dict[str, Any]:
-        return set_desired(name, "running", p, action="model.resume")
+        try:
+            done = resume_model(store, name, actor=actor(p), role=p.identity.role)
+        except ResumeRefused as exc:
+            status = 404 if str(exc).startswith("no model") else 409
+            raise HTTPException(status, f"{exc}. Nothing changed.") from exc
+        on_change()
+        return done.to_json()
 
     @router.get("/v1/ops/version")
     async def version(p: Annotated[Peer, Depends(need("viewer"))]) -> dict[str, str]:

@@ -15,7 +15,9 @@ from typing import Any
 @dataclass(frozen=True)
 class Release:
     id: str
-    engine: str  # "xllamacpp" (llama.cpp's server in-process) or "llama-server" (binary)
+    # "xllamacpp" (llama.cpp's server in-process), "llama-server" (binary): one
+    # device; "vllm", "parallel-command": parallel runtimes (several tasks)
+    engine: str
     version: str
     target: str  # cpu, cuda, rocm, metal
     artifacts: dict[str, str] = field(default_factory=dict)
@@ -39,6 +41,26 @@ def llama_server(binary: str, target: str = "cpu") -> Release:
     return Release(
         id=f"llama.cpp-llama-server-{target}-{tag}",
         engine="llama-server",
+        version="local",
+        target=target,
+        launch={"binary": binary},
+    )
+
+
+PARALLEL_ENGINES = ("vllm", "parallel-command")
+
+
+def is_parallel(release: Release) -> bool:
+    """Whether the runtime itself spreads one model over several tasks."""
+    return release.engine in PARALLEL_ENGINES
+
+
+def parallel_command(binary: str, target: str = "cpu") -> Release:
+    """A parallel runtime behind one launcher (see engines/parallel_command.py)."""
+    tag = hashlib.sha256(binary.encode()).hexdigest()[:8]
+    return Release(
+        id=f"parallel-command-{target}-{tag}",
+        engine="parallel-command",
         version="local",
         target=target,
         launch={"binary": binary},

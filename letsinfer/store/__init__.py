@@ -6,10 +6,13 @@ from letsinfer.store.authority import (
     AuthorityStore,
     ControllerRecord,
     EnrollmentRecord,
+    LinkRecord,
     NodeRecord,
+    PgTaskRecord,
     PlacementGroupRecord,
     ServiceRecord,
     StoreError,
+    TaskSpec,
 )
 
 __all__ = [
@@ -18,8 +21,11 @@ __all__ = [
     "AuthorityStore",
     "ControllerRecord",
     "EnrollmentRecord",
+    "LinkRecord",
     "NodeRecord",
+    "PgTaskRecord",
     "PlacementGroupRecord",
     "ServiceRecord",
     "StoreError",
+    "TaskSpec",
 ]

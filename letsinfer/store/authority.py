@@ -97,6 +97,38 @@ class PlacementGroupRecord:
     detail: str | None
     created_at: float
     updated_at: float
+    paused_reason: str | None = None  # set when a data link its plan needs was lost
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One task of a placement group as install decides it."""
+
+    task: str  # "0" is the head; it serves the group's endpoint
+    node_id: str
+    address: str | None = None  # the node's data address (parallel groups)
+    port: int | None = None  # fixed for parallel groups; None: the agent picks one
+    gpu_uuids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PgTaskRecord:
+    pg_id: str
+    task: str
+    node_id: str
+    address: str | None
+    port: int | None
+    state: str
+    detail: str | None
+    updated_at: float
+
+
+@dataclass(frozen=True)
+class LinkRecord:
+    node_a: str  # node_a < node_b
+    node_b: str
+    state: str  # proven, lost
+    changed_at: float
 
 
 @dataclass(frozen=True)
@@ -506,13 +538,30 @@ class AuthorityStore:
         target: str,
         gpu_uuids: tuple[str, ...] = (),
     ) -> PlacementGroupRecord:
+        """A single-task group: its one task runs on ``node_id``."""
+        return self.add_parallel_placement_group(
+            pg_id, service, release_id, target, [TaskSpec("0", node_id, gpu_uuids=gpu_uuids)]
+        )
+
+    def add_parallel_placement_group(
+        self,
+        pg_id: str,
+        service: str,
+        release_id: str,
+        target: str,
+        tasks: list[TaskSpec],
+    ) -> PlacementGroupRecord:
+        """A group and all its tasks and GPUs, or nothing (one transaction).
+        The group's ``node_id`` is its head's (task "0")."""
+        if not tasks or tasks[0].task != "0":
+            raise StoreError("a placement group needs task 0 (its head) first")
         now = time.time()
         with self.transaction():
             self.db["placement_groups"].insert(
                 {
                     "id": pg_id,
                     "service": service,
-                    "node_id": node_id,
+                    "node_id": tasks[0].node_id,
                     "release_id": release_id,
                     "target": target,
                     "desired": "running",
@@ -522,18 +571,88 @@ class AuthorityStore:
                     "updated_at": now,
                 }
             )
-            for uuid in gpu_uuids:
+            for t in tasks:
                 try:
-                    self.db["pg_devices"].insert(
-                        {"gpu_uuid": uuid, "pg_id": pg_id, "node_id": node_id}
+                    self.db["pg_tasks"].insert(
+                        {
+                            "pg_id": pg_id,
+                            "task": t.task,
+                            "node_id": t.node_id,
+                            "address": t.address,
+                            "port": t.port,
+                            "state": "pending",
+                            "updated_at": now,
+                        }
                     )
                 except sqlite3.IntegrityError as exc:
                     raise StoreError(
-                        f"GPU {uuid} already belongs to an active placement group"
+                        f"task {t.task} of {pg_id} on node {t.node_id} conflicts: {exc}"
                     ) from exc
+                for uuid in t.gpu_uuids:
+                    try:
+                        self.db["pg_devices"].insert(
+                            {"gpu_uuid": uuid, "pg_id": pg_id, "node_id": t.node_id, "task": t.task}
+                        )
+                    except sqlite3.IntegrityError as exc:
+                        raise StoreError(
+                            f"GPU {uuid} already belongs to an active placement group"
+                        ) from exc
         pg = self.get_placement_group(pg_id)
         assert pg is not None
         return pg
+
+    def pg_tasks(self, pg_id: str) -> list[PgTaskRecord]:
+        rows = self._rows(
+            "SELECT * FROM pg_tasks WHERE pg_id = ? ORDER BY CAST(task AS INTEGER), task", (pg_id,)
+        )
+        return [PgTaskRecord(**r) for r in rows]
+
+    def tasks_on_node(self, node_id: str) -> list[PgTaskRecord]:
+        rows = self._rows(
+            "SELECT * FROM pg_tasks WHERE node_id = ? ORDER BY pg_id, task", (node_id,)
+        )
+        return [PgTaskRecord(**r) for r in rows]
+
+    def task_ports_in_use(self, node_id: str) -> set[int]:
+        rows = self._rows(
+            "SELECT port FROM pg_tasks WHERE node_id = ? AND port IS NOT NULL", (node_id,)
+        )
+        return {int(r["port"]) for r in rows}
+
+    def task_gpus(self, pg_id: str, task: str) -> list[str]:
+        rows = self._rows(
+            "SELECT gpu_uuid FROM pg_devices WHERE pg_id = ? AND task = ? ORDER BY gpu_uuid",
+            (pg_id, task),
+        )
+        return [r["gpu_uuid"] for r in rows]
+
+    def record_task_observation(
+        self, pg_id: str, task: str, state: str, detail: str | None
+    ) -> None:
+        self.db.execute(
+            "UPDATE pg_tasks SET state = ?, detail = ?, updated_at = ? "
+            "WHERE pg_id = ? AND task = ?",
+            (state, detail, time.time(), pg_id, task),
+        )
+
+    def set_pg_paused(self, pg_id: str, reason: str | None) -> None:
+        self.db.execute(
+            "UPDATE placement_groups SET paused_reason = ?, updated_at = ? WHERE id = ?",
+            (reason, time.time(), pg_id),
+        )
+
+    # -- data links ---------------------------------------------------------
+    def list_links(self) -> list[LinkRecord]:
+        return [LinkRecord(**r) for r in self._rows("SELECT * FROM links ORDER BY node_a, node_b")]
+
+    def set_link_state(self, node_a: str, node_b: str, state: str) -> None:
+        a, b = sorted((node_a, node_b))
+        self.db.execute(
+            "INSERT INTO links(node_a, node_b, state, changed_at) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT(node_a, node_b) DO UPDATE SET state = excluded.state, "
+            "changed_at = excluded.changed_at",
+            (a, b, state, time.time()),
+        )
 
     def get_placement_group(self, pg_id: str) -> PlacementGroupRecord | None:
         rows = self._rows("SELECT * FROM placement_groups WHERE id = ?", (pg_id,))

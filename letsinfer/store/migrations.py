@@ -125,4 +125,32 @@ MIGRATIONS: list[str] = [
     ALTER TABLE nodes ADD COLUMN facts TEXT;
     ALTER TABLE nodes ADD COLUMN facts_at REAL;
     """,
+    # 4: parallel placement groups (one task per node) and proven data links
+    """
+    CREATE TABLE pg_tasks (
+        pg_id TEXT NOT NULL REFERENCES placement_groups(id) ON DELETE CASCADE,
+        task TEXT NOT NULL,
+        node_id TEXT NOT NULL REFERENCES nodes(id),
+        address TEXT,
+        port INTEGER,
+        state TEXT NOT NULL DEFAULT 'pending',
+        detail TEXT,
+        updated_at REAL NOT NULL,
+        PRIMARY KEY (pg_id, task),
+        UNIQUE (pg_id, node_id)
+    );
+    CREATE UNIQUE INDEX pg_task_port ON pg_tasks(node_id, port) WHERE port IS NOT NULL;
+    INSERT INTO pg_tasks(pg_id, task, node_id, state, updated_at)
+        SELECT id, '0', node_id, state, updated_at FROM placement_groups;
+    ALTER TABLE pg_devices ADD COLUMN task TEXT NOT NULL DEFAULT '0';
+    ALTER TABLE placement_groups ADD COLUMN paused_reason TEXT;
+    CREATE TABLE links (
+        node_a TEXT NOT NULL REFERENCES nodes(id),
+        node_b TEXT NOT NULL REFERENCES nodes(id),
+        state TEXT NOT NULL CHECK (state IN ('proven', 'lost')),
+        changed_at REAL NOT NULL,
+        PRIMARY KEY (node_a, node_b),
+        CHECK (node_a < node_b)
+    );
+    """,
 ]
