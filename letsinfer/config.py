@@ -15,7 +15,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 ENV_PREFIX = "LETSINFER_"
 
@@ -65,6 +72,25 @@ class EngineSettings(_Section):
     # Ports the main hands to the tasks of parallel groups, per node.
     task_port_first: int = Field(20000, ge=1024, le=65535)
     task_port_last: int = Field(20999, ge=1024, le=65535)
+    # Ports a child's engines listen on (its data address); the firewall role
+    # lets only the main reach them. The main's own engines use loopback.
+    port_first: int = Field(21000, ge=1024, le=65535)
+    port_last: int = Field(29999, ge=1024, le=65535)
+
+    @model_validator(mode="after")
+    def _port_ranges(self) -> EngineSettings:
+        for name, first, last in (
+            ("task_port", self.task_port_first, self.task_port_last),
+            ("port", self.port_first, self.port_last),
+        ):
+            if first > last:
+                raise ValueError(f"{name}_first ({first}) is above {name}_last ({last})")
+        if self.port_first <= self.task_port_last and self.task_port_first <= self.port_last:
+            raise ValueError(
+                f"engine ports {self.port_first}-{self.port_last} overlap task ports "
+                f"{self.task_port_first}-{self.task_port_last}"
+            )
+        return self
 
 
 class ControlSettings(_Section):

@@ -168,6 +168,7 @@ def test_main_scope_commands_refuse_elsewhere(tmp_path: Path) -> None:
         ("[gateway\n", {}, "invalid configuration"),
         ("", {"LETSINFER_ENGINE__PARALLEL": "lots"}, "engine.parallel"),
         ("[engine]\nkind = 'vllm-on-cpu'\n", {}, "engine.kind"),
+        ("[engine]\nport_first = 20500\n", {}, "overlap task ports 20000-20999"),
     ],
 )
 def test_invalid_config_is_refused_at_start(

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.cluster import PY, Cluster
@@ -140,6 +141,11 @@ def test_install_on_two_children_serves_through_both(cluster: Cluster) -> None:
     by_pg = served_by(c, "shared")
     placed = {str(pg["id"]) for pg in pgs(c, "shared").values()}
     assert set(by_pg) == placed, (by_pg, placed)
+    # Children's engines listen inside [engine] port_first..port_last (the range
+    # the firewall keeps to the main), on their data address.
+    for node, pg in pgs(c, "shared").items():
+        url = httpx.URL(str(pg["endpoint"]))
+        assert url.host == c.lab.hosts[node] and 21000 <= (url.port or 0) <= 29999, pg
 
     topo = json.loads(c.ok("main", "topology", "--json"))
     n1 = next(n for n in topo if n["node"] == "n1")

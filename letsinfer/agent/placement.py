@@ -62,6 +62,9 @@ class PlacementRunner:
     host: str
     on_failed: Callable[[str, str], None]  # (pg id, why)
     trusted: list[PublicKey] = field(default_factory=list)  # release signers
+    # Where engines on a data address listen ([engine] port_first..port_last), so
+    # the firewall can keep them to the main; None: any free port (loopback).
+    ports: tuple[int, int] | None = None
     services: dict[str, str] = field(default_factory=dict)  # pg id -> model service
     tasks: dict[str, str] = field(default_factory=dict)  # pg id -> the task run here
     _background: set[asyncio.Task[None]] = field(default_factory=set)
@@ -144,5 +147,7 @@ class PlacementRunner:
         self.tasks[d.pg_id] = d.task
         fixed = d.port
         self.supervisor.ensure(
-            d.pg_id, make_plan, (lambda: fixed) if fixed else (lambda: free_port(self.host))
+            d.pg_id,
+            make_plan,
+            (lambda: fixed) if fixed else (lambda: free_port(self.host, self.ports)),
         )

@@ -115,6 +115,7 @@ class AgentNode:
             advertise_address(agent.api_host, agent.advertise),
             lambda pg, why: log.warning("placement group %s failed: %s", pg, why),
             trusted=runtime.trusted_for(home, settings.release.trusted_keys, cluster_key),
+            ports=(settings.engine.port_first, settings.engine.port_last),
         )
         self.server: Any = None  # the uvicorn server, set by the runner
         self.desired: list[DesiredPlacement] = []  # as the main last said
