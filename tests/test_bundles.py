@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from fastapi import FastAPI
 
 from letsinfer import config
 from letsinfer.authority.bootstrap import init_main
+from letsinfer.bundle.archive import BundleError, open_bundle
 from letsinfer.engines.releases import xllamacpp_cpu
 from letsinfer.engines.tinymodel import SENTENCE
 from letsinfer.home import Home
@@ -299,10 +301,36 @@ def test_a_tampered_bundle_is_refused_and_changes_nothing(
     before = tree_state(site)
 
     result = import_bundle(site, tampered)
+    checked = letsinfer(site, "bundle", "verify", str(tampered))
 
     assert result.returncode == 1, result.stdout
     assert message in result.stderr
+    assert checked.returncode == 1 and message in checked.stderr
     assert tree_state(site) == before
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        pytest.param(edit, message, id=name)
+        for name, edit, message in MEMBER_TAMPERING
+        if name in ("path with ..", "absolute path", "symlink", "hard link", "device")
+    ],
+)
+def test_members_are_refused_without_the_standard_librarys_data_filter(
+    small_bundle: Path,
+    keys: dict[str, tuple[Path, str]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    edit: Edit,
+    message: str,
+) -> None:
+    # Debian 12's Python 3.11.2 has no tarfile.data_filter: letsinfer's own checks hold.
+    tampered = write_bundle(tmp_path / "site.tar", edit(read_entries(small_bundle), keys))
+    monkeypatch.delattr(tarfile, "data_filter", raising=False)
+
+    with pytest.raises(BundleError, match=re.escape(message)), open_bundle(tampered):
+        pass
 
 
 def cut_in_a_file(bundle: Path, dest: Path) -> None:
@@ -353,9 +381,11 @@ def test_a_damaged_bundle_is_refused_and_changes_nothing(
     before = tree_state(site)
 
     result = import_bundle(site, damaged)
+    checked = letsinfer(site, "bundle", "verify", str(damaged))
 
     assert result.returncode == 1, result.stdout
     assert message in result.stderr
+    assert checked.returncode == 1 and message in checked.stderr
     assert tree_state(site) == before
 
 
@@ -415,6 +445,41 @@ def test_import_places_the_bundle_whole_and_a_second_import_changes_nothing(
     assert again.returncode == 0, again.stderr
     assert "already imported; nothing changed" in again.stdout
     assert tree_state(home) == before
+
+
+def test_verify_checks_a_bundle_against_given_keys_and_writes_nothing(
+    small_bundle: Path, keys: dict[str, tuple[Path, str]], tiny_gguf: Path, tmp_path: Path
+) -> None:
+    # A workstation that is no node: the keys come on the command line.
+    home = tmp_path / "workstation"
+    site_key = keys["site"][1]
+    result = letsinfer(home, "bundle", "verify", str(small_bundle), "--key", site_key, "--json")
+
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["sha256"] == sha256_of(small_bundle)
+    assert doc["models"] == [
+        {"name": "tiny", "path": "models/tiny.gguf", "sha256": sha256_of(tiny_gguf)}
+    ]
+    assert doc["runtimes"] == ["llama.cpp-llama-server-cpu"]
+    assert (doc["wheelhouse"], doc["letsinfer_version"]) == (False, None)  # made with --no-wheels
+    assert not home.exists()
+
+    # The id is the one an import gives the bundle in the mirror.
+    trust(tmp_path / "site", site_key)
+    imported = json.loads(import_bundle(tmp_path / "site", small_bundle, "--json").stdout)
+    assert imported["bundle"] == doc["bundle"]
+
+    shown = letsinfer(home, "bundle", "verify", str(small_bundle), "--key", site_key)
+    assert f"bundle {doc['bundle']} is intact and signed by trusted key" in shown.stdout
+    wrong = letsinfer(home, "bundle", "verify", str(small_bundle), "--key", keys["mallory"][1])
+    assert wrong.returncode == 1 and "which this node does not trust" in wrong.stderr
+    bad_sum = letsinfer(
+        home, "bundle", "verify", str(small_bundle), "--key", site_key, "--sha256", "0" * 64
+    )
+    assert bad_sum.returncode == 1 and "does not match its checksum" in bad_sum.stderr
+    none = letsinfer(home, "bundle", "verify", str(small_bundle))
+    assert none.returncode == 1 and "trusts no release key" in none.stderr
 
 
 def test_inspect_shows_the_manifest_and_whether_this_node_trusts_it(

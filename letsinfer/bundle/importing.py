@@ -5,6 +5,9 @@ tar's structure and every member's type and path, the manifest's signature
 against the node's trusted keys, the manifest against the members (missing,
 extra, sizes), then every file's bytes while they are copied into a staging
 folder inside the mirror. Only then does anything move into the mirror.
+
+``verify_bundle`` makes the same checks in the same order and places nothing:
+a workstation runs it before it hands a bundle to hosts (the Ansible role).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import hashlib
 import re
 import tarfile
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,7 +65,8 @@ def read_checksum(bundle: Path) -> str:
     return words[0].lower()
 
 
-def verify_checksum(bundle: Path, expected: str, progress: Progress) -> None:
+def verify_checksum(bundle: Path, expected: str, progress: Progress) -> str:
+    """Check the whole file's sha256; return it."""
     if not bundle.is_file():
         raise BundleError(f"{bundle}: no such file")
     h = hashlib.sha256()
@@ -79,6 +83,7 @@ def verify_checksum(bundle: Path, expected: str, progress: Progress) -> None:
             f"{bundle} does not match its checksum: its sha256 is {h.hexdigest()}, "
             f"expected {expected.lower()} (damaged or changed in transit)"
         )
+    return h.hexdigest()
 
 
 def read_manifest(
@@ -150,6 +155,104 @@ def stage_files(
     return staged
 
 
+def hash_files(
+    tar: tarfile.TarFile,
+    members: Mapping[str, tarfile.TarInfo],
+    manifest: Manifest,
+    progress: Progress,
+) -> None:
+    """Read every file and check its size and sha256, writing nothing."""
+    progress.start("verifying files", manifest.total_size)
+    try:
+        for f in sorted(manifest.files, key=lambda f: members[f.path].offset_data):
+            fh = tar.extractfile(members[f.path])
+            assert fh is not None  # regular files always have data
+            h = hashlib.sha256()
+            size = 0
+            try:
+                while chunk := fh.read(1 << 20):
+                    h.update(chunk)
+                    size += len(chunk)
+                    progress.advance(len(chunk))
+            except (tarfile.TarError, EOFError, OSError) as exc:
+                raise BundleError(f"bundle member {f.path!r} cannot be read ({exc})") from exc
+            if size != f.size:
+                raise BundleError(f"file {f.path!r} is truncated: {size} of {f.size} bytes")
+            if h.hexdigest() != f.sha256:
+                raise BundleError(
+                    f"file {f.path!r} does not match its sha256 in the manifest "
+                    "(its bytes were changed)"
+                )
+    finally:
+        progress.finish()
+
+
+@dataclass(frozen=True)
+class Opened:
+    """A bundle whose checksum, structure, signature and member list were checked."""
+
+    tar: tarfile.TarFile
+    members: Mapping[str, tarfile.TarInfo]
+    manifest: Manifest
+    manifest_bytes: bytes
+    manifest_sha256: str
+    signature_bytes: bytes
+    signer: PublicKey
+    sha256: str  # of the whole file
+
+
+@contextlib.contextmanager
+def open_verified(
+    bundle: Path,
+    trusted: Sequence[PublicKey],
+    expected_sha256: str | None,
+    progress: Progress,
+) -> Iterator[Opened]:
+    """Every check short of the files' bytes, in the documented order."""
+    if not trusted:
+        raise NoTrustedKeysError(
+            "this node trusts no release key, so no bundle can be verified: add the signer's "
+            "public key to [release] trusted_keys in config.toml (or "
+            "LETSINFER_RELEASE__TRUSTED_KEYS)"
+        )
+    sha256 = verify_checksum(bundle, expected_sha256 or read_checksum(bundle), progress)
+    with open_bundle(bundle) as (tar, members):
+        data, signature, sig_bytes = read_manifest(tar, members, bundle)
+        digest = hashlib.sha256(data).hexdigest()
+        signer = require_signer(digest, signature, trusted, "the bundle's manifest")
+        manifest = _parse(data)
+        check_members(manifest, members)
+        yield Opened(tar, members, manifest, data, digest, sig_bytes, signer, sha256)
+
+
+@dataclass(frozen=True)
+class Verified:
+    manifest: Manifest
+    manifest_sha256: str
+    signer: str  # the trusted key's fingerprint
+    sha256: str  # of the whole file
+
+    @property
+    def bundle_id(self) -> str:
+        """The id an import gives it in the mirror."""
+        return self.manifest_sha256[:16]
+
+
+def verify_bundle(
+    bundle: Path,
+    trusted: Sequence[PublicKey],
+    expected_sha256: str | None = None,
+    progress: Progress | None = None,
+) -> Verified:
+    """Every check an import makes, every file's bytes included; nothing is written."""
+    progress = progress or Silent()
+    with open_verified(bundle, trusted, expected_sha256, progress) as opened:
+        hash_files(opened.tar, opened.members, opened.manifest, progress)
+    return Verified(
+        opened.manifest, opened.manifest_sha256, opened.signer.fingerprint, opened.sha256
+    )
+
+
 def import_bundle(
     home: Home,
     bundle: Path,
@@ -159,35 +262,24 @@ def import_bundle(
 ) -> tuple[Placed, Manifest]:
     """Verify ``bundle`` completely, then place it in the home's mirror."""
     progress = progress or Silent()
-    if not trusted:
-        raise NoTrustedKeysError(
-            "this node trusts no release key, so no bundle can be verified: add the signer's "
-            "public key to [release] trusted_keys in config.toml (or "
-            "LETSINFER_RELEASE__TRUSTED_KEYS)"
-        )
-    verify_checksum(bundle, expected_sha256 or read_checksum(bundle), progress)
     layout = MirrorLayout.for_home(home)
-    with open_bundle(bundle) as (tar, members):
-        data, signature, sig_bytes = read_manifest(tar, members, bundle)
-        digest = hashlib.sha256(data).hexdigest()
-        signer = require_signer(digest, signature, trusted, "the bundle's manifest")
-        manifest = _parse(data)
-        check_members(manifest, members)
+    with open_verified(bundle, trusted, expected_sha256, progress) as opened:
+        manifest = opened.manifest
         with layout.locked():
             root_existed = layout.root.exists()
             layout.root.mkdir(parents=True, exist_ok=True)
             workdir = Path(tempfile.mkdtemp(prefix=".import-", dir=layout.root))
             placed = None
             try:
-                blobs = stage_files(tar, members, manifest, workdir, progress)
+                blobs = stage_files(opened.tar, opened.members, manifest, workdir, progress)
                 staged = StagedBundle(
                     workdir=workdir,
                     blobs=blobs,
                     manifest=manifest,
-                    manifest_bytes=data,
-                    manifest_sha256=digest,
-                    signature_bytes=sig_bytes,
-                    signer=signer.fingerprint,
+                    manifest_bytes=opened.manifest_bytes,
+                    manifest_sha256=opened.manifest_sha256,
+                    signature_bytes=opened.signature_bytes,
+                    signer=opened.signer.fingerprint,
                 )
                 placed = place_bundle(layout, staged)
             except OSError as exc:

@@ -107,3 +107,15 @@ class Manifest(_Part):
     @property
     def total_size(self) -> int:
         return sum(f.size for f in self.files)
+
+    def wheel_version(self, project: str) -> str | None:
+        """The version of ``project``'s wheel in the wheelhouse, if it has one."""
+        wanted = project.lower().replace("-", "_")
+        for f in self.files:
+            name = f.path.rpartition("/")[2]
+            if f.kind != "wheel" or not name.endswith(".whl"):
+                continue
+            parts = name[: -len(".whl")].split("-")
+            if len(parts) >= 5 and parts[0].lower() == wanted:
+                return parts[1]
+        return None

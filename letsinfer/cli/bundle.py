@@ -18,10 +18,16 @@ from rich.progress import (
 )
 
 from letsinfer.bundle.creation import CreateRequest, create_bundle
-from letsinfer.bundle.importing import import_bundle, inspect_bundle
+from letsinfer.bundle.importing import import_bundle, inspect_bundle, verify_bundle
 from letsinfer.cli import cli
 from letsinfer.cli.output import emit, errors
-from letsinfer.cli.release import DEFAULT_KEY_NAME, default_key, node_trusted_keys, refusals
+from letsinfer.cli.release import (
+    DEFAULT_KEY_NAME,
+    default_key,
+    given_or_node_keys,
+    node_trusted_keys,
+    refusals,
+)
 from letsinfer.cli.scope import CliContext, scoped
 from letsinfer.store import AuthorityStore
 
@@ -221,6 +227,59 @@ def import_(ctx: CliContext, file: Path, expected: str | None, as_json: bool) ->
         click.echo(f"  model       letsinfer model add {mod['name']} --gguf {mod['path']}")
     for rid in runtimes:
         click.echo(f"  runtime     {rid}")
+
+
+@scoped(bundle, "verify", scope="all")
+@click.argument("file", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--sha256", "expected", metavar="HEX", help="Expected sha256 (default: FILE.sha256).")
+@click.option(
+    "--key",
+    "key_texts",
+    multiple=True,
+    metavar="KEY",
+    help="Trust this public key (ed25519:... or a .pub file) instead of the node's "
+    "[release] trusted_keys; repeat for more.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+def verify(
+    ctx: CliContext, file: Path, expected: str | None, key_texts: tuple[str, ...], as_json: bool
+) -> None:
+    """Make every check an import makes (checksum, signature, every file) and change nothing."""
+    with refusals():
+        trusted = given_or_node_keys(ctx, key_texts)
+        seen = verify_bundle(file, trusted, expected, TerminalProgress(errors))
+    m = seen.manifest
+    digest_of = {f.path: f.sha256 for f in m.files}
+    if as_json:
+        doc = {
+            "bundle": seen.bundle_id,
+            "sha256": seen.sha256,
+            "manifest_sha256": seen.manifest_sha256,
+            "signer": seen.signer,
+            "letsinfer_version": m.wheel_version("letsinfer"),
+            "wheelhouse": any(f.kind == "wheel" for f in m.files),
+            "models": [
+                {"name": mod.name, "path": mod.path, "sha256": digest_of[mod.path]}
+                for mod in m.models
+            ],
+            "runtimes": [r.id for r in m.runtimes],
+            "files": len(m.files),
+            "size": m.total_size,
+        }
+        click.echo(json.dumps(doc))
+        return
+    click.echo(
+        f"{file}: bundle {seen.bundle_id} is intact and signed by trusted key {seen.signer} "
+        f"({len(m.files)} files, {_mb(m.total_size)}, every checksum matches)"
+    )
+    version = m.wheel_version("letsinfer")
+    if version:
+        click.echo(f"  letsinfer  {version}")
+    for mod in m.models:
+        click.echo(f"  model      {mod.name} ({mod.path})")
+    for rid in m.runtimes:
+        click.echo(f"  runtime    {rid}")
 
 
 @scoped(bundle, "inspect", scope="all")

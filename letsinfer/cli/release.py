@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -43,6 +43,16 @@ def default_key(ctx: CliContext) -> Path:
 
 def node_trusted_keys(ctx: CliContext) -> list[keys.PublicKey]:
     return trusted_keys(config.load(ctx.home.config_file).release.trusted_keys)
+
+
+def given_or_node_keys(ctx: CliContext, key_texts: Sequence[str]) -> list[keys.PublicKey]:
+    """Keys from --key (ed25519:... or a .pub file), or else the node's trusted keys."""
+    if not key_texts:
+        return node_trusted_keys(ctx)
+    return [
+        keys.load_public(Path(k)) if Path(k).is_file() else keys.PublicKey.parse(k)
+        for k in key_texts
+    ]
 
 
 @cli.group()
@@ -137,13 +147,7 @@ def verify(
 ) -> None:
     """Check FILE's signature against the trusted keys; exit 1 saying why if refused."""
     with refusals():
-        if key_texts:
-            trusted = [
-                keys.load_public(Path(k)) if Path(k).is_file() else keys.PublicKey.parse(k)
-                for k in key_texts
-            ]
-        else:
-            trusted = node_trusted_keys(ctx)
+        trusted = given_or_node_keys(ctx, key_texts)
         if not file.is_file():
             raise click.ClickException(f"{file}: no such file")
         if signature_path is not None and not signature_path.is_file():
