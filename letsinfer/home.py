@@ -102,6 +102,11 @@ class Home:
         return self.etc / "controller"
 
     @property
+    def revoked_certificates(self) -> Path:
+        """On a child: the fingerprints its main has revoked, refused by its agent."""
+        return self.var / "revoked-certificates.json"
+
+    @property
     def admin_socket(self) -> Path:
         return self.run / "admin.sock"
 

@@ -135,7 +135,13 @@ class MainNode:
             ),
             RunningPlane(
                 tls_server(
-                    create_agent_app(self.home, lambda: self.identity, fingerprint, self.store),
+                    create_agent_app(
+                        self.home,
+                        lambda: self.identity,
+                        fingerprint,
+                        self.store,
+                        revoked=self.store.is_revoked,
+                    ),
                     agent.api_host,
                     agent.api_port,
                     ctx,
@@ -324,6 +330,8 @@ class MainNode:
             "placements": [to_wire(d) for d in desired],
             "paused": node.paused,
             "interval_s": self.settings.control.heartbeat_interval_s,
+            # Children refuse these on their agent plane (link challenges).
+            "revoked": self.store.revoked_fingerprints(),
         }
 
     def _route(self, pg: PlacementGroupRecord) -> bool:

@@ -166,6 +166,26 @@ except (httpx.HTTPError, ssl.SSLError) as exc:
     )
     assert "n2" not in c.ok("main", "node", "list", "--json")
 
+    # The main tells its children what it revoked: n1's agent now refuses n2's
+    # certificate too (a link challenge is the one route members may call).
+    probe_n1 = f"""
+import httpx
+from letsinfer.home import Home
+from letsinfer.identity import load_identity
+from letsinfer.trust.material import tls_files
+from letsinfer.trust.peer import client_context
+home = Home.resolve("{c.home("n2")}")
+f = tls_files(home, load_identity(home.identity_file))
+r = httpx.post("https://{c.lab.hosts["n1"]}:8444/v1/link/challenge", json={{}},
+               verify=client_context(f.ca, f.cert, f.key), timeout=5)
+print(r.status_code, r.text)
+"""
+    c.wait(lambda: c.py("n2", probe_n1).startswith("403"), "n1 refusing n2's certificate")
+    assert "revoked" in c.py("n2", probe_n1)
+    assert any(r["outcome"] == "denied" and "revoked" in str(r["detail"]) for r in c.audit("n1")), (
+        "n1 audits the refusal"
+    )
+
 
 def test_controller_roles(cluster: Cluster) -> None:
     c = cluster

@@ -65,6 +65,7 @@ def create_agent_app(
     fingerprint: str,
     audit: AuthorityStore,
     lifespan: Any = None,
+    revoked: Callable[[str], bool] = lambda fingerprint: False,
 ) -> PeerGate:
     app = FastAPI(
         title="letsinfer agent", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan
@@ -170,6 +171,8 @@ def create_agent_app(
     def admit(peer: Peer, path: str) -> str | None:
         ident = identity()
         p = peer.identity
+        if revoked(p.fingerprint):
+            return "this certificate has been revoked"
         if p.kind == "node" and p.role == "main" and p.id == ident.main_id:
             return None
         if path == CHALLENGE_PATH and p.kind == "node" and ident.enrolled:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import re
@@ -127,11 +128,35 @@ class AgentNode:
                 settings.links.probe_timeout_s,
             )
         self._mtime = home.identity_file.stat().st_mtime_ns
+        self.revoked = self._load_revoked()
 
     def app(self) -> Any:
         return create_agent_app(
-            self.home, lambda: self.identity, self.fingerprint, self.audit, lifespan=self.lifespan
+            self.home,
+            lambda: self.identity,
+            self.fingerprint,
+            self.audit,
+            lifespan=self.lifespan,
+            revoked=lambda fp: fp in self.revoked,
         )
+
+    def _load_revoked(self) -> frozenset[str]:
+        """What the main last said it revoked: kept across restarts, so a removed
+        node is refused even before this node reaches the main again."""
+        try:
+            return frozenset(json.loads(self.home.revoked_certificates.read_text()))
+        except (FileNotFoundError, ValueError, TypeError):
+            return frozenset()
+
+    def _set_revoked(self, fingerprints: list[str]) -> None:
+        new = frozenset(fingerprints)
+        if new == self.revoked:
+            return
+        path = self.home.revoked_certificates
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(sorted(new)))
+        tmp.replace(path)
+        self.revoked = new
 
     def ssl_context(self) -> Any:
         return server_context(self.files.cert, self.files.key, self.files.ca)
@@ -291,6 +316,7 @@ class AgentNode:
                         for d in resp.json()["placements"]
                     ]
                     self.desired = desired
+                    self._set_revoked(resp.json().get("revoked", []))
                     self.placements.apply(desired, fetch=self._fetcher(client, url))
                     await self._renew_if_due(client, url)
                 elif not refused:

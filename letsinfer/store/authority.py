@@ -322,6 +322,10 @@ class AuthorityStore:
             (fingerprint, subject, time.time()),
         )
 
+    def revoked_fingerprints(self) -> list[str]:
+        rows = self._rows("SELECT fingerprint FROM revoked_certificates ORDER BY fingerprint")
+        return [r["fingerprint"] for r in rows]
+
     def is_revoked(self, fingerprint: str) -> bool:
         return bool(
             self._rows("SELECT 1 FROM revoked_certificates WHERE fingerprint = ?", (fingerprint,))
