@@ -20,6 +20,7 @@ class Cluster:
         self.root = root
         self.procs: dict[str, subprocess.Popen[str]] = {}
         self.extra_env: dict[str, dict[str, str]] = {}
+        self.key: str | None = None  # the main's first API key (main_with_children)
 
     def home(self, name: str) -> Path:
         return self.root / name
@@ -105,6 +106,24 @@ class Cluster:
                 proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+    def main_with_children(self, children: tuple[str, ...] = ("n1", "n2")) -> None:
+        """Init and start a main and its children, enroll them, wait for their
+        facts; the main's first API key lands in ``self.key``."""
+        out = self.ok("main", "node", "init", "--main", "--name", "main")
+        self.key = out.split("API key (shown once): ")[1].split()[0]
+        for n in children:
+            self.ok(n, "node", "init", "--name", n)
+        for n in ("main", *children):
+            self.up(n)
+        for n in children:
+            self.enroll(n)
+
+        def active() -> set[str]:
+            nodes = json.loads(self.ok("main", "node", "list", "--json"))
+            return {n["name"] for n in nodes if n["state"] == "active"}
+
+        self.wait(lambda: active() >= set(children), "facts from every child")
 
     def enroll(self, name: str) -> None:
         """Enroll a running candidate by address and pinned fingerprint."""

@@ -28,6 +28,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 
 from letsinfer.engines.tinymodel import SENTENCE
 from letsinfer.release.keys import generate
+from tests.lab import wheelhouse
 from tests.lab.netns import Lab, lab_up, new_prefix
 from tests.nodes import letsinfer
 
@@ -49,6 +50,7 @@ pytestmark = pytest.mark.skipif(
 class Bundle:
     path: Path
     id: str
+    key: Path  # the signing key, on the connected machine
     public_key: str
     wheels: dict[str, str]  # normalised distribution name -> version
 
@@ -85,7 +87,7 @@ def bundle(tmp_path_factory: pytest.TempPathFactory, tiny_gguf: Path) -> Bundle:
     with tarfile.open(out) as tar:
         wheels = [Path(n).name for n in tar.getnames() if n.startswith("wheelhouse/")]
     versions = {_dist(w.split("-")[0]): w.split("-")[1] for w in wheels}
-    return Bundle(out, json.loads(checked.stdout)["bundle"], public, versions)
+    return Bundle(out, json.loads(checked.stdout)["bundle"], key, public, versions)
 
 
 @pytest.fixture(scope="module")
@@ -160,6 +162,23 @@ def no_route(namespace: str, address: str) -> bool:
     return False
 
 
+def ask_the_gateway(lab: Lab) -> str:
+    """The bundled model's answer through the main's gateway, from the LAN."""
+    key = (Path(lab.workdir) / "api-key").read_text().strip()
+    request = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "Hi?"}]})
+    url = f"http://{lab.hosts['main'].address}:8000/v1/chat/completions"
+    answer = subprocess.run(
+        lab.in_ctl(
+            *("curl", "-sf", "-m", "60", url, "-H", f"Authorization: Bearer {key}"),
+            *("-H", "Content-Type: application/json", "-d", request),
+        ),
+        capture_output=True,
+        text=True,
+    )
+    assert answer.returncode == 0, answer.stderr
+    return str(json.loads(answer.stdout)["choices"][0]["message"]["content"])
+
+
 def flip_a_byte_in_the_letsinfer_wheel(bundle: Path, dest: Path) -> None:
     """A changed wheel, with a fresh outer checksum: as a careful attacker would."""
     with tarfile.open(bundle) as tar:
@@ -222,11 +241,11 @@ def test_bundle_and_site_onboard_hosts_that_have_no_route_to_any_index(
     assert onboarded.site.returncode == 0, onboarded.site.stdout[-5000:]
 
     # pip had no index: only the bundle's verified wheelhouse, on every host
-    wheelhouse = f"/opt/letsinfer/bundles/{bundle.id}/wheelhouse"
+    bundle_wheels = f"/opt/letsinfer/bundles/{bundle.id}/wheelhouse"
     pip_runs = re.findall(
         r"- install\n\s+- --no-index\n\s+- --find-links\n\s+- (\S+)", onboarded.site.stdout
     )
-    assert pip_runs == [wheelhouse] * len(HOSTS)
+    assert pip_runs == [bundle_wheels] * len(HOSTS)
     for host in HOSTS:
         listed = sh(lab, host, "/opt/letsinfer/current/bin/python -m pip list --format json")
         installed = {_dist(d["name"]): d["version"] for d in json.loads(listed)}
@@ -241,19 +260,7 @@ def test_bundle_and_site_onboard_hosts_that_have_no_route_to_any_index(
     listed = sh(lab, "main", "/opt/letsinfer/current/bin/letsinfer mirror list --bundles --json")
     mirrored = json.loads(listed)
     assert [(b["id"], b["models"][0]["name"]) for b in mirrored] == [(bundle.id, MODEL)]
-    key = (Path(lab.workdir) / "api-key").read_text().strip()
-    request = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "Hi?"}]})
-    url = f"http://{lab.hosts['main'].address}:8000/v1/chat/completions"
-    answer = subprocess.run(
-        lab.in_ctl(
-            *("curl", "-sf", "-m", "60", url, "-H", f"Authorization: Bearer {key}"),
-            *("-H", "Content-Type: application/json", "-d", request),
-        ),
-        capture_output=True,
-        text=True,
-    )
-    assert answer.returncode == 0, answer.stderr
-    assert json.loads(answer.stdout)["choices"][0]["message"]["content"] == SENTENCE
+    assert ask_the_gateway(lab) == SENTENCE
 
 
 def test_a_second_run_of_bundle_and_site_changes_nothing(
@@ -273,3 +280,44 @@ def test_a_second_run_of_bundle_and_site_changes_nothing(
 
     status = json.loads(sh(lab, "main", "/opt/letsinfer/current/bin/letsinfer status --json"))
     assert status[0]["pid"] == pid
+
+
+def test_upgrade_yml_moves_the_site_to_a_newer_bundle(
+    lab: Lab, bundle: Bundle, onboarded: Runs, tmp_path: Path
+) -> None:
+    """The next release reaches the air-gapped site the same way: a signed
+    bundle, verified here, installed from its wheelhouse only, one host at a time."""
+    assert onboarded.site.returncode == 0
+    newer = tmp_path / "site-0.1.1.tar"
+    made = letsinfer(
+        tmp_path / "connected",
+        "bundle",
+        "create",
+        *("--out", str(newer), "--key", str(bundle.key)),
+        *("--source", str(wheelhouse.variant_source(tmp_path, "0.1.1"))),
+        timeout=600,
+    )
+    assert made.returncode == 0, made.stderr
+    checked = letsinfer(
+        tmp_path / "w", "bundle", "verify", str(newer), "--key", bundle.public_key, "--json"
+    )
+    assert checked.returncode == 0, checked.stderr
+    newer_id = json.loads(checked.stdout)["bundle"]
+
+    result = playbook(
+        lab, "upgrade.yml", newer, bundle.public_key, "-e", "upgrade_version=0.1.1", "-v"
+    )
+    assert result.returncode == 0, result.stdout[-5000:]
+    pip_runs = re.findall(
+        r"- install\n\s+- --no-index\n\s+- --find-links\n\s+- (\S+)", result.stdout
+    )
+    assert pip_runs == [f"/opt/letsinfer/bundles/{newer_id}/wheelhouse"] * len(HOSTS)
+
+    for host in HOSTS:
+        version = sh(lab, host, "/opt/letsinfer/current/bin/letsinfer --version")
+        assert version.split()[-1] == "0.1.1", host
+        pip = sh(lab, host, "/opt/letsinfer/current/bin/python -m pip list --format json")
+        assert {d["name"]: d["version"] for d in json.loads(pip)}["letsinfer"] == "0.1.1"
+    listed = sh(lab, "main", "/opt/letsinfer/current/bin/letsinfer mirror list --bundles --json")
+    assert {b["id"] for b in json.loads(listed)} == {bundle.id, newer_id}
+    assert ask_the_gateway(lab) == SENTENCE, "the upgraded site still serves the bundled model"

@@ -52,25 +52,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         "n2": {"LETSINFER_ENGINE__THREADS": "1", "LETSINFER_ENGINE__PARALLEL": "2"},
     }
     try:
-        out = c.ok("main", "node", "init", "--main", "--name", "main")
-        c.key = out.split("API key (shown once): ")[1].split()[0]  # type: ignore[attr-defined]
-        for n in ("n1", "n2"):
-            c.ok(n, "node", "init", "--name", n)
-        for n in ("main", "n1", "n2"):
-            c.up(n)
-        c.enroll("n1")
-        c.enroll("n2")
-        c.wait(
-            lambda: (
-                {
-                    n["name"]
-                    for n in json.loads(c.ok("main", "node", "list", "--json"))
-                    if n["state"] == "active"
-                }
-                >= {"n1", "n2"}
-            ),
-            "facts from both children",
-        )
+        c.main_with_children()
         from letsinfer.engines.tinymodel import write_tiny_model
 
         write_tiny_model(root / "shared.gguf")
@@ -106,7 +88,7 @@ def load(c: Cluster, model: str, n: int = 24, threads: int = 4) -> list[int]:
         str(n),
         str(threads),
         timeout=120,
-    )  # type: ignore[attr-defined]
+    )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
@@ -191,7 +173,7 @@ def test_a_killed_child_engine_costs_no_request(cluster: Cluster) -> None:
         c.key,
         "shared",
         "200",
-        "4",  # type: ignore[attr-defined]
+        "4",
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
@@ -222,7 +204,7 @@ def test_pause_lets_a_stream_finish_and_moves_new_requests(cluster: Cluster) -> 
         url,
         c.key,
         "big",
-        str(flag),  # type: ignore[attr-defined]
+        str(flag),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )

@@ -57,25 +57,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         },
     }
     try:
-        out = c.ok("main", "node", "init", "--main", "--name", "main")
-        c.key = out.split("API key (shown once): ")[1].split()[0]  # type: ignore[attr-defined]
-        for n in ("n1", "n2"):
-            c.ok(n, "node", "init", "--name", n)
-        for n in ("main", "n1", "n2"):
-            c.up(n)
-        c.enroll("n1")
-        c.enroll("n2")
-        c.wait(
-            lambda: (
-                {
-                    n["name"]
-                    for n in json.loads(c.ok("main", "node", "list", "--json"))
-                    if n["state"] == "active"
-                }
-                >= {"n1", "n2"}
-            ),
-            "facts from both children",
-        )
+        c.main_with_children()
         from letsinfer.engines.tinymodel import write_tiny_model
 
         write_tiny_model(root / "tiny.gguf")

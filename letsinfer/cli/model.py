@@ -241,21 +241,14 @@ def install(
                 detail="; ".join(f"{n}: {w}" for n, w in plan.skipped),
             )
             raise click.ClickException("no node can take this model; nothing changed")
-        if (
-            plan.replacing
-            and not replace_existing
-            and not (not yes and click.confirm("Replace the existing placement groups?"))
-        ):
-            store.append_audit(
-                "cli",
-                "model.install",
-                "denied",
-                target=name,
-                detail="would replace without --replace-existing",
-            )
-            raise click.ClickException(
+        if plan.replacing:
+            _confirm_replacing(
+                store,
+                name,
+                replace_existing,
+                yes,
                 f"{name} already runs on {', '.join(p.node.name for p in plan.replacing)}; "
-                "pass --replace-existing to replace it. Nothing changed."
+                "pass --replace-existing to replace it. Nothing changed.",
             )
         created = install_mod.apply(store, plan, lambda r: runtime.sign(ctx.home, r))
     finally:
@@ -290,27 +283,37 @@ def _install_parallel(
             f"  [green]task {t.task}[/green] ({role}) {node.name} {t.address}:{t.port}: "
             f"{plan.release.id}{gpus_text}"
         )
-    if (
-        plan.replaces
-        and not replace_existing
-        and not (not yes and click.confirm("Replace the existing placement groups?"))
-    ):
-        store.append_audit(
-            "cli",
-            "model.install",
-            "denied",
-            target=req.service,
-            detail="would replace without --replace-existing",
-        )
-        raise click.ClickException(
+    if plan.replaces:
+        _confirm_replacing(
+            store,
+            req.service,
+            replace_existing,
+            yes,
             f"{req.service} already has placement group(s) {', '.join(plan.replaces)} on "
-            "these nodes; pass --replace-existing to replace them. Nothing changed."
+            "these nodes; pass --replace-existing to replace them. Nothing changed.",
         )
     pg_id = install_mod.apply_parallel(store, plan, lambda r: runtime.sign(ctx.home, r))
     console.print(
         f"1 parallel placement group created: {pg_id} ({len(plan.tasks)} tasks); its endpoint "
         "is published when every task is ready and every data link is proven"
     )
+
+
+def _confirm_replacing(
+    store: AuthorityStore, service: str, replace_existing: bool, yes: bool, refusal: str
+) -> None:
+    """Replacing running groups needs --replace-existing or an interactive yes;
+    otherwise it is refused (audited) before anything changes."""
+    if replace_existing or (not yes and click.confirm("Replace the existing placement groups?")):
+        return
+    store.append_audit(
+        "cli",
+        "model.install",
+        "denied",
+        target=service,
+        detail="would replace without --replace-existing",
+    )
+    raise click.ClickException(refusal)
 
 
 def _set_desired(ctx: CliContext, name: str, desired: str, action: str) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import grp
-import json
 import os
 import pwd
 import socket
@@ -30,7 +29,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from letsinfer.planes import EmbeddedServer, RunningPlane
 from letsinfer.store import AuthorityStore
-from letsinfer.trust.peer import Peer, Scope
+from letsinfer.trust.peer import Peer, Scope, refuse
 from letsinfer.trust.pki import CertIdentity
 
 ADMIN_GROUP = "letsinfer"
@@ -129,17 +128,7 @@ class LocalGate:
             return
         who = f"local:{creds.user}" if creds else "local:unknown"
         self.audit.append_audit(who, f"admin:{scope['path']}", "denied", detail=reason)
-        body = json.dumps(
-            {"error": {"message": reason, "type": "permission_error", "code": "local_refused"}}
-        ).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 403,
-                "headers": [(b"content-type", b"application/json")],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await refuse(send, reason, "local_refused")
 
 
 def bind_admin_socket(path: Path, group: str = ADMIN_GROUP) -> socket.socket:

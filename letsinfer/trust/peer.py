@@ -78,6 +78,21 @@ def peer_of(scope: Scope) -> Peer | None:
 Denial = Callable[[Scope, Peer | None, str], None]
 
 
+async def refuse(send: Send, reason: str, code: str) -> None:
+    """A gate's 403, OpenAI-shaped, sent before any route runs."""
+    body = json.dumps(
+        {"error": {"message": reason, "type": "permission_error", "code": code}}
+    ).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 403,
+            "headers": [(b"content-type", b"application/json")],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
 class PeerGate:
     """Refuse, before routing, any request without a verified letsinfer peer.
 
@@ -112,17 +127,7 @@ class PeerGate:
         )
         if reason is not None:
             self.on_denied(scope, peer, reason)
-            body = json.dumps(
-                {"error": {"message": reason, "type": "permission_error", "code": "peer_refused"}}
-            ).encode()
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 403,
-                    "headers": [(b"content-type", b"application/json")],
-                }
-            )
-            await send({"type": "http.response.body", "body": body})
+            await refuse(send, reason, "peer_refused")
             return
         await self.app(scope, receive, send)
 

@@ -39,10 +39,9 @@ def build(dest: Path, source: Path = ROOT) -> Path:
     return _tar(wheels, dest / "wheelhouse.tar")
 
 
-def build_variant(dest: Path, version: str, broken: bool, source: Path = ROOT) -> Path:
-    """A wheelhouse holding letsinfer ``version`` built from a copy of ``source``;
-    ``broken``: its ``letsinfer up`` fails at start (an upgrade that must roll back).
-    Dependencies come from ``dest``/../wheels when present (no index needed)."""
+def variant_source(dest: Path, version: str, broken: bool = False, source: Path = ROOT) -> Path:
+    """A copy of ``source`` (``dest``/src) that says it is letsinfer ``version``;
+    ``broken``: its ``letsinfer up`` fails at start (an upgrade that must roll back)."""
     tree = dest / "src"
     shutil.rmtree(tree, ignore_errors=True)
     shutil.copytree(
@@ -62,6 +61,13 @@ def build_variant(dest: Path, version: str, broken: bool, source: Path = ROOT) -
         node.write_text(
             node.read_text() + '\nraise RuntimeError("a deliberately broken build of letsinfer")\n'
         )
+    return tree
+
+
+def build_variant(dest: Path, version: str, broken: bool, source: Path = ROOT) -> Path:
+    """A wheelhouse holding only letsinfer ``version`` built from a copy of
+    ``source`` (see variant_source); the hosts already have its dependencies."""
+    tree = variant_source(dest, version, broken, source)
     wheels = dest / "wheels"
     shutil.rmtree(wheels, ignore_errors=True)
     wheels.mkdir(parents=True)
