@@ -120,6 +120,7 @@ class MainNode:
             model_store=self.home.model_store,
             mirror=MirrorLayout.for_home(self.home),
             release_key=runtime.ensure_cluster_key(self.home).text,
+            on_change=self.apply_now,
         )
         fingerprint = presented_fingerprint(self.home, self.identity)
         agent = self.settings.agent
@@ -160,7 +161,7 @@ class MainNode:
 
     def apply_now(self) -> None:
         """A change made through the admin socket takes effect before it answers."""
-        self.directory.refresh()
+        self.directory.refresh(force=True)
         self.reconcile()
 
     @asynccontextmanager

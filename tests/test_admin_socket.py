@@ -24,10 +24,10 @@ from tests.nodes import RunningNode
 NOBODY = 65534
 
 
-def chat(node: RunningNode) -> httpx.Response:
+def chat(node: RunningNode, key: str | None = None) -> httpx.Response:
     return httpx.post(
         f"{node.url}/v1/chat/completions",
-        headers={"Authorization": f"Bearer {node.key}"},
+        headers={"Authorization": f"Bearer {key or node.key}"},
         json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}]},
         timeout=30,
     )
@@ -55,6 +55,25 @@ def test_cli_pauses_the_running_main_through_its_admin_socket(main_node: Running
 
     missing = main_node.cli("model", "stop", "no-such-model")
     assert missing.returncode == 1 and "no model 'no-such-model'" in missing.stderr
+
+
+def test_keys_made_and_revoked_through_the_running_node_apply_at_once(
+    main_node: RunningNode,
+) -> None:
+    made = main_node.cli("auth", "key", "create", "via-socket", "--json")
+    assert made.returncode == 0, made.stderr
+    secret = json.loads(made.stdout)["key"]
+    assert chat(main_node, secret).status_code == 200  # no wait for the key cache
+
+    revoked = main_node.cli("auth", "key", "revoke", "via-socket")
+    assert revoked.returncode == 0, revoked.stderr
+    assert chat(main_node, secret).status_code == 401  # refused from the moment it returned
+
+    again = main_node.cli("auth", "key", "revoke", "via-socket")
+    assert again.returncode == 1 and "no active API key named 'via-socket'" in again.stderr
+    records = json.loads(main_node.cli("audit", "list", "--json").stdout)
+    mine = [(r["actor"], r["action"]) for r in records if r["target"] == "via-socket"]
+    assert mine == [("local:root", "auth.key.create"), ("local:root", "auth.key.revoke")]
 
 
 @pytest.fixture

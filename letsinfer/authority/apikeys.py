@@ -21,6 +21,15 @@ class IssuedKey:
     record: ApiKeyRecord
     secret: str  # the only time the plaintext exists outside the client
 
+    def to_json(self) -> dict[str, object]:
+        rec = self.record
+        return {
+            "name": rec.name,
+            "key": self.secret,
+            "models": list(rec.models),
+            "concurrency": rec.concurrency,
+        }
+
 
 def digest(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
@@ -57,3 +66,13 @@ def create_key(
         )
         store.append_audit(actor, "auth.key.create", "ok", target=name)
     return IssuedKey(record=record, secret=secret)
+
+
+def revoke_key(
+    store: AuthorityStore, name: str, actor: str = "cli", role: str | None = None
+) -> None:
+    """Revoke an active key, with its audit record, in one transaction."""
+    with store.transaction():
+        if not store.revoke_api_key(name):
+            raise StoreError(f"no active API key named {name!r}")
+        store.append_audit(actor, "auth.key.revoke", "ok", role=role, target=name)

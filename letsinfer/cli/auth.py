@@ -7,11 +7,12 @@ from datetime import UTC, datetime
 
 import click
 
-from letsinfer.authority.apikeys import create_key
+from letsinfer.authority.apikeys import create_key, revoke_key
 from letsinfer.cli import cli
+from letsinfer.cli.local import ask_node, segment
 from letsinfer.cli.output import console, emit
 from letsinfer.cli.scope import CliContext, scoped
-from letsinfer.store import AuthorityStore, StoreError
+from letsinfer.store import AuthorityStore
 
 
 @cli.group()
@@ -47,26 +48,19 @@ def create(
     ctx: CliContext, name: str, models: tuple[str, ...], concurrency: int | None, as_json: bool
 ) -> None:
     """Create an API key; its secret is printed once and never stored."""
-    store = AuthorityStore(ctx.home.database)
-    try:
-        issued = create_key(store, name, models, concurrency)
-    finally:
-        store.close()
-    rec = issued.record
+    body = {"name": name, "models": list(models), "concurrency": concurrency}
+    made = ask_node(ctx.home, "POST", "/v1/ops/keys", json=body)
+    if made is None:  # no node runs here: write the authority directly
+        store = AuthorityStore(ctx.home.database)
+        try:
+            made = create_key(store, name, models, concurrency).to_json()
+        finally:
+            store.close()
     if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "name": rec.name,
-                    "key": issued.secret,
-                    "models": list(rec.models),
-                    "concurrency": rec.concurrency,
-                }
-            )
-        )
+        click.echo(json.dumps(made))
         return
-    console.print(f"API key [bold]{rec.name}[/bold] created; it is shown only now:")
-    click.echo(issued.secret)
+    console.print(f"API key [bold]{made['name']}[/bold] created; it is shown only now:")
+    click.echo(made["key"])
 
 
 @scoped(key, "list", scope="main")
@@ -106,13 +100,13 @@ def list_keys(ctx: CliContext, include_revoked: bool, as_json: bool) -> None:
 @click.argument("name")
 @click.pass_obj
 def revoke(ctx: CliContext, name: str) -> None:
-    """Revoke an API key; the gateway refuses it within its key-cache TTL."""
-    store = AuthorityStore(ctx.home.database)
-    try:
-        with store.transaction():
-            if not store.revoke_api_key(name):
-                raise StoreError(f"no active API key named {name!r}")
-            store.append_audit("cli", "auth.key.revoke", "ok", target=name)
-    finally:
-        store.close()
+    """Revoke an API key. With the node running, its gateway refuses the key
+    from the moment this returns; otherwise from the node's next start."""
+    path = f"/v1/ops/keys/{segment(name)}/revoke"
+    if ask_node(ctx.home, "POST", path) is None:
+        store = AuthorityStore(ctx.home.database)
+        try:
+            revoke_key(store, name)
+        finally:
+            store.close()
     console.print(f"API key [bold]{name}[/bold] revoked")

@@ -41,6 +41,8 @@ class ControlContext:
     model_store: Path
     mirror: MirrorLayout
     release_key: str  # the cluster's release-signing public key, for new nodes
+    # After a controller's change: the node applies it at once (key cache, routing).
+    on_change: Callable[[], None] = lambda: None
 
 
 class _Body(BaseModel):
@@ -164,7 +166,7 @@ def create_control_app(ctx: ControlContext) -> PeerGate:
             )
         return {"certificate": cert.decode()}
 
-    app.include_router(ops_router(store, ctx.identity))
+    app.include_router(ops_router(store, ctx.identity, on_change=ctx.on_change))
 
     def model_file(digest: str) -> Path | None:
         path = artifact_path(ctx.model_store, digest)

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from letsinfer import __version__
 from letsinfer.authority import controllers
-from letsinfer.authority.apikeys import create_key
+from letsinfer.authority.apikeys import create_key, revoke_key
 from letsinfer.authority.links import ResumeRefused, resume_model
 from letsinfer.identity import NodeIdentity
 from letsinfer.store import AuthorityStore, StoreError
@@ -152,7 +152,18 @@ def ops_router(
         except StoreError as exc:
             raise HTTPException(400, str(exc)) from exc
         on_change()
-        return {"name": issued.record.name, "key": issued.secret}
+        return issued.to_json()
+
+    @router.post("/v1/ops/keys/{name}/revoke")
+    async def key_revoke(
+        name: str, p: Annotated[Peer, Depends(need("administrator"))]
+    ) -> dict[str, Any]:
+        try:
+            revoke_key(store, name, actor=actor(p), role=p.identity.role)
+        except StoreError as exc:
+            raise HTTPException(404, str(exc)) from exc
+        on_change()  # the gateway's key cache forgets it before this answers
+        return {"name": name, "revoked": True}
 
     def pause_node(name: str, paused: bool, p: Peer) -> dict[str, Any]:
         node = store.find_node(name)

@@ -72,15 +72,16 @@ class Directory:
             self._refusals.update(pending)
             log.error("cannot audit key refusals: %s", exc)
 
-    def refresh(self) -> None:
+    def refresh(self, force: bool = False) -> None:
         """Reload when another process committed, and at least every third of
-        the staleness bound (so a dead store is noticed)."""
+        the staleness bound (so a dead store is noticed). ``force``: reload now
+        (this process wrote the store itself, which data_version does not see)."""
         if self._refusals:
             self.flush_refusals()
         try:
             version = self._store.data_version()
             fresh = time.monotonic() - self._loaded_at < self.max_stale_s / 3
-            if self._snapshot is not None and version == self._version and fresh:
+            if not force and self._snapshot is not None and version == self._version and fresh:
                 return
             keys = {
                 k.digest: KeyPolicy(k.name, frozenset(k.models), k.concurrency)
