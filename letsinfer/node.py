@@ -61,15 +61,9 @@ class MainNode:
         self.routing = RoutingTable()
         self.directory = Directory(self.store)
         self.gateway = Gateway.build(self.directory, self.routing, settings.gateway)
-        agent = settings.agent
         self.supervisor = EngineSupervisor(
             home.engine_logs,
-            SupervisionPolicy(
-                ready_timeout_s=settings.engine.ready_timeout_s,
-                backoff_initial_s=agent.restart_backoff_initial_s,
-                backoff_max_s=agent.restart_backoff_max_s,
-                health_interval_s=agent.health_interval_s,
-            ),
+            SupervisionPolicy.from_settings(settings),
             self._on_engine_status,
         )
         self._engine_secret = engine_keys.ensure_secret(self.store)

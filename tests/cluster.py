@@ -146,3 +146,19 @@ class Cluster:
         result = self.lab.run(name, PY, "-c", script, env=self.env(name), timeout=timeout)
         assert result.returncode == 0, result.stderr
         return result.stdout
+
+
+def as_node(home: Path) -> str:
+    """The start of a test script that speaks as the node at ``home``: ``ctx``
+    (its mutual-TLS client context), ``node_id`` and ``key`` (its node key)."""
+    return f"""
+import json
+from pathlib import Path
+from letsinfer.trust import pki
+from letsinfer.trust.peer import client_context
+home = Path("{home}")
+d = next((home / "etc/clusters").glob("*"))
+ctx = client_context(d / "ca.crt", d / "node.crt", home / "etc/pki/node.key")
+node_id = json.loads((home / "etc/node.json").read_text())["node_id"]
+key = pki.read_private_key(home / "etc/pki/node.key")
+"""

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster import PY, Cluster
+from tests.cluster import PY, Cluster, as_node
 from tests.netlab import NetLab, can_make_namespaces
 
 pytestmark = pytest.mark.skipif(not can_make_namespaces(), reason="needs root (namespaces)")
@@ -250,18 +250,12 @@ def test_a_forged_link_proof_is_refused(cluster: Cluster) -> None:
     nodes = {n["name"]: n for n in json.loads(c.ok("main", "node", "list", "--json"))}
     n2_id = nodes["n2"]["id"]
     home = c.home("n1")
-    script = f"""
-import json, secrets, time, httpx
-from pathlib import Path
+    script = (
+        as_node(home)
+        + f"""
+import secrets, time, httpx
 from letsinfer.agent.facts import Facts, LinkFact, sign
 from letsinfer.links import proof
-from letsinfer.trust import pki
-from letsinfer.trust.peer import client_context
-home = Path("{home}")
-d = next((home / "etc/clusters").glob("*"))
-ctx = client_context(d / "ca.crt", d / "node.crt", home / "etc/pki/node.key")
-node_id = json.loads((home / "etc/node.json").read_text())["node_id"]
-key = pki.read_private_key(home / "etc/pki/node.key")
 challenge, now = secrets.token_hex(32), time.time()
 forged = proof.sign(pki.new_key(), node_id, "{n2_id}", "{c.lab.hosts["n2"]}", challenge, now)
 link = LinkFact(peer="{n2_id}", address="{c.lab.hosts["n2"]}", proven_at=now,
@@ -272,6 +266,7 @@ with httpx.Client(verify=ctx, timeout=10) as client:
     r = client.post("https://{c.lab.hosts["main"]}:8443/v1/agent/facts", json=sign(facts, key))
 print(json.dumps([r.status_code, r.json()["error"]["message"]]))
 """
+    )
     status, message = json.loads(c.py("n1", script))
     assert status == 422 and "refused link proof" in message, (status, message)
     assert "not signed by" in message

@@ -94,12 +94,7 @@ class AgentNode:
         agent = settings.agent
         self.supervisor = EngineSupervisor(
             home.engine_logs,
-            SupervisionPolicy(
-                ready_timeout_s=settings.engine.ready_timeout_s,
-                backoff_initial_s=agent.restart_backoff_initial_s,
-                backoff_max_s=agent.restart_backoff_max_s,
-                health_interval_s=agent.health_interval_s,
-            ),
+            SupervisionPolicy.from_settings(settings),
             lambda status: None,  # reported to the main with the next facts
         )
         # Engines listen on this node's data address, for the main's gateway only.

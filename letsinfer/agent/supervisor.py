@@ -21,6 +21,7 @@ from pathlib import Path
 
 import httpx
 
+from letsinfer.config import Settings
 from letsinfer.engines.launch import LaunchPlan
 
 log = logging.getLogger("letsinfer.agent")
@@ -59,6 +60,16 @@ class SupervisionPolicy:
     backoff_max_s: float = 30.0
     health_interval_s: float = 2.0
     stop_grace_s: float = 5.0
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SupervisionPolicy:
+        agent = settings.agent
+        return cls(
+            ready_timeout_s=settings.engine.ready_timeout_s,
+            backoff_initial_s=agent.restart_backoff_initial_s,
+            backoff_max_s=agent.restart_backoff_max_s,
+            health_interval_s=agent.health_interval_s,
+        )
 
 
 class EngineRunner:

@@ -8,6 +8,7 @@ import click
 
 from letsinfer import config
 from letsinfer.authority import install as install_mod
+from letsinfer.authority import lifecycle
 from letsinfer.authority.links import ResumeRefused, resume_model
 from letsinfer.authority.models import add_gguf_model
 from letsinfer.cli import cli
@@ -316,24 +317,17 @@ def _confirm_replacing(
     raise click.ClickException(refusal)
 
 
-def _set_desired(ctx: CliContext, name: str, desired: str, action: str) -> None:
-    verb = action.removeprefix("model.")
+def _set_desired(ctx: CliContext, name: str, desired: str) -> None:
+    verb = "start" if desired == "running" else "stop"
     answer = ask_node(ctx.home, "POST", f"/v1/ops/models/{segment(name)}/{verb}")
-    if answer is not None:
-        n = answer["placement_groups"]
-        console.print(f"model {answer['model']}: {n} placement group(s) {desired}")
-        return
-    store = AuthorityStore(ctx.home.database)
-    try:
-        svc = store.resolve_service(name)
-        if svc is None:
-            raise StoreError(f"no model {name!r}")
-        with store.transaction():
-            n = store.set_service_desired(svc.name, desired)
-            store.append_audit("cli", action, "ok", target=svc.name)
-    finally:
-        store.close()
-    console.print(f"model {svc.name}: {n} placement group(s) {desired}")
+    if answer is None:  # no node runs here: write the authority directly
+        store = AuthorityStore(ctx.home.database)
+        try:
+            answer = lifecycle.set_model_desired(store, name, desired, actor="cli").to_json()
+        finally:
+            store.close()
+    n = answer["placement_groups"]
+    console.print(f"model {answer['model']}: {n} placement group(s) {desired}")
 
 
 @scoped(model, "stop", scope="main")
@@ -341,7 +335,7 @@ def _set_desired(ctx: CliContext, name: str, desired: str, action: str) -> None:
 @click.pass_obj
 def stop(ctx: CliContext, name: str) -> None:
     """Stop every placement group of a model (engines stop; nothing is deleted)."""
-    _set_desired(ctx, name, "stopped", "model.stop")
+    _set_desired(ctx, name, "stopped")
 
 
 @scoped(model, "start", scope="main")
@@ -349,7 +343,7 @@ def stop(ctx: CliContext, name: str) -> None:
 @click.pass_obj
 def start(ctx: CliContext, name: str) -> None:
     """Start a model's placement groups again."""
-    _set_desired(ctx, name, "running", "model.start")
+    _set_desired(ctx, name, "running")
 
 
 @scoped(model, "resume", scope="main")

@@ -14,7 +14,7 @@ import httpx
 
 from letsinfer import config
 from letsinfer.agent.api import adoption_window
-from letsinfer.authority import enrollment
+from letsinfer.authority import enrollment, lifecycle
 from letsinfer.authority.bootstrap import init_candidate, init_main
 from letsinfer.cli import cli
 from letsinfer.cli.local import ask_node, segment
@@ -450,30 +450,16 @@ def _pause(ctx: CliContext, name: str | None, paused: bool) -> None:
     if ident.role == "main":
         target_name = name or ident.node_id
         answer = ask_node(ctx.home, "POST", f"/v1/ops/nodes/{segment(target_name)}/{verb}")
-        if answer is not None:
-            console.print(
-                f"node {answer['node']} {word}: "
-                + ("no new requests; in-flight ones finish" if paused else "admitting")
-            )
-            return
-        store = AuthorityStore(ctx.home.database)
-        try:
-            target = store.find_node(target_name)
-            if target is None:
-                raise StoreError(f"no node {name!r} (see `letsinfer node list`)")
-            with store.transaction():
-                store.set_node_paused(target.id, paused)
-                store.append_audit(
-                    "cli",
-                    "node.pause" if paused else "node.resume",
-                    "ok",
-                    role="main",
-                    target=target.name,
-                )
-        finally:
-            store.close()
+        if answer is None:  # no node runs here: write the authority directly
+            store = AuthorityStore(ctx.home.database)
+            try:
+                target = lifecycle.find_node(store, target_name)
+                lifecycle.set_node_paused(store, target, paused, actor="cli", role="main")
+            finally:
+                store.close()
+            answer = {"node": target.name}
         console.print(
-            f"node {target.name} {word}: "
+            f"node {answer['node']} {word}: "
             + ("no new requests; in-flight ones finish" if paused else "admitting")
         )
         return

@@ -15,7 +15,7 @@ from fastapi import HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from letsinfer.agent.facts import FactError
-from letsinfer.authority import controllers, enrollment
+from letsinfer.authority import controllers, enrollment, lifecycle
 from letsinfer.authority.modelstore import artifact_path
 from letsinfer.control.ops import actor_of, ops_router, peer, typed_app
 from letsinfer.identity import NodeIdentity
@@ -137,15 +137,8 @@ def create_control_app(ctx: ControlContext) -> PeerGate:
         p = peer(request)
         node = store.get_node(p.identity.id)
         assert node is not None
-        with store.transaction():
-            store.set_node_paused(node.id, body.paused)
-            store.append_audit(
-                actor(p),
-                "node.pause" if body.paused else "node.resume",
-                "ok",
-                role=node.role,
-                target=node.name,
-            )
+        lifecycle.set_node_paused(store, node, body.paused, actor=actor(p), role=node.role)
+        ctx.on_change()
         return {"node": node.name, "paused": body.paused}
 
     @app.post("/v1/agent/renew")

@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from letsinfer import __version__
-from letsinfer.authority import controllers
+from letsinfer.authority import controllers, lifecycle
 from letsinfer.authority.apikeys import create_key, revoke_key
 from letsinfer.authority.links import ResumeRefused, resume_model
 from letsinfer.identity import NodeIdentity
@@ -113,21 +113,15 @@ def ops_router(
             ],
         }
 
-    def set_desired(name: str, desired: str, p: Peer, action: str | None = None) -> dict[str, Any]:
-        svc = store.resolve_service(name)
-        if svc is None:
-            raise HTTPException(404, f"no model {name!r}")
-        with store.transaction():
-            changed = store.set_service_desired(svc.name, desired)
-            store.append_audit(
-                actor(p),
-                f"model.{'start' if desired == 'running' else 'stop'}",
-                "ok",
-                role=p.identity.role,
-                target=svc.name,
+    def set_desired(name: str, desired: str, p: Peer) -> dict[str, Any]:
+        try:
+            done = lifecycle.set_model_desired(
+                store, name, desired, actor=actor(p), role=p.identity.role
             )
+        except lifecycle.NotFound as exc:
+            raise HTTPException(404, str(exc)) from exc
         on_change()
-        return {"model": svc.name, "desired": desired, "placement_groups": changed}
+        return done.to_json()
 
     @router.post("/v1/ops/models/{name}/stop")
     async def model_stop(
@@ -166,18 +160,11 @@ def ops_router(
         return {"name": name, "revoked": True}
 
     def pause_node(name: str, paused: bool, p: Peer) -> dict[str, Any]:
-        node = store.find_node(name)
-        if node is None:
-            raise HTTPException(404, f"no node {name!r}")
-        with store.transaction():
-            store.set_node_paused(node.id, paused)
-            store.append_audit(
-                actor(p),
-                "node.pause" if paused else "node.resume",
-                "ok",
-                role=p.identity.role,
-                target=node.name,
-            )
+        try:
+            node = lifecycle.find_node(store, name)
+        except lifecycle.NotFound as exc:
+            raise HTTPException(404, str(exc)) from exc
+        lifecycle.set_node_paused(store, node, paused, actor=actor(p), role=p.identity.role)
         on_change()
         return {"node": node.name, "paused": paused}
 
