@@ -135,13 +135,23 @@ def test_deep_json_gets_a_clean_400_on_every_plane(cluster: Cluster) -> None:
     assert gateway["status"] == 400
     assert gateway["body"]["error"]["code"] == "json_too_deep"  # type: ignore[index]
     # The open paths of the mutual-TLS planes take JSON from anyone on the LAN.
-    for url in (
-        f"https://{main}:8443/v1/enroll/complete",
-        f"https://{main}:8444/v1/enroll/request",
-    ):
-        refused = post(c, "outsider", url, f'{{"token": {deep}}}')
-        assert refused["status"] == 400, refused
-        assert "deeper than 64 levels" in refused["body"]["error"]["message"]  # type: ignore[index]
+    out = c.py(
+        "outsider",
+        f"""
+import json, httpx
+for port, path in ((8443, "/v1/enroll/complete"), (8444, "/v1/enroll/request")):
+    for depth in (65, 900, 5000):  # past the limit, near and past the parser's own
+        body = '{{"token": ' + "[" * depth + "]" * depth + "}}"
+        r = httpx.post(f"https://{main}:{{port}}{{path}}", content=body, verify=False,
+                       headers={{"content-type": "application/json"}}, timeout=30)
+        print(json.dumps([path, depth, r.status_code, r.json()]))
+""",
+    )
+    results = [json.loads(line) for line in out.splitlines()]
+    assert len(results) == 6
+    for path, depth, status, body in results:
+        assert status == 400, (path, depth, body)
+        assert "deeper than 64 levels" in body["error"]["message"], (path, depth, body)
     assert "Traceback" not in (c.root / "main.log").read_text()
 
 
