@@ -143,6 +143,7 @@ class HeaderDeadline:
     on_late: Callable[[str], None] = staticmethod(lambda address: None)
     release: Callable[[], None] = staticmethod(_no_op)  # set per connection
     _deadline: asyncio.TimerHandle | None = None
+    _waiting_after: object = None
 
     # uvicorn's protocols set these
     cycle: Any
@@ -152,7 +153,7 @@ class HeaderDeadline:
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)  # type: ignore[misc]
-        self._deadline = self.loop.call_later(self.header_timeout_s, self._late)
+        self._arm()
 
     def data_received(self, data: bytes) -> None:
         before = self.cycle
@@ -162,8 +163,11 @@ class HeaderDeadline:
                 self._deadline.cancel()
                 self._deadline = None
         elif self._deadline is None and (before is None or before.response_complete):
-            # The start of a request's headers, not all of them: the clock runs.
-            self._deadline = self.loop.call_later(self.header_timeout_s, self._late)
+            self._arm()  # the start of a request's headers, not all of them
+
+    def _arm(self) -> None:
+        self._waiting_after = self.cycle  # the request before the one awaited
+        self._deadline = self.loop.call_later(self.header_timeout_s, self._late)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._deadline is not None:
@@ -176,6 +180,8 @@ class HeaderDeadline:
 
     def _late(self) -> None:
         self._deadline = None
+        if self.cycle is not self._waiting_after:  # a request did start after all
+            return
         if not self.transport.is_closing():
             self.on_late(self.client[0] if self.client else "local")
             self.transport.close()
