@@ -3,8 +3,8 @@
 ``python -m benchmarks.letsinfer_gateway --port P --upstream URL [--upstream URL ...]``
 creates a throwaway authority (one model ``mock``, one API key written to
 ``--key-file``), publishes each upstream as a ready replica and serves the
-gateway the way ``letsinfer up`` does (uvicorn, uvloop, httptools, access log
-to a file).
+gateway the way ``letsinfer up`` does (uvicorn, uvloop, httptools, its
+guarded listener, access log to a file).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import uvicorn
 
 from letsinfer.authority.apikeys import create_key
 from letsinfer.config import GatewaySettings
+from letsinfer.connections import GuardedServer, gateway_limits, raise_file_limit
 from letsinfer.gateway.app import Gateway, create_app
 from letsinfer.gateway.directory import Directory
 from letsinfer.gateway.routing import Replica, RoutingTable
@@ -63,14 +64,17 @@ def main() -> None:
                 capacity=args.capacity,
             )
         )
-    uvicorn.run(
-        create_app(gateway),
-        host="127.0.0.1",
-        port=args.port,
-        log_level="warning",
-        access_log=False,
-        backlog=4096,
+    limits = gateway_limits(
+        settings.max_connections,
+        settings.max_connections_per_client,
+        settings.header_timeout_s,
+        settings.idle_timeout_s,
+        raise_file_limit(),
     )
+    config = uvicorn.Config(
+        create_app(gateway), host="127.0.0.1", port=args.port, log_level="warning", access_log=False
+    )
+    GuardedServer(config, limits, name="gateway").run()
 
 
 if __name__ == "__main__":

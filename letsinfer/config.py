@@ -8,6 +8,7 @@ with the key and the reason.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import tomllib
@@ -54,8 +55,65 @@ class GatewaySettings(_Section):
     affinity_load_bound: float = Field(1.25, ge=1.0)
     # A replica whose reported facts are older than this is never chosen.
     fact_max_age_s: float = Field(10.0, gt=0)
-    # Prometheus metrics on their own port, on the gateway's host; 0 disables.
+    # Connections: at most max_connections open at once (fewer when the file
+    # limit is low; new ones then wait in the kernel's queue), at most
+    # max_connections_per_client of them from one address (more are closed at
+    # once). A client must finish a request's headers within header_timeout_s
+    # of connecting (or of its first byte on a kept-alive connection); a
+    # kept-alive connection with no request for idle_timeout_s is closed.
+    max_connections: int = Field(10_000, ge=1)
+    max_connections_per_client: int = Field(1_000, ge=1)
+    header_timeout_s: float = Field(10.0, gt=0, le=300)
+    idle_timeout_s: float = Field(5.0, gt=0, le=3600)
+    # Prometheus metrics on their own port (0 disables), loopback only unless
+    # metrics_host exposes them: then only loopback and the networks in
+    # metrics_allow get an answer (the node closes any other connection; the
+    # firewall role keeps them out too).
     metrics_port: int = Field(9400, ge=0, le=65535)
+    metrics_host: str = "127.0.0.1"
+    metrics_allow: tuple[str, ...] = ()
+
+    @field_validator("metrics_host")
+    @classmethod
+    def _metrics_host(cls, value: str) -> str:
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            raise ValueError(f"{value!r} is not an IP address of this machine") from None
+        return value
+
+    @field_validator("metrics_allow", mode="before")
+    @classmethod
+    def _split_allow(cls, value: object) -> object:
+        # From LETSINFER_GATEWAY__METRICS_ALLOW the list arrives as one string.
+        if isinstance(value, str):
+            return tuple(part for part in re.split(r"[,\s]+", value) if part)
+        return value
+
+    @field_validator("metrics_allow")
+    @classmethod
+    def _networks(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for network in value:
+            try:
+                ipaddress.ip_network(network, strict=False)
+            except ValueError:
+                raise ValueError(f"{network!r} is not a network (such as 10.0.0.5/32)") from None
+        return value
+
+    @model_validator(mode="after")
+    def _metrics_exposure(self) -> GatewaySettings:
+        loopback = ipaddress.ip_address(self.metrics_host).is_loopback
+        if not loopback and not self.metrics_allow:
+            raise ValueError(
+                f"metrics_host {self.metrics_host} exposes metrics beyond this machine: "
+                'list the networks that may read them in metrics_allow (e.g. ["10.0.0.5/32"])'
+            )
+        if loopback and self.metrics_allow:
+            raise ValueError(
+                f"metrics_allow has no effect while metrics_host is {self.metrics_host} "
+                "(loopback): set metrics_host to an address other hosts reach"
+            )
+        return self
 
 
 class EngineSettings(_Section):

@@ -126,6 +126,7 @@ class MainNode:
                     self.settings.control.port,
                     ctx,
                     on_refused=handshake_refusals(self.store, "control"),
+                    name="control plane",
                 )
             ),
             RunningPlane(
@@ -141,6 +142,7 @@ class MainNode:
                     agent.api_port,
                     ctx,
                     on_refused=handshake_refusals(self.store, "agent"),
+                    name="agent plane",
                 )
             ),
         ]
@@ -176,13 +178,12 @@ class MainNode:
             )
             await adv.start()
         loop = asyncio.create_task(self._background())
-        gw = self.settings.gateway
-        metrics = start_metrics_server(self.gateway.metrics, gw.host, gw.metrics_port)
+        metrics = await start_metrics_server(self.gateway.metrics, self.settings.gateway)
         try:
             yield
         finally:
             if metrics is not None:
-                metrics.close()
+                await metrics.stop()
             loop.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await loop

@@ -1,14 +1,14 @@
 """Running the mutual-TLS planes (control, agent) inside a node process.
 
 The gateway's uvicorn server owns the process signals; these embedded servers
-run beside it on the same event loop and stop when the node stops.
+run beside it on the same event loop and stop when the node stops. Their
+connections are bounded like the gateway's (letsinfer/connections.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import socket
 import ssl
 from collections.abc import Callable, Generator
@@ -16,10 +16,15 @@ from typing import Any
 
 import uvicorn
 
-from letsinfer.trust.handshake import TlsListener, listening_socket
+from letsinfer.connections import (
+    PLANE_LIMITS,
+    ConnectionLimits,
+    GuardedServer,
+    Listener,
+    ProtocolFactory,
+)
+from letsinfer.trust.handshake import TlsListener
 from letsinfer.trust.peer import PeerCertProtocol
-
-log = logging.getLogger(__name__)
 
 
 class EmbeddedServer(uvicorn.Server):
@@ -28,52 +33,30 @@ class EmbeddedServer(uvicorn.Server):
         yield  # the node's primary server handles SIGINT/SIGTERM
 
 
-class TlsServer(uvicorn.Server):
-    """uvicorn with our own listener: each TLS handshake runs in
-    trust/handshake.py so ``on_refused(address, reason)`` hears of
+class TlsServer(GuardedServer):
+    """A guarded server whose listener runs each TLS handshake itself
+    (trust/handshake.py), so ``on_refused(address, reason)`` hears of
     certificates the cluster CA does not accept."""
+
+    scheme = "https"
+    security = "mutual TLS; "
 
     def __init__(
         self,
         config: uvicorn.Config,
         ctx: ssl.SSLContext,
         on_refused: Callable[[str, str], None] | None,
+        limits: ConnectionLimits = PLANE_LIMITS,
+        *,
+        name: str,
+        embedded: bool = True,
     ) -> None:
-        super().__init__(config)
+        super().__init__(config, limits, name=name, embedded=embedded)
         self.ctx = ctx
         self.on_refused = on_refused
-        self.listener: TlsListener | None = None
 
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        config = self.config
-        sock = listening_socket(config.host, config.port)  # fails before any startup work
-        try:
-            await super().startup(sockets=[])  # lifespan only: uvicorn listens on nothing
-        except BaseException:
-            sock.close()
-            raise
-        loop = asyncio.get_running_loop()
-
-        def protocol() -> asyncio.Protocol:
-            return config.http_protocol_class(  # type: ignore[call-arg]
-                config=config,
-                server_state=self.server_state,
-                app_state=self.lifespan.state,
-                _loop=loop,
-            )
-
-        self.listener = TlsListener(sock, self.ctx, protocol, self.on_refused)
-        self.listener.start()
-        log.info("listening on https://%s:%d (mutual TLS)", config.host, config.port)
-
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        if self.listener is not None:
-            await self.listener.close()
-        await super().shutdown(sockets=sockets)
-
-
-class EmbeddedTlsServer(TlsServer, EmbeddedServer):
-    pass
+    def make_listener(self, sock: socket.socket, protocol: ProtocolFactory) -> Listener:
+        return TlsListener(sock, self.limits, protocol, self.ctx, self.on_refused, name=self.name)
 
 
 def tls_server(
@@ -84,7 +67,9 @@ def tls_server(
     embedded: bool = True,
     lifespan: str = "off",
     on_refused: Callable[[str, str], None] | None = None,
-) -> uvicorn.Server:
+    name: str = "mutual-TLS plane",
+    limits: ConnectionLimits = PLANE_LIMITS,
+) -> TlsServer:
     """A mutual-TLS plane (control, agent)."""
     config = uvicorn.Config(
         app,
@@ -96,8 +81,7 @@ def tls_server(
         access_log=False,
         timeout_graceful_shutdown=5,
     )
-    server_class = EmbeddedTlsServer if embedded else TlsServer
-    return server_class(config, ctx, on_refused)
+    return TlsServer(config, ctx, on_refused, limits, name=name, embedded=embedded)
 
 
 class RunningPlane:

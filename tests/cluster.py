@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import resource
 import signal
 import subprocess
 import sys
@@ -55,9 +56,15 @@ class Cluster:
         assert result.returncode == 0, f"{args}: {result.stderr}"
         return result.stdout
 
-    def up(self, name: str) -> None:
+    def up(self, name: str, file_limit: tuple[int, int] | None = None) -> None:
+        """Start a node; ``file_limit`` (soft, hard) confines its open files."""
         log_path = self.root / f"{name}.log"
         log = log_path.open("w")
+
+        def confine() -> None:
+            if file_limit is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, file_limit)
+
         proc = self.lab.popen(
             name,
             PY,
@@ -70,22 +77,18 @@ class Cluster:
             stdout=subprocess.PIPE,
             stderr=log,
             stdin=subprocess.DEVNULL,
+            preexec_fn=confine,
         )
         assert proc.stdout is not None
-        listeners = 1
+        last = "agent plane: listening on"
         for line in proc.stdout:
             if line.startswith("letsinfer main node"):
-                listeners = 3  # control, agent and gateway
+                last = "gateway: listening on"  # after the control and agent planes
             if line.startswith("Ctrl-C"):
                 break
         self.procs[name] = proc
-
         # The banner comes before the listeners bind: wait for them.
-        def bound() -> int:
-            text = log_path.read_text()  # the gateway is uvicorn's; mTLS planes are ours
-            return text.count("Uvicorn running on") + text.count("(mutual TLS)")
-
-        self.wait(lambda: bound() >= listeners, f"{name} listening")
+        self.wait(lambda: last in log_path.read_text(), f"{name} listening")
 
     def wait(self, predicate: object, what: str, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout

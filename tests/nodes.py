@@ -92,13 +92,15 @@ class RunningNode:
         return self.log_path.read_text(errors="replace")
 
     def wait_healthy(self, timeout: float = 90) -> dict[str, object]:
+        """/health until 200; with the node's key, so its models are listed."""
         deadline = time.monotonic() + timeout
         last: object = None
+        auth = {"authorization": f"Bearer {self.key}"} if self.key else {}
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise AssertionError(f"node exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                r = httpx.get(self.url + "/health", timeout=2)
+                r = httpx.get(self.url + "/health", headers=auth, timeout=2)
                 last = r.text
                 if r.status_code == 200:
                     return r.json()

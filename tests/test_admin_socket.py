@@ -76,6 +76,20 @@ def test_keys_made_and_revoked_through_the_running_node_apply_at_once(
     assert mine == [("local:root", "auth.key.create"), ("local:root", "auth.key.revoke")]
 
 
+def test_deep_json_on_the_admin_socket_is_a_clean_400(main_node: RunningNode) -> None:
+    transport = httpx.HTTPTransport(uds=str(main_node.home / "run" / "admin.sock"))
+    with httpx.Client(transport=transport, base_url="http://node", timeout=30) as client:
+        for depth in (65, 900, 5000):  # past the limit, near and past the parser's own
+            deep = '{"name": "deep", "models": ' + "[" * depth + "]" * depth + "}"
+            reply = client.post(
+                "/v1/ops/keys", content=deep, headers={"content-type": "application/json"}
+            )
+            assert reply.status_code == 400, reply.text
+            assert "deeper than 64 levels" in reply.json()["error"]["message"]
+    assert "Traceback" not in main_node.log()
+    assert "deep" not in main_node.cli("auth", "key", "list").stdout  # nothing made
+
+
 @pytest.fixture
 def open_dir() -> Iterator[Path]:
     """A directory user nobody may enter (pytest's own are root-only)."""

@@ -279,7 +279,9 @@ def test_a_stopped_child_becomes_unroutable_and_traffic_moves(cluster: Cluster) 
             c.py(
                 "main",
                 f"""
-import httpx; print(httpx.get("http://{c.lab.hosts["main"]}:8000/health").text)""",
+import httpx
+print(httpx.get("http://{c.lab.hosts["main"]}:8000/health",
+                headers={{"authorization": "Bearer {c.key}"}}).text)""",
             )
         )
         return health["models"]["shared"] == 1

@@ -13,7 +13,8 @@ import httpx
 import openai
 import pytest
 
-from letsinfer.gateway.metrics import MetricsServer
+from letsinfer.config import GatewaySettings
+from letsinfer.gateway.metrics import start_metrics_server
 from letsinfer.gateway.mock_upstream import MockBehaviour
 from tests.gateway_harness import MODEL, GatewayHarness, chat
 
@@ -289,7 +290,9 @@ def test_metrics_are_served_on_their_own_port(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with GatewayHarness(tmp_path, {"pg-a": MockBehaviour(tokens=2)}) as h:
-        server = MetricsServer(h.gateway.metrics, "127.0.0.1", port)
+        settings = GatewaySettings(metrics_port=port)
+        server = h.call(start_metrics_server(h.gateway.metrics, settings))
+        assert server is not None
         try:
             for stream in (False, True):
                 httpx.post(h.url + "/v1/chat/completions", json=chat(stream), headers=h.auth())
@@ -302,7 +305,7 @@ def test_metrics_are_served_on_their_own_port(tmp_path: Path) -> None:
                     break
                 time.sleep(0.01)
         finally:
-            server.close()
+            h.call(server.stop())
     assert 'letsinfer_gateway_requests_total{model="mock",status="200"} 2.0' in text
     assert 'letsinfer_gateway_errors_total{reason="invalid_api_key"} 1.0' in text
     assert 'letsinfer_gateway_in_flight{model="mock",pg="pg-a"} 0.0' in text

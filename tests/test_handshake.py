@@ -16,6 +16,7 @@ import pytest
 from fastapi import FastAPI, Request
 
 from letsinfer.authority.audit import handshake_refusals
+from letsinfer.connections import ConnectionLimits
 from letsinfer.planes import RunningPlane, tls_server
 from letsinfer.trust import pki
 from letsinfer.trust.handshake import RefusalLog
@@ -157,3 +158,66 @@ def test_repeated_refusals_are_counted_into_the_next_record() -> None:
         ("10.0.0.8", "bad CA", 1),
         ("10.0.0.9", "bad CA", 4),
     ]
+
+
+@pytest.mark.parametrize("run", [asyncio.run, _run_uvloop], ids=["asyncio", "uvloop"])
+def test_idle_and_crowding_connections_on_a_plane_are_closed(
+    tmp_path: Path, run: Callable[[Any], Any]
+) -> None:
+    ours = Cluster(tmp_path, "ours")
+    cert, key = ours.node("server")
+    good_cert, good_key = ours.node("n1")
+    port = free_port()
+    limits = ConnectionLimits(
+        max_connections=4, per_client=2, header_timeout_s=0.5, idle_timeout_s=1
+    )
+    server = tls_server(
+        _app(), "127.0.0.1", port, server_context(cert, key, ours.ca), limits=limits
+    )
+    good = client_context(ours.ca, good_cert, good_key)
+
+    def closed(sock: socket.socket) -> bool:
+        sock.settimeout(5)
+        try:
+            return sock.recv(1) == b""
+        except (ConnectionResetError, ssl.SSLError):
+            return True
+
+    def clients() -> dict[str, bool]:
+        seen: dict[str, bool] = {}
+        # Authenticated, then silent: closed once its headers are late.
+        with (
+            socket.create_connection(("127.0.0.1", port)) as raw,
+            good.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+        ):
+            seen["idle after handshake"] = closed(tls)
+        # Two connections in their handshake from one source hold its share;
+        # a third from it is closed at once, while another source is served.
+        hogs = [socket.create_connection(("127.0.0.1", port), source_address=("127.0.0.2", 0))]
+        hogs.append(socket.create_connection(("127.0.0.1", port), source_address=("127.0.0.2", 0)))
+        try:
+            with socket.create_connection(
+                ("127.0.0.1", port), source_address=("127.0.0.2", 0)
+            ) as third:
+                seen["third from one source"] = closed(third)
+            reply = httpx.get(f"https://127.0.0.1:{port}/who", verify=good, timeout=5)
+            seen["others served"] = reply.json()["id"] == "n1"
+        finally:
+            for hog in hogs:
+                hog.close()
+        return seen
+
+    async def scenario() -> dict[str, bool]:
+        plane = RunningPlane(server)
+        await plane.start()
+        try:
+            return await asyncio.to_thread(clients)
+        finally:
+            await plane.stop()
+
+    seen = run(scenario())
+    assert seen == {
+        "idle after handshake": True,
+        "third from one source": True,
+        "others served": True,
+    }

@@ -30,7 +30,7 @@ def test_killed_engine_is_restarted_and_the_gap_is_503(tmp_path: Path) -> None:
         assert gap.status_code == 503, gap.text
         assert gap.headers["retry-after"]
         assert "no healthy replica" in gap.json()["error"]["message"]
-        health = httpx.get(node.url + "/health")
+        health = httpx.get(node.url + "/health", headers=auth)
         assert health.status_code == 503 and health.json()["models"] == {"tiny": 0}
 
         node.wait_healthy(timeout=60)

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from letsinfer import __version__
 from letsinfer.home import Home
 from letsinfer.identity import NodeIdentity
+from letsinfer.jsondepth import JsonDepthLimit
 from letsinfer.links import proof
 from letsinfer.links.prober import CHALLENGE_PATH, answer
 from letsinfer.store import AuthorityStore
@@ -70,6 +71,7 @@ def create_agent_app(
     app = FastAPI(
         title="letsinfer agent", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan
     )
+    app.add_middleware(JsonDepthLimit)
 
     @app.exception_handler(HTTPException)
     async def _error(request: Any, exc: HTTPException) -> JSONResponse:

@@ -95,6 +95,9 @@ def up(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per probe is noise
+    from letsinfer.connections import GuardedServer, gateway_limits, raise_file_limit
+
+    file_limit = raise_file_limit()  # connections are capped below it
     if ctx.identity is not None and ctx.identity.role != "main":
         try:
             _run_agent(ctx, settings)
@@ -129,7 +132,7 @@ def up(
         click.echo("            (shown once: keep it; more with `letsinfer auth key create`)")
     click.echo("Ctrl-C stops the node and its engines.")
     sys.stdout.flush()  # the banner must reach a pipe before the server starts
-    server = uvicorn.Server(
+    server = GuardedServer(
         uvicorn.Config(
             node.app(),
             host=gw.host,
@@ -138,7 +141,15 @@ def up(
             access_log=False,
             lifespan="on",
             timeout_graceful_shutdown=10,
-        )
+        ),
+        gateway_limits(
+            gw.max_connections,
+            gw.max_connections_per_client,
+            gw.header_timeout_s,
+            gw.idle_timeout_s,
+            file_limit,
+        ),
+        name="gateway",
     )
     try:
         server.run()
@@ -175,6 +186,7 @@ def _run_agent(ctx: CliContext, settings: config.Settings) -> None:
             embedded=False,
             lifespan="on",
             on_refused=handshake_refusals(node.audit, "agent"),
+            name="agent plane",
         )
         node.server = server
         server.run()

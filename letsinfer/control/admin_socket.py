@@ -27,6 +27,7 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from letsinfer.connections import PLANE_LIMITS, Tally, guarded
 from letsinfer.planes import EmbeddedServer, RunningPlane
 from letsinfer.store import AuthorityStore
 from letsinfer.trust.peer import Peer, Scope, refuse
@@ -168,9 +169,15 @@ class AdminPlane(RunningPlane):
 
 
 def _admin_server(app: ASGIApp) -> uvicorn.Server:
+    # Local callers only (the socket's mode), so no cap; a stuck one still
+    # must not hold a connection for ever.
+    late = Tally(
+        "admin socket: closed %d connection(s) that sent no complete request headers "
+        f"within {PLANE_LIMITS.header_timeout_s:g}s (last: %s)"
+    )
     config = uvicorn.Config(
         app,
-        http=CredentialsProtocol,
+        http=guarded(CredentialsProtocol, PLANE_LIMITS.header_timeout_s, late.note),
         lifespan="off",
         log_config=None,
         access_log=False,

@@ -19,6 +19,7 @@ from letsinfer.authority import controllers, lifecycle
 from letsinfer.authority.apikeys import create_key, revoke_key
 from letsinfer.authority.links import ResumeRefused, resume_model
 from letsinfer.identity import NodeIdentity
+from letsinfer.jsondepth import JsonDepthLimit
 from letsinfer.store import AuthorityStore, StoreError
 from letsinfer.trust.peer import Peer
 
@@ -47,6 +48,7 @@ def peer(request: Request) -> Peer:
 def typed_app(title: str) -> FastAPI:
     """A FastAPI app whose errors all have one shape: {"error": {message, code}}."""
     app = FastAPI(title=title, docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(JsonDepthLimit)
 
     @app.exception_handler(HTTPException)
     async def _error(request: Request, exc: HTTPException) -> JSONResponse:

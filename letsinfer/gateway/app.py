@@ -101,15 +101,26 @@ def create_app(
         return JSONResponse(model_card(entry.name, entry.created, entry.aliases))
 
     @app.get("/health")
-    async def health() -> Response:
+    async def health(request: Request) -> Response:
+        """Without a key: only whether the gateway serves (no model names).
+        With one: the readiness of that key's models, and the status is theirs."""
+        header = request.headers.get("authorization")
         try:
             services = gw.directory.current().services
+            policy = authenticate(gw, header) if header else None
         except StoreUnavailable:
-            return JSONResponse({"status": "unavailable", "models": {}}, status_code=503)
-        models = {s.name: gw.routing.ready_count(s.name) for s in services}
-        ok = all(models.values())
-        return JSONResponse(
-            {"status": "ok" if ok else "degraded", "models": models}, status_code=200 if ok else 503
-        )
+            return JSONResponse({"status": "unavailable"}, status_code=503)
+        except GatewayError as err:
+            return err.response()
+        ready = {
+            s.name: gw.routing.ready_count(s.name)
+            for s in services
+            if policy is None or policy.allows(s.name)
+        }
+        ok = all(ready.values())
+        body: dict[str, object] = {"status": "ok" if ok else "degraded"}
+        if policy is not None:
+            body["models"] = ready
+        return JSONResponse(body, status_code=200 if ok else 503)
 
     return app

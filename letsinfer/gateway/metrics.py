@@ -1,4 +1,7 @@
-"""Prometheus metrics of the gateway, served on their own port.
+"""Prometheus metrics of the gateway, served on their own port: loopback only
+unless the operator exposes them, and then only to the networks listed
+(``[gateway] metrics_host``, ``metrics_allow``); any other source's
+connection is closed as it is accepted.
 
 Per request the gateway only bumps a counter and two histograms through
 cached label children. Queue depth and in-flight requests per placement group
@@ -8,15 +11,20 @@ scrapes, so they cost nothing on the request path.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+import uvicorn
+from prometheus_client import CollectorRegistry, Counter, Histogram, make_asgi_app
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from letsinfer.config import GatewaySettings
+from letsinfer.connections import METRICS_LIMITS, GuardedServer
 from letsinfer.gateway.routing import RoutingTable
+from letsinfer.planes import RunningPlane
 
 if TYPE_CHECKING:
     from letsinfer.gateway.admission import Admission
@@ -110,28 +118,55 @@ class GatewayMetrics:
         self._child(self._errors, "e", reason).inc()
 
 
-class MetricsServer:
-    """Prometheus' exposition server on its own port (a daemon thread)."""
+def source_filter(allow: tuple[str, ...]) -> Callable[[str], bool]:
+    """Which sources may read metrics: loopback, and the ``allow`` networks."""
+    networks = [ipaddress.ip_network(n, strict=False) for n in allow]
 
-    def __init__(self, metrics: GatewayMetrics, host: str, port: int) -> None:
-        self._server, self._thread = start_http_server(port, host, registry=metrics.registry)
-        self.port = self._server.server_port
+    def admit(address: str) -> bool:
+        try:
+            ip = ipaddress.ip_address(address)
+        except ValueError:
+            return False
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        return ip.is_loopback or any(ip in n for n in networks)
 
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
+    return admit
 
 
-def start_metrics_server(metrics: GatewayMetrics, host: str, port: int) -> MetricsServer | None:
-    """Serve metrics unless ``port`` is 0. A busy port disables metrics with an
-    error in the log; inference keeps working."""
+async def start_metrics_server(
+    metrics: GatewayMetrics, settings: GatewaySettings
+) -> RunningPlane | None:
+    """Serve metrics on ``settings.metrics_host`` unless the port is 0, on the
+    running loop, to loopback and the allowed networks only. A busy port
+    disables metrics with an error in the log; inference keeps working."""
+    host, port = settings.metrics_host, settings.metrics_port
     if port == 0:
         return None
+    config = uvicorn.Config(
+        make_asgi_app(registry=metrics.registry),
+        host=host,
+        port=port,
+        lifespan="off",
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=2,
+    )
+    server = GuardedServer(
+        config,
+        METRICS_LIMITS,
+        name="metrics",
+        admit=source_filter(settings.metrics_allow),
+        embedded=True,
+    )
+    plane = RunningPlane(server)
     try:
-        server = MetricsServer(metrics, host, port)
+        await plane.start()
     except OSError as exc:
         log.error("metrics disabled: cannot listen on %s:%d: %s", host, port, exc)
         return None
-    log.info("metrics on http://%s:%d/metrics", host, server.port)
-    return server
+    allowed = ", ".join(settings.metrics_allow) or "none"
+    log.info(
+        "metrics on http://%s:%d/metrics (other networks allowed: %s)", host, server.port, allowed
+    )
+    return plane

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from letsinfer import jsondepth
 from letsinfer.gateway.errors import GatewayError
 
 
@@ -87,6 +88,8 @@ def prompt_start(request: _Request, limit: int) -> str:
 
 
 def parse(body: bytes, model: type[_Request]) -> _Request:
+    if jsondepth.too_deep(body):  # before the parser recurses into it
+        raise GatewayError(400, jsondepth.too_deep_message(), code="json_too_deep")
     try:
         data = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

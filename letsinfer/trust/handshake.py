@@ -3,7 +3,8 @@
 With ``ssl=`` on a server, the event loop performs the handshake and a
 failure never reaches the application: a certificate from another cluster's
 CA would be refused without a trace. Instead :class:`TlsListener` accepts on
-a plain socket and hands each connection to ``connect_accepted_socket`` with
+a plain socket (within the plane's connection limits, as every listener
+does) and hands each connection to ``connect_accepted_socket`` with
 the plane's TLS context, which raises when the handshake fails; the HTTP
 protocol (uvicorn's, via ``PeerCertProtocol``) only ever sees established TLS.
 (``start_tls`` on an accepted plain transport is not an option: uvloop may
@@ -16,13 +17,12 @@ the chain).
 from __future__ import annotations
 
 import asyncio
-import logging
 import socket
 import ssl
 import time
 from collections.abc import Callable
 
-log = logging.getLogger(__name__)
+from letsinfer.connections import ConnectionLimits, Listener, ProtocolFactory
 
 HANDSHAKE_TIMEOUT_S = 10.0
 # One audit record per (address, reason) per window; repeats are counted into
@@ -80,63 +80,37 @@ class RefusalLog:
         self.audit(address, reason, self._held.pop(key, 0) + 1)
 
 
-class TlsListener:
-    """Accepts on a plain listening socket and runs each TLS handshake with
+class TlsListener(Listener):
+    """A :class:`Listener` that runs each TLS handshake with
     ``connect_accepted_socket``, which raises when the handshake fails; only
     then is ``protocol()`` (uvicorn's HTTP protocol) attached to the connection.
-    No byte is read outside TLS, on asyncio or uvloop alike."""
+    No byte is read outside TLS, on asyncio or uvloop alike. A connection in
+    its handshake holds a slot like any other."""
 
     def __init__(
         self,
         sock: socket.socket,
+        limits: ConnectionLimits,
+        protocol: ProtocolFactory,
         ctx: ssl.SSLContext,
-        protocol: Callable[[], asyncio.Protocol],
         on_refused: Callable[[str, str], None] | None,
+        *,
+        name: str,
     ) -> None:
-        sock.setblocking(False)
-        self.sock = sock
+        super().__init__(sock, limits, protocol, name=name)
         self.ctx = ctx
-        self.protocol = protocol
         self.on_refused = on_refused
-        self.task: asyncio.Task[None] | None = None
-        self.handshakes: set[asyncio.Task[None]] = set()
 
-    def start(self) -> None:
-        self.task = asyncio.get_running_loop().create_task(self._accept())
-
-    async def _accept(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            try:
-                conn, peer = await loop.sock_accept(self.sock)
-            except OSError as exc:  # EMFILE and friends: keep serving the others
-                log.warning("accepting a connection failed: %s", exc)
-                await asyncio.sleep(0.1)
-                continue
-            task = loop.create_task(self._handshake(conn, str(peer[0])))
-            self.handshakes.add(task)
-            task.add_done_callback(self.handshakes.discard)
-
-    async def _handshake(self, conn: socket.socket, address: str) -> None:
+    async def _connect(self, conn: socket.socket, address: str, factory: ProtocolFactory) -> bool:
         loop = asyncio.get_running_loop()
         try:
             # On failure the loop closes the connection (and the socket) itself.
             await loop.connect_accepted_socket(
-                self.protocol, conn, ssl=self.ctx, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S
+                factory, conn, ssl=self.ctx, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S
             )
         except (OSError, TimeoutError, EOFError) as exc:  # ssl.SSLError is an OSError
             reason = refusal_reason(exc)
             if reason is not None and self.on_refused is not None:
                 self.on_refused(address, reason)
-
-    async def close(self) -> None:
-        tasks = [t for t in (self.task, *self.handshakes) if t is not None]
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        self.sock.close()
-
-
-def listening_socket(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    return socket.create_server((host, port), family=family, backlog=2048)
+            return False
+        return True

@@ -1,0 +1,432 @@
+"""Open connections, bounded: how a node's TCP listeners accept and keep them.
+
+Idle or slow clients must not use up the node's file descriptors (then the
+gateway, the metrics port and the admin socket all fail together). So every
+listener (gateway, metrics, the mutual-TLS planes):
+
+- accepts itself (:class:`Listener`) and stops accepting while it holds its
+  cap of open connections: newcomers wait in the kernel's queue, costing the
+  node no descriptor, until a connection closes;
+- takes at most ``per_client`` connections from one address and closes any
+  beyond at once, so one host cannot fill the cap alone;
+- closes a connection whose client has not finished a request's headers
+  within ``header_timeout_s`` of connecting, or of the first byte of a later
+  request (slowloris); uvicorn's keep-alive timeout closes a kept-alive
+  connection idle for ``idle_timeout_s``.
+
+Each of these is logged as a warning at most once a minute, with a count.
+The request path is untouched: a request whose headers arrive in one read
+costs no timer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import resource
+import socket
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+
+log = logging.getLogger("letsinfer.connections")
+
+# Descriptors kept for everything but client connections: the planes' and the
+# metrics' connections (their caps below), engines' sockets and pipes, SQLite,
+# logs, the admin socket, discovery.
+RESERVED_FDS = 1024
+_ACCEPT_BATCH = 64  # accepts per wake-up, so one listener cannot starve the loop
+_ACCEPT_RETRY_S = 0.1  # after an accept error (EMFILE, ENOBUFS): the queue keeps them
+LOG_WINDOW_S = 60.0
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    max_connections: int
+    per_client: int
+    header_timeout_s: float
+    idle_timeout_s: float
+
+
+# The mutual-TLS planes: the main, nodes and controllers reach them, not the
+# LAN at large; a handshake has its own timeout before these apply.
+PLANE_LIMITS = ConnectionLimits(
+    max_connections=256, per_client=64, header_timeout_s=10.0, idle_timeout_s=5.0
+)
+# Prometheus scrapers.
+METRICS_LIMITS = ConnectionLimits(
+    max_connections=32, per_client=8, header_timeout_s=10.0, idle_timeout_s=30.0
+)
+
+
+def raise_file_limit() -> int:
+    """Raise this process's soft limit on open files to its hard limit (no
+    privilege needed); return the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft != hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    return soft
+
+
+def gateway_limits(
+    max_connections: int,
+    per_client: int,
+    header_timeout_s: float,
+    idle_timeout_s: float,
+    file_limit: int,
+) -> ConnectionLimits:
+    """The gateway's limits under ``file_limit``: a client connection may carry
+    one connection to an engine too, and :data:`RESERVED_FDS` (at most half
+    the limit) stay for the rest."""
+    room = (file_limit - min(RESERVED_FDS, file_limit // 2)) // 2
+    cap = max(1, min(max_connections, room))
+    if cap < max_connections:
+        log.info(
+            "gateway: at most %d open connections (max_connections is %d, but the file "
+            "limit is %d; raise LimitNOFILE to allow more)",
+            cap,
+            max_connections,
+            file_limit,
+        )
+    return ConnectionLimits(cap, min(per_client, cap), header_timeout_s, idle_timeout_s)
+
+
+class Tally:
+    """One kind of event, logged at most once per window with how often it
+    happened since the last line (the first at once). Event-loop thread only."""
+
+    def __init__(self, message: str, window_s: float = LOG_WINDOW_S) -> None:
+        self.message = message  # %-format of (count, last detail)
+        self.window_s = window_s
+        self.count = 0
+        self.last = ""
+        self._window: asyncio.TimerHandle | None = None
+
+    def note(self, detail: str = "") -> None:
+        self.count += 1
+        self.last = detail
+        if self._window is None:
+            self._flush()
+
+    def _flush(self) -> None:
+        self._window = None
+        if self.count:
+            log.warning(self.message, self.count, self.last)
+            self.count = 0
+            self._window = asyncio.get_running_loop().call_later(self.window_s, self._flush)
+
+    def close(self) -> None:
+        """Log what the current window counted (the listener stops)."""
+        if self._window is not None:
+            self._window.cancel()
+        self._window = None
+        if self.count:
+            log.warning(self.message, self.count, self.last)
+            self.count = 0
+
+
+def _no_op() -> None:
+    return None
+
+
+class HeaderDeadline:
+    """Mixed in front of a uvicorn HTTP protocol class (httptools or h11) by
+    :func:`guarded`: closes a connection whose request headers are not complete
+    in time, and tells its listener when it closes."""
+
+    header_timeout_s: float = 10.0
+    on_late: Callable[[str], None] = staticmethod(lambda address: None)
+    release: Callable[[], None] = staticmethod(_no_op)  # set per connection
+    _deadline: asyncio.TimerHandle | None = None
+    _waiting_after: object = None
+
+    # uvicorn's protocols set these
+    cycle: Any
+    transport: Any
+    client: tuple[str, int] | None
+    loop: asyncio.AbstractEventLoop
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        before = self.cycle
+        super().data_received(data)  # type: ignore[misc]
+        if self.cycle is not before:  # a request's headers are complete
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+        elif self._deadline is None and (before is None or before.response_complete):
+            self._arm()  # the start of a request's headers, not all of them
+
+    def _arm(self) -> None:
+        self._waiting_after = self.cycle  # the request before the one awaited
+        self._deadline = self.loop.call_later(self.header_timeout_s, self._late)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        try:
+            super().connection_lost(exc)  # type: ignore[misc]
+        finally:
+            self.release()
+
+    def _late(self) -> None:
+        self._deadline = None
+        if self.cycle is not self._waiting_after:  # a request did start after all
+            return
+        if not self.transport.is_closing():
+            self.on_late(self.client[0] if self.client else "local")
+            self.transport.close()
+
+
+def guarded(base: type, header_timeout_s: float, on_late: Callable[[str], None]) -> type:
+    """``base`` (a uvicorn HTTP protocol class) with a header deadline."""
+    return type(
+        f"Guarded{base.__name__}",
+        (HeaderDeadline, base),
+        {"header_timeout_s": header_timeout_s, "on_late": staticmethod(on_late)},
+    )
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family, backlog=2048)
+
+
+ProtocolFactory = Callable[[], asyncio.Protocol]
+
+
+class Listener:
+    """Accepts on a listening socket within :class:`ConnectionLimits` and
+    hands each connection to ``protocol()`` (a :class:`HeaderDeadline`
+    protocol, whose closing frees its slot). ``admit(address)`` may refuse a
+    source outright. Subclasses change how a connection is set up
+    (:meth:`_connect`: the planes run a TLS handshake there)."""
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        limits: ConnectionLimits,
+        protocol: ProtocolFactory,
+        *,
+        name: str,
+        admit: Callable[[str], bool] | None = None,
+    ) -> None:
+        sock.setblocking(False)
+        self.sock = sock
+        self.limits = limits
+        self.protocol = protocol
+        self.name = name
+        self.admit = admit
+        self.open = 0
+        self.by_source: dict[str, int] = {}
+        self.pending: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._reading = False
+        self._closed = False
+        self.at_cap = Tally(
+            f"{name}: at its cap of {limits.max_connections} open connections, new ones "
+            "wait in the kernel's queue (%d time(s); %s)"
+        )
+        self.crowded = Tally(
+            f"{name}: closed %d connection(s) at once from a source already holding "
+            f"{limits.per_client} (last: %s)"
+        )
+        self.refused = Tally(f"{name}: closed %d connection(s) from sources not allowed (last: %s)")
+        self.failed = Tally(f"{name}: accepting failed %d time(s): %s")
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._resume()
+
+    def _resume(self) -> None:
+        if not self._reading and not self._closed and self._loop is not None:
+            self._loop.add_reader(self.sock.fileno(), self._accept)
+            self._reading = True
+
+    def _pause(self) -> None:
+        if self._reading and self._loop is not None:
+            self._loop.remove_reader(self.sock.fileno())
+            self._reading = False
+
+    def _accept(self) -> None:
+        for _ in range(_ACCEPT_BATCH):
+            if self.open >= self.limits.max_connections:
+                self._pause()  # resumed when one closes
+                self.at_cap.note(f"{len(self.by_source)} source(s) hold them")
+                return
+            try:
+                conn, peer = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # out of descriptors or buffers: they wait in the queue
+                self.failed.note(str(exc))
+                self._pause()
+                assert self._loop is not None
+                self._loop.call_later(_ACCEPT_RETRY_S, self._resume)
+                return
+            address = str(peer[0]) if isinstance(peer, tuple) else "local"
+            if self.admit is not None and not self.admit(address):
+                self.refused.note(address)
+                conn.close()
+            elif self.by_source.get(address, 0) >= self.limits.per_client:
+                self.crowded.note(address)
+                conn.close()
+            else:
+                self._take(conn, address)
+
+    def _take(self, conn: socket.socket, address: str) -> None:
+        self.open += 1
+        self.by_source[address] = self.by_source.get(address, 0) + 1
+        done = False
+
+        def release() -> None:
+            nonlocal done
+            if done:
+                return
+            done = True
+            self.open -= 1
+            left = self.by_source[address] - 1
+            if left:
+                self.by_source[address] = left
+            else:
+                del self.by_source[address]
+            if self.open < self.limits.max_connections:
+                self._resume()
+
+        conn.setblocking(False)
+        assert self._loop is not None
+        task = self._loop.create_task(self._run_connect(conn, address, release))
+        self.pending.add(task)
+        task.add_done_callback(self.pending.discard)
+
+    def factory(self, release: Callable[[], None]) -> ProtocolFactory:
+        def make() -> asyncio.Protocol:
+            proto = self.protocol()
+            proto.release = release  # type: ignore[attr-defined]
+            return proto
+
+        return make
+
+    async def _run_connect(
+        self, conn: socket.socket, address: str, release: Callable[[], None]
+    ) -> None:
+        made = False
+        try:
+            made = await self._connect(conn, address, self.factory(release))
+        finally:
+            if not made:  # the protocol never ran: nobody else frees the slot
+                release()
+                conn.close()
+
+    async def _connect(self, conn: socket.socket, address: str, factory: ProtocolFactory) -> bool:
+        """Attach the protocol to an accepted socket; False if that failed."""
+        assert self._loop is not None
+        try:
+            await self._loop.connect_accepted_socket(factory, conn)
+        except OSError:
+            return False
+        return True
+
+    async def close(self) -> None:
+        self._closed = True
+        self._pause()
+        for tally in (self.at_cap, self.crowded, self.refused, self.failed):
+            tally.close()
+        for task in self.pending:
+            task.cancel()
+        await asyncio.gather(*self.pending, return_exceptions=True)
+        self.sock.close()
+
+
+class GuardedServer(uvicorn.Server):
+    """uvicorn serving through a :class:`Listener` of its own: bounded
+    connections, header and idle timeouts. ``embedded`` servers run beside the
+    node's main server on its loop and leave the process signals to it."""
+
+    scheme = "http"
+    security = ""  # how connections are secured, for the log line
+
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        limits: ConnectionLimits,
+        *,
+        name: str,
+        admit: Callable[[str], bool] | None = None,
+        embedded: bool = False,
+    ) -> None:
+        config.timeout_keep_alive = limits.idle_timeout_s  # type: ignore[assignment]
+        super().__init__(config)
+        self.limits = limits
+        self.name = name
+        self.admit = admit
+        self.embedded = embedded
+        self.listener: Listener | None = None
+        self.late = Tally(
+            f"{name}: closed %d connection(s) that sent no complete request headers "
+            f"within {limits.header_timeout_s:g}s (last from %s)"
+        )
+        self.port = 0
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        if self.embedded:
+            yield  # the node's primary server handles SIGINT/SIGTERM
+            return
+        with super().capture_signals():
+            yield
+
+    def make_listener(self, sock: socket.socket, protocol: ProtocolFactory) -> Listener:
+        return Listener(sock, self.limits, protocol, name=self.name, admit=self.admit)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        config = self.config
+        sock = listening_socket(config.host, config.port)  # fails before any startup work
+        try:
+            await super().startup(sockets=[])  # lifespan only: uvicorn listens on nothing
+        except BaseException:
+            sock.close()
+            raise
+        loop = asyncio.get_running_loop()
+        cls = guarded(config.http_protocol_class, self.limits.header_timeout_s, self.late.note)
+
+        def protocol() -> asyncio.Protocol:
+            return cls(  # type: ignore[no-any-return]
+                config=config,
+                server_state=self.server_state,
+                app_state=self.lifespan.state,
+                _loop=loop,
+            )
+
+        self.listener = self.make_listener(sock, protocol)
+        self.listener.start()
+        self.port = sock.getsockname()[1]
+        lim = self.limits
+        log.info(
+            "%s: listening on %s://%s:%d (%sat most %d connections, %d per client; "
+            "header timeout %gs, idle %gs)",
+            self.name,
+            self.scheme,
+            config.host,
+            self.port,
+            self.security,
+            lim.max_connections,
+            lim.per_client,
+            lim.header_timeout_s,
+            lim.idle_timeout_s,
+        )
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.listener is not None:
+            await self.listener.close()
+        await super().shutdown(sockets=sockets)
+        self.late.close()
