@@ -260,6 +260,16 @@ class AgentNode:
                     capacity=engine.parallel if st.state == "ready" else None,
                 )
             )
+        for pg_id, why in self.placements.refused.items():
+            if pg_id not in self.supervisor.runners:  # refused before it had an engine
+                placements.append(
+                    PlacementFact(
+                        pg_id=pg_id,
+                        task=self.placements.tasks.get(pg_id, "0"),
+                        state="failed",
+                        detail=why[:500],
+                    )
+                )
         host = host_facts(self.gpus)
         return Facts(
             node_id=self.identity.node_id,
