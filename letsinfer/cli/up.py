@@ -12,9 +12,11 @@ from typing import IO
 import click
 
 from letsinfer import config
+from letsinfer.authority import retirement
 from letsinfer.authority.bootstrap import init_main
 from letsinfer.cli import cli
 from letsinfer.cli.scope import CliContext, scoped
+from letsinfer.identity import load_identity
 from letsinfer.store import AuthorityStore
 
 
@@ -95,6 +97,8 @@ def up(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per probe is noise
+    if retirement.complete(ctx.home) is not None:  # a former main's move, interrupted
+        ctx = CliContext(ctx.home, load_identity(ctx.home.identity_file))
     if ctx.identity is not None and ctx.identity.role != "main":
         try:
             _run_agent(ctx, settings)
@@ -140,8 +144,13 @@ def up(
             timeout_graceful_shutdown=10,
         )
     )
+    node.server = server
     try:
         server.run()
+        if node.moved:  # `node accept` made this main a child of another cluster
+            retirement.complete(ctx.home)
+            click.echo("the former authority is retired; starting as a child")
+            _run_agent(ctx, settings)
     finally:
         lock.close()
 
