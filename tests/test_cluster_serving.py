@@ -363,6 +363,18 @@ def test_removing_a_child_takes_its_work_and_a_wiped_host_rejoins(cluster: Clust
     assert engines
     old = c.root / "n1-removed"  # what an attacker holding the old identity keeps
     shutil.copytree(c.home("n1") / "etc", old / "etc")
+    # Another member cannot tell n1 it was removed: only n1's main may.
+    forged = c.py(
+        "n2",
+        as_node(c.home("n2"))
+        + f"""
+import httpx
+r = httpx.post("https://{c.lab.hosts["n1"]}:8444/v1/agent/removed", verify=ctx, timeout=10)
+print(r.status_code, r.text)
+""",
+    )
+    assert forged.startswith("403") and "only this node's main" in forged, forged
+    assert sorted(processes_using(c.home("n1") / "var/models")) == sorted(engines)
 
     out = c.ok("main", "node", "remove", "n1")
     assert all(pg in out for pg in on_n1.values()), out
