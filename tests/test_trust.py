@@ -191,6 +191,16 @@ print(r.status_code, r.text)
         "n1 audits the refusal"
     )
 
+    # Removed, n2 was told so (it stopped its engines), and its main no longer
+    # answers for it: the agent's live state (no engine) decides a move, which
+    # says that the main could not be asked.
+    assert ("node.removed", "ok") in [(r["action"], r["outcome"]) for r in c.audit("n2")]
+    moved = c.ok("n2", "node", "move-into", "--main", f"{c.lab.hosts['other']}:8443")
+    assert "the main could not be asked" in moved and "removed from the cluster" in moved
+    assert "its agent runs no engine" in moved
+    [allowed] = [r for r in c.audit("n2") if r["action"] == "node.move-into"]
+    assert allowed["outcome"] == "ok" and "could not be asked" in str(allowed["detail"])
+
 
 def test_controller_roles(cluster: Cluster) -> None:
     c = cluster

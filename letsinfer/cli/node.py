@@ -240,9 +240,10 @@ def accept(ctx: CliContext, request_id: str) -> None:
     req = candidate.get_request(ctx.home, request_id)
     was_main = ctx.identity.role == "main"
     store = AuthorityStore(ctx.home.database)
+    note = None
     try:
         if ctx.identity.enrolled:
-            _refuse_move(ctx, store, "node.move", req.main_name)
+            note = _refuse_move(ctx, store, "node.move", req.main_name)
         settings = config.load(ctx.home.config_file)
         from letsinfer.agent.runtime import advertise_address
 
@@ -266,10 +267,13 @@ def accept(ctx: CliContext, request_id: str) -> None:
             role="child",
             target=req.main_name,
             detail=f"cluster sha256:{moved.cluster}"
-            + (f"; this main's authority retires to {resting}" if was_main else ""),
+            + (f"; this main's authority retires to {resting}" if was_main else "")
+            + (f"; {note}" if note else ""),
         )
     finally:
         store.close()
+    if note:
+        click.echo(f"note: {note}")
     (ctx.home.move_window).unlink(missing_ok=True)
     if was_main:
         _finish_retirement(ctx)
