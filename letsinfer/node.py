@@ -30,16 +30,19 @@ from letsinfer.authority.facts import FactLedger
 from letsinfer.authority.links import LinkBook, link_label, needed_links
 from letsinfer.authority.parallel import TaskBoard, TaskReport
 from letsinfer.authority.placements import desired_for_node, to_wire
+from letsinfer.authority.removal import Removal
 from letsinfer.config import Settings
 from letsinfer.control.admin_socket import AdminPlane, LocalGate
 from letsinfer.control.app import ControlContext, create_control_app
+from letsinfer.control.local_ops import local_router
 from letsinfer.control.ops import ops_router, typed_app
+from letsinfer.control.removal_notice import tell_removed
 from letsinfer.gateway.app import Gateway, create_app
 from letsinfer.gateway.directory import Directory
 from letsinfer.gateway.metrics import start_metrics_server
 from letsinfer.gateway.routing import Replica, RoutingTable
 from letsinfer.home import Home
-from letsinfer.identity import NodeIdentity
+from letsinfer.identity import NodeIdentity, load_identity
 from letsinfer.mirror.layout import MirrorLayout
 from letsinfer.planes import RunningPlane, tls_server
 from letsinfer.release import runtime
@@ -88,6 +91,8 @@ class MainNode:
         self._observed: dict[tuple[str, str], tuple[object, ...]] = {}
         self.gpus = gpu_probe(settings.hardware.fake_gpus)
         self._remote: dict[str, set[tuple[str, str]]] = {}  # node -> {(service, pg)} published
+        self.server: Any = None  # the uvicorn server, set by `up`
+        self.moved = False  # this main joined another cluster (see _watch_identity)
 
     def app(self) -> FastAPI:
         return create_app(self.gateway, lifespan=self._lifespan)
@@ -148,6 +153,7 @@ class MainNode:
         ]
         admin = typed_app("letsinfer admin socket")
         admin.include_router(ops_router(self.store, self.identity, on_change=self.apply_now))
+        admin.include_router(local_router(self.store, self.node_removed))
         planes.append(
             AdminPlane(self.home.admin_socket, LocalGate(admin, self.store, os.geteuid()))
         )
@@ -159,6 +165,39 @@ class MainNode:
         """A change made through the admin socket takes effect before it answers."""
         self.directory.refresh(force=True)
         self.reconcile()
+
+    async def node_removed(self, removal: Removal) -> dict[str, Any]:
+        """After a removal committed: the gateway stops routing to the node's
+        placement groups at once, then the node's agent is told to stop them."""
+        node_id = removal.node.id
+        for g in removal.groups:
+            self.routing.forget(g.service, g.pg_id)
+        for service, pg_id in self._remote.pop(node_id, set()):
+            self.routing.forget(service, pg_id)
+        self.tasks.forget_node(node_id)
+        self.ledger.views.pop(node_id, None)
+        self.apply_now()  # this node's own tasks of a removed parallel group stop too
+        return await tell_removed(
+            tls_files(self.home, self.identity), removal.node, self.store, "main"
+        )
+
+    async def _watch_identity(self) -> None:
+        """`node accept` on this main moved it into another cluster: stop the
+        main's planes so that `up` retires the authority and runs the agent."""
+        path = self.home.identity_file
+        seen = path.stat().st_mtime_ns
+        while True:
+            await asyncio.sleep(1.0)
+            with contextlib.suppress(FileNotFoundError):
+                if path.stat().st_mtime_ns != seen:
+                    seen = path.stat().st_mtime_ns
+                    now = load_identity(path)
+                    if now is not None and now.role != "main":
+                        log.warning("this main moved into another cluster; switching to an agent")
+                        self.moved = True
+                        if self.server is not None:
+                            self.server.should_exit = True
+                        return
 
     @asynccontextmanager
     async def _lifespan(self, app: FastAPI) -> AsyncIterator[None]:
@@ -178,15 +217,17 @@ class MainNode:
             )
             await adv.start()
         loop = asyncio.create_task(self._background())
+        watch = asyncio.create_task(self._watch_identity())
         metrics = await start_metrics_server(self.gateway.metrics, self.settings.gateway)
         try:
             yield
         finally:
             if metrics is not None:
                 await metrics.stop()
-            loop.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await loop
+            for task in (loop, watch):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             if adv is not None:
                 await adv.stop()
             for plane in planes:

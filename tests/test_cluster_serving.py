@@ -3,9 +3,11 @@ children, served through the main's gateway, surviving what operators see."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -160,6 +162,22 @@ def test_gpus_are_exclusive_and_exactly_visible(cluster: Cluster) -> None:
     }
 
 
+def test_a_child_with_work_cannot_move_away(cluster: Cluster) -> None:
+    c = cluster
+    wait_ready(c, "shared", {"n1"})
+    identity = (c.home("n1") / "etc/node.json").read_text()
+    refused = c.cli("n1", "node", "move-into", "--main", f"{c.lab.hosts['n2']}:8443")
+    # The main holds n1's placement groups: asked over mutual TLS, it says so.
+    assert refused.returncode == 1, refused.stderr
+    assert "active placement groups on this node" in refused.stderr
+    assert str(pgs(c, "shared")["n1"]["id"]) in refused.stderr
+    assert "Nothing changed" in refused.stderr
+    assert not (c.home("n1") / "var/move-into.json").exists()
+    assert (c.home("n1") / "etc/node.json").read_text() == identity
+    [denied] = [r for r in c.audit("n1") if r["action"] == "node.move-into"]
+    assert denied["outcome"] == "denied" and "active placement groups" in str(denied["detail"])
+
+
 def test_a_killed_child_engine_costs_no_request(cluster: Cluster) -> None:
     c = cluster
     wait_ready(c, "shared", {"n1", "n2"})
@@ -299,3 +317,120 @@ print(httpx.get("http://{c.lab.hosts["main"]}:8000/health",
         "n2 listed as unreachable",
     )
     assert nodes["n1"]["state"] == "active"
+
+    # Its agent stopped, n2 still cannot move away: the CLI asks the main itself.
+    refused = c.cli("n2", "node", "move-into", "--main", f"{c.lab.hosts['n1']}:8443")
+    assert refused.returncode == 1 and str(pgs(c, "shared")["n2"]["id"]) in refused.stderr
+
+
+def test_a_replaced_llama_server_binary_is_refused_until_released_again(cluster: Cluster) -> None:
+    c = cluster
+    binary = c.root / "llama-server"  # the shim n1 runs for GPU placements
+    c.ok("main", "model", "add", "bytes", "--gguf", str(c.root / "shared.gguf"), "--no-serve")
+    c.ok("main", "model", "install", "bytes", "--node", "n1", "--gpu", "GPU-n1-b", "--yes")
+    wait_ready(c, "bytes", {"n1"})
+    first = pgs(c, "bytes")["n1"]
+    released = hashlib.sha256(binary.read_bytes()).hexdigest()
+    assert load(c, "bytes", n=2, threads=1) == [200, 200]
+
+    c.ok("main", "model", "stop", "bytes")
+    c.wait(lambda: not Path(f"/proc/{first['pid']}").exists(), "the engine to stop")
+    with binary.open("a") as fh:  # the same path, other bytes
+        fh.write("# rebuilt\n")
+    now = hashlib.sha256(binary.read_bytes()).hexdigest()
+    c.ok("main", "model", "start", "bytes")
+    c.wait(lambda: pgs(c, "bytes")["n1"]["state"] == "failed", "n1 to refuse the binary")
+    detail = str(pgs(c, "bytes")["n1"]["detail"])
+    assert str(binary) in detail and released in detail and now in detail, detail
+    assert "refused to run" in detail and "--replace-existing" in detail
+    assert load(c, "bytes", n=1, threads=1) == [503]
+
+    # Released again: a new release of the binary as it is now, which serves.
+    c.ok(
+        "main",
+        *("model", "install", "bytes", "--node", "n1", "--gpu", "GPU-n1-b"),
+        *("--replace-existing", "--yes"),
+    )
+    wait_ready(c, "bytes", {"n1"})
+    assert pgs(c, "bytes")["n1"]["release"] != first["release"]
+    assert load(c, "bytes", n=2, threads=1) == [200, 200]
+
+
+def test_removing_a_child_takes_its_work_and_a_wiped_host_rejoins(cluster: Cluster) -> None:
+    c = cluster
+    wait_ready(c, "big", {"n1"})
+    assert load(c, "big", n=2, threads=1) == [200, 200]
+    on_n1 = {m: str(pgs(c, m)["n1"]["id"]) for m in ("shared", "big", "bytes")}
+    engines = processes_using(c.home("n1") / "var/models")
+    assert engines
+    old = c.root / "n1-removed"  # what an attacker holding the old identity keeps
+    shutil.copytree(c.home("n1") / "etc", old / "etc")
+    # Another member cannot tell n1 it was removed: only n1's main may.
+    forged = c.py(
+        "n2",
+        as_node(c.home("n2"))
+        + f"""
+import httpx
+r = httpx.post("https://{c.lab.hosts["n1"]}:8444/v1/agent/removed", verify=ctx, timeout=10)
+print(r.status_code, r.text)
+""",
+    )
+    assert forged.startswith("403") and "only this node's main" in forged, forged
+    assert sorted(processes_using(c.home("n1") / "var/models")) == sorted(engines)
+
+    out = c.ok("main", "node", "remove", "n1")
+    assert all(pg in out for pg in on_n1.values()), out
+    assert f"stopped {len(engines)} engine(s)" in out, out
+    # At once: no route, no placement group (nor its GPU claims), no engine.
+    assert load(c, "big", n=2, threads=1) == [503, 503]
+    for model in on_n1:
+        assert "n1" not in pgs(c, model)
+    assert processes_using(c.home("n1") / "var/models") == []
+    main_audit = [(r["action"], r["outcome"]) for r in c.audit("main")]
+    assert ("node.remove", "ok") in main_audit and ("node.remove.notify", "ok") in main_audit
+    assert ("node.removed", "ok") in [(r["action"], r["outcome"]) for r in c.audit("n1")]
+    assert "n1" not in {n["name"] for n in json.loads(c.ok("main", "node", "list", "--json"))}
+    [row] = [
+        n for n in json.loads(c.ok("main", "node", "list", "--all", "--json")) if n["name"] == "n1"
+    ]
+    assert row["state"] == "removed" and row["removed_at"]
+    again = c.cli("main", "node", "remove", "n1")
+    assert again.returncode == 1 and "already removed" in again.stderr
+
+    # Wiped and initialised again, the host enrolls under its name: a new identity.
+    proc = c.procs.pop("n1")
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+    shutil.rmtree(c.home("n1"))
+    c.ok("n1", "node", "init", "--name", "n1")
+    c.up("n1")
+    c.enroll("n1")
+
+    def n1_back() -> dict[str, object] | None:
+        nodes = json.loads(c.ok("main", "node", "list", "--json"))
+        return next((n for n in nodes if n["name"] == "n1" and n["state"] == "active"), None)
+
+    c.wait(lambda: n1_back() is not None, "n1 enrolled again")
+    back = n1_back()
+    assert back is not None and back["id"] != row["id"]
+    assert back["fingerprint"] != row["fingerprint"]
+    # Its GPUs are free for another install, and it serves again.
+    c.ok("main", "model", "install", "big", "--node", "n1", "--gpu", "GPU-n1-a", "--yes")
+    wait_ready(c, "big", {"n1"})
+    assert load(c, "big", n=2, threads=1) == [200, 200]
+
+    # The old certificate stays refused.
+    script = (
+        as_node(old)
+        + f"""
+import time, httpx
+from letsinfer.agent.facts import Facts, sign
+facts = Facts(node_id=node_id, seq=int(time.time() * 1000), ts=time.time(), cpus=1,
+              memory_bytes=1, targets=["cpu"], version="x")
+r = httpx.post("https://{c.lab.hosts["main"]}:8443/v1/agent/facts", json=sign(facts, key),
+               verify=ctx, timeout=10)
+print(r.status_code, r.text)
+"""
+    )
+    answer = c.py("n1", script)
+    assert answer.startswith("403") and "removed" in answer and "revoked" in answer, answer

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from letsinfer.engines.releases import llama_server, xllamacpp_cpu
+from letsinfer.engines.binary import BinaryError, BinaryIdentity
+from letsinfer.engines.releases import check_binary, for_engine_kind, llama_server, xllamacpp_cpu
 from letsinfer.home import Home
 from letsinfer.release import keys, runtime
 from letsinfer.release.signatures import TrustError
@@ -32,8 +35,52 @@ def test_release_signatures_are_checked(tmp_path: Path) -> None:
     tampered = replace(release, launch={"module": "evil.module"})
     with pytest.raises(TrustError, match="changed after signing"):
         runtime.verify(tampered, sig, [mine])
-    # Another binary path is another release, not the same id with new meaning.
-    assert llama_server("/a/llama-server").id != llama_server("/b/llama-server").id
+    # Another binary path, or other bytes, is another release: never the same id
+    # with new meaning.
+    a = BinaryIdentity("/a/llama-server", "1" * 64, "version: 1")
+    assert llama_server(a).id != llama_server(replace(a, path="/b/llama-server")).id
+    assert llama_server(a).id != llama_server(replace(a, sha256="2" * 64)).id
+
+
+def shim_binary(path: Path) -> Path:
+    """The test shim as an executable file of its own (its bytes are the "binary")."""
+    shim = Path(__file__).parent / "llama_server_shim.py"
+    path.write_text(f"#!{sys.executable}\n" + shim.read_text())
+    path.chmod(0o755)
+    return path
+
+
+def test_a_llama_server_release_is_bound_to_its_binarys_bytes(tmp_path: Path) -> None:
+    binary = shim_binary(tmp_path / "llama-server")
+    release = for_engine_kind("llama-server", str(binary), "cuda")
+    assert release.artifacts == {"llama-server": hashlib.sha256(binary.read_bytes()).hexdigest()}
+    assert release.launch == {"binary": str(binary)} and "version: 0 (shim)" in release.version
+    check_binary(release)  # the released bytes: runs
+
+    # The same path, other bytes: refused, naming the path and both digests.
+    released = release.artifacts["llama-server"]
+    with binary.open("a") as fh:
+        fh.write("# rebuilt\n")
+    now = hashlib.sha256(binary.read_bytes()).hexdigest()
+    with pytest.raises(BinaryError) as refused:
+        check_binary(release)
+    said = str(refused.value)
+    assert str(binary) in said and released in said and now in said
+    assert "--replace-existing" in said
+    # Released again: a new release of what is there now, which runs.
+    again = for_engine_kind("llama-server", str(binary), "cuda")
+    assert again.id != release.id and again.artifacts == {"llama-server": now}
+    check_binary(again)
+
+    # Gone, or a release that never recorded its bytes: refused too.
+    legacy = replace(release, artifacts={})
+    with pytest.raises(BinaryError, match="records no sha256"):
+        check_binary(legacy)
+    binary.unlink()
+    with pytest.raises(BinaryError, match="no such file"):
+        check_binary(again)
+    with pytest.raises(BinaryError, match="not found on PATH"):
+        for_engine_kind("llama-server", "no-such-llama-server-here")
 
 
 def test_the_node_refuses_to_run_an_unsigned_release(main_node: RunningNode) -> None:

@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 import signal
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.cluster import PY, Cluster
 from tests.netlab import NetLab, can_make_namespaces
+
+ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.skipif(not can_make_namespaces(), reason="needs root (namespaces)")
 
@@ -113,9 +116,11 @@ def test_refusals_are_clear_and_audited(cluster: Cluster) -> None:
     assert (n1_after["role"], n1_after["main"]) == ("child", n1_before["main"])
     assert n1_after["fingerprint"] == n1_before["fingerprint"]
 
-    # move-into is refused while the node has an active placement group.
+    # move-into is refused while the node has an active placement group or children.
     moving = c.cli("main", "node", "move-into", "--main", f"{c.lab.hosts['other']}:8443")
     assert moving.returncode == 1 and "active placement groups" in moving.stderr
+    assert "attached children: n1, n2" in moving.stderr
+    assert not (c.home("main") / "var/move-into.json").exists()
     assert any(
         r["action"] == "node.move-into" and r["outcome"] == "denied" for r in c.audit("main")
     )
@@ -185,6 +190,16 @@ print(r.status_code, r.text)
     assert any(r["outcome"] == "denied" and "revoked" in str(r["detail"]) for r in c.audit("n1")), (
         "n1 audits the refusal"
     )
+
+    # Removed, n2 was told so (it stopped its engines), and its main no longer
+    # answers for it: the agent's live state (no engine) decides a move, which
+    # says that the main could not be asked.
+    assert ("node.removed", "ok") in [(r["action"], r["outcome"]) for r in c.audit("n2")]
+    moved = c.ok("n2", "node", "move-into", "--main", f"{c.lab.hosts['other']}:8443")
+    assert "the main could not be asked" in moved and "removed from the cluster" in moved
+    assert "its agent runs no engine" in moved
+    [allowed] = [r for r in c.audit("n2") if r["action"] == "node.move-into"]
+    assert allowed["outcome"] == "ok" and "could not be asked" in str(allowed["detail"])
 
 
 def test_controller_roles(cluster: Cluster) -> None:
@@ -389,3 +404,74 @@ def test_moving_a_child_is_explicit_and_atomic(cluster: Cluster) -> None:
         ),
         "n1 reporting to its new main",
     )
+
+
+def test_a_main_without_work_moves_into_another_cluster_and_serves(cluster: Cluster) -> None:
+    c = cluster
+    from letsinfer.trust import pki
+
+    second = f"{c.lab.hosts['second']}:8443"
+    # Its own model stopped, the main still has a child (n1, gone to `second` but
+    # never removed here): refused, audited, nothing changed.
+    c.ok("main", "model", "stop", "tiny")
+    refused = c.cli("main", "node", "move-into", "--main", second)
+    assert refused.returncode == 1 and "attached children: n1" in refused.stderr
+    assert "active placement groups" not in refused.stderr
+    assert not (c.home("main") / "var/move-into.json").exists()
+    c.ok("main", "node", "remove", "n1")  # n1 answers another CA now: it is not told
+
+    def models() -> list[str]:
+        return sorted(p.name for p in (c.home("main") / "var/models").rglob("*") if p.is_file())
+
+    models_before = models()
+    assert models_before
+    c.ok("main", "node", "move-into", "--main", second)
+    [main_cert] = (c.home("main") / "etc/clusters").glob("*/node.crt")
+    offer = c.ok(
+        "second",
+        *("node", "add", "--address", f"{c.lab.hosts['main']}:8444"),
+        *("--fingerprint", pki.fingerprint(pki.load_cert(main_cert.read_bytes()))),
+        home="second",
+    )
+    request_id = offer.split("letsinfer node accept ")[1].split()[0]
+    [req] = json.loads(c.ok("main", "node", "requests", "--json"))
+    assert req["id"] == request_id and req["main"] == "second"
+    out = c.ok("main", "node", "accept", request_id)
+    assert "now a child of second" in out and "retired" in out, out
+
+    # One step: it is a child of `second`; its old authority is kept aside, its
+    # CA and release keys are gone, its models stay.
+    after = json.loads((c.home("main") / "etc/node.json").read_text())
+    assert (after["role"], after["main_address"]) == ("child", second)
+    assert not (c.home("main") / "etc/ca").exists()
+    assert not (c.home("main") / "etc/release").exists()
+    [kept] = (c.home("main") / "var/retired").iterdir()
+    assert (kept / "authority.db").exists() and (kept / "ca.crt").exists()
+    assert models() == models_before
+    scoped = c.cli("main", "node", "list")
+    assert scoped.returncode == 3 and f"child of the main at {second}" in scoped.stderr
+
+    def joined() -> bool:
+        nodes = json.loads(c.ok("second", "node", "list", "--json", home="second"))
+        return any(n["name"] == "main" and n["state"] == "active" for n in nodes)
+
+    c.wait(joined, "the former main reporting to second")
+    c.ok(
+        "second",
+        *("model", "install", "tiny", "--node", "main", "--target", "cpu", "--yes"),
+        home="second",
+    )
+    key = c.ok("second", "auth", "key", "create", "moved", home="second").split()[-1]
+
+    def served() -> bool:
+        result = c.lab.run(
+            "second",
+            PY,
+            str(ROOT / "tests/load_client.py"),
+            *(f"http://{c.lab.hosts['second']}:8000", key, "tiny", "4", "1"),
+        )
+        return json.loads(result.stdout or "[]") == [200] * 4
+
+    c.wait(served, "tiny served through second's gateway")
+    shown = json.loads(c.ok("second", "model", "show", "tiny", "--json", home="second"))[0]
+    assert any(pg["node"] == "main" and pg["state"] == "ready" for pg in shown["placement_groups"])

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from letsinfer.authority.audit import verify_chain
+from letsinfer.engines.binary import BinaryIdentity
 from letsinfer.engines.launch import ENGINE_KEY_ENV, EngineTask, plan_llamacpp
 from letsinfer.engines.releases import llama_server, xllamacpp_cpu
 from letsinfer.engines.tinymodel import write_tiny_model
@@ -37,7 +38,7 @@ def test_llama_server_plan_pins_gpus_and_keeps_the_key_off_the_command_line(
     tmp_path: Path,
 ) -> None:
     plan = plan_llamacpp(
-        llama_server("/opt/llama/llama-server", "cuda"),
+        llama_server(BinaryIdentity("/opt/llama/llama-server", "a" * 64, "version: 1"), "cuda"),
         task(gpu_uuids=("GPU-a", "GPU-b"), parallel=2, context=1024),
         tmp_path,
     )

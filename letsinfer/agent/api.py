@@ -9,7 +9,7 @@ belongs to a cluster, unless the operator opened a move with
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
@@ -28,6 +28,7 @@ from letsinfer.trust.material import tls_files
 from letsinfer.trust.peer import Peer, PeerGate, Scope
 
 OPEN_PATHS = ("/v1/identity", "/v1/enroll/request")
+REMOVED_PATH = "/v1/agent/removed"
 
 
 class EnrollRequest(BaseModel):
@@ -67,7 +68,10 @@ def create_agent_app(
     audit: AuthorityStore,
     lifespan: Any = None,
     revoked: Callable[[str], bool] = lambda fingerprint: False,
+    on_removed: Callable[[str], Awaitable[int]] | None = None,
 ) -> PeerGate:
+    """``on_removed(main_name)`` stops this node's engines when its main says it
+    removed the node, and returns how many it stopped."""
     app = FastAPI(
         title="letsinfer agent", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan
     )
@@ -150,6 +154,15 @@ def create_agent_app(
             "cpus": os.cpu_count(),
             "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
         }
+
+    @app.post(REMOVED_PATH)
+    async def removed(request: Request) -> dict[str, Any]:
+        """The main removed this node: its engines stop now (only the main gets here)."""
+        if on_removed is None:
+            raise HTTPException(409, "this node cannot be removed: it is the main")
+        peer: Peer = request.scope["state"]["peer"]
+        stopped = await on_removed(f"main:{peer.identity.id}")
+        return {"node": identity().name, "engines_stopped": stopped}
 
     @app.post(CHALLENGE_PATH)
     async def link_challenge(body: LinkChallenge, request: Request) -> dict[str, Any]:

@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from letsinfer.agent.ports import free_port
-from letsinfer.agent.supervisor import EngineSupervisor
+from letsinfer.agent.supervisor import EngineSupervisor, LaunchRefused
 from letsinfer.authority.modelstore import ModelFileError, artifact_path, verify_artifact
+from letsinfer.engines.binary import BinaryError
 from letsinfer.engines.launch import EngineTask, LaunchPlan, plan_llamacpp
 from letsinfer.engines.parallel_command import GroupTask, plan_parallel_command
-from letsinfer.engines.releases import Release
+from letsinfer.engines.releases import Release, check_binary
 from letsinfer.release import runtime
 from letsinfer.release.keys import PublicKey
 from letsinfer.release.signatures import TrustError
@@ -67,12 +68,18 @@ class PlacementRunner:
     ports: tuple[int, int] | None = None
     services: dict[str, str] = field(default_factory=dict)  # pg id -> model service
     tasks: dict[str, str] = field(default_factory=dict)  # pg id -> the task run here
+    # Wanted but not started, with why (reported as failed; tried again each apply).
+    refused: dict[str, str] = field(default_factory=dict)
+    _wanted: set[str] = field(default_factory=set)
     _background: set[asyncio.Task[None]] = field(default_factory=set)
     _verified: set[str] = field(default_factory=set)
     _fetching: set[str] = field(default_factory=set)
 
     def apply(self, desired: list[DesiredPlacement], fetch: Fetch | None = None) -> None:
         wanted = {d.pg_id: d for d in desired}
+        self._wanted = set(wanted)
+        for pg_id in set(self.refused) - self._wanted:
+            del self.refused[pg_id]
         for pg_id in set(self.supervisor.runners) - set(wanted):
             self._spawn(self.supervisor.stop(pg_id))
         for d in wanted.values():
@@ -99,34 +106,47 @@ class PlacementRunner:
             await fetch(d.artifact_digest)
         except Exception as exc:  # a failed download must be visible, and retried later
             log.warning("fetching sha256:%s failed: %s", d.artifact_digest[:12], exc)
-            self.on_failed(d.pg_id, f"model download failed: {exc}")
+            self._refuse(d.pg_id, f"model download failed: {exc}")
             return
         finally:
             self._fetching.discard(d.artifact_digest)
         self._start(d)
 
+    def _refuse(self, pg_id: str, why: str) -> None:
+        if self.refused.get(pg_id) != why:  # said once per reason, not every apply
+            self.refused[pg_id] = why
+            self.on_failed(pg_id, why)
+
     def _start(self, d: DesiredPlacement) -> None:
+        if d.pg_id not in self._wanted:  # gone while its model was downloading
+            return
+        self.tasks[d.pg_id] = d.task
         try:
             runtime.verify(d.release, d.release_signature, self.trusted)
-        except TrustError as exc:
-            self.on_failed(d.pg_id, f"refused to run: {exc}")
+            check_binary(d.release)
+        except (TrustError, BinaryError) as exc:
+            self._refuse(d.pg_id, f"refused to run: {exc}")
             return
         try:
             if d.artifact_digest not in self._verified:
                 verify_artifact(self.model_store, d.artifact_digest)
                 self._verified.add(d.artifact_digest)
         except ModelFileError as exc:
-            self.on_failed(d.pg_id, str(exc))
+            self._refuse(d.pg_id, str(exc))
             return
         model_path = artifact_path(self.model_store, d.artifact_digest)
 
         if d.release.engine == "vllm":
             # engines/vllm.py plans it (Ray head + vLLM serve, Ray workers); this
             # agent does not yet supervise a task made of several processes.
-            self.on_failed(d.pg_id, "refused to run: vLLM tasks are not supervised by agents yet")
+            self._refuse(d.pg_id, "refused to run: vLLM tasks are not supervised by agents yet")
             return
 
         def make_plan(port: int) -> LaunchPlan:
+            try:  # again at every (re)start: the binary may change under a running engine
+                check_binary(d.release)
+            except BinaryError as exc:
+                raise LaunchRefused(str(exc)) from exc
             task = EngineTask(
                 pg_id=d.pg_id,
                 model_name=d.service,
@@ -144,7 +164,7 @@ class PlacementRunner:
             return plan_llamacpp(d.release, task, self.run_dir)
 
         self.services[d.pg_id] = d.service
-        self.tasks[d.pg_id] = d.task
+        self.refused.pop(d.pg_id, None)
         fixed = d.port
         self.supervisor.ensure(
             d.pg_id,

@@ -28,6 +28,7 @@ from letsinfer.agent.facts import Facts, GpuFact, PlacementFact, sign
 from letsinfer.agent.hardware import gpu_probe, host_facts
 from letsinfer.agent.placement import DesiredPlacement, Fetch, PlacementRunner
 from letsinfer.agent.supervisor import EngineSupervisor, SupervisionPolicy
+from letsinfer.authority.adoption import ChildWork
 from letsinfer.authority.modelstore import artifact_path
 from letsinfer.authority.placements import from_wire
 from letsinfer.config import Settings
@@ -40,10 +41,10 @@ from letsinfer.mirror.fetching import fetch_artifact
 from letsinfer.release import runtime
 from letsinfer.store import AuthorityStore
 from letsinfer.trust import pki
-from letsinfer.trust.client import ClusterClient, PeerMismatch
+from letsinfer.trust.client import ClusterClient, PeerMismatch, error_code, error_message
 from letsinfer.trust.discovery import Advertiser, local_addresses, txt_record
 from letsinfer.trust.material import presented_fingerprint, tls_files
-from letsinfer.trust.peer import client_context, server_context
+from letsinfer.trust.peer import NODE_REMOVED, client_context, server_context
 
 log = logging.getLogger("letsinfer.agent")
 
@@ -124,6 +125,7 @@ class AgentNode:
             )
         self._mtime = home.identity_file.stat().st_mtime_ns
         self.revoked = self._load_revoked()
+        self.removed_by: str | None = None  # set when the main said it removed this node
 
     def app(self) -> Any:
         return create_agent_app(
@@ -133,7 +135,38 @@ class AgentNode:
             self.audit,
             lifespan=self.lifespan,
             revoked=lambda fp: fp in self.revoked,
+            on_removed=self.removed,
         )
+
+    async def removed(self, by: str) -> int:
+        """The main removed this node: stop every engine now (the main no longer
+        routes to them). Said by the main on the agent plane, or by its refusal
+        of this node's facts. Returns how many engines were stopped."""
+        if self.removed_by is not None:
+            return 0
+        self.removed_by = by
+        self.desired = []
+        engines = len(self.supervisor.runners)
+        self.placements.apply([])
+        await self.placements.stop_all()
+        log.warning("the main removed this node; %d engine(s) stopped", engines)
+        self.audit.append_audit(
+            by,
+            "node.removed",
+            "ok",
+            target=self.identity.name,
+            detail=f"removed by the main at {self.identity.main_address}; "
+            f"{engines} engine(s) stopped",
+        )
+        return engines
+
+    def engines(self) -> list[dict[str, Any]]:
+        """The engines this agent runs right now (starting, ready or restarting)."""
+        return [
+            {"pg_id": pg_id, "state": runner.status.state}
+            for pg_id, runner in self.supervisor.runners.items()
+            if runner.status.state in ("starting", "ready", "restarting")
+        ]
 
     def _load_revoked(self) -> frozenset[str]:
         """What the main last said it revoked: kept across restarts, so a removed
@@ -227,6 +260,26 @@ class AgentNode:
             )
             return {"node": ident.name, "paused": body.paused, "main": ident.main_address}
 
+        @app.get("/v1/local/work")
+        async def work() -> dict[str, Any]:
+            """This node's work before a move: the main's word and the live engines."""
+            ident = self.identity
+            main, why = None, None
+            if ident.role == "child":
+                client = ClusterClient(self.files, expect_node=ident.main_id, timeout=5.0)
+                try:
+                    resp = await client.arequest(
+                        "GET", f"https://{ident.main_address}/v1/agent/work"
+                    )
+                except (httpx.HTTPError, PeerMismatch, OSError) as exc:
+                    why = f"unreachable at {ident.main_address}: {exc}"
+                else:
+                    if resp.status_code == 200:
+                        main = resp.json()["placement_groups"]
+                    else:
+                        why = f"it refused: {error_message(resp)}"
+            return ChildWork(main, why, self.engines()).to_json()
+
         return app
 
     async def _watch_identity(self) -> None:
@@ -260,6 +313,16 @@ class AgentNode:
                     capacity=engine.parallel if st.state == "ready" else None,
                 )
             )
+        for pg_id, why in self.placements.refused.items():
+            if pg_id not in self.supervisor.runners:  # refused before it had an engine
+                placements.append(
+                    PlacementFact(
+                        pg_id=pg_id,
+                        task=self.placements.tasks.get(pg_id, "0"),
+                        state="failed",
+                        detail=why[:500],
+                    )
+                )
         host = host_facts(self.gpus)
         return Facts(
             node_id=self.identity.node_id,
@@ -306,6 +369,7 @@ class AgentNode:
                 )
                 if resp.status_code == 200:
                     refused = False
+                    self.removed_by = None
                     desired = [
                         from_wire(d, engine.threads, engine.context, engine.parallel)
                         for d in resp.json()["placements"]
@@ -314,9 +378,12 @@ class AgentNode:
                     self._set_revoked(resp.json().get("revoked", []))
                     self.placements.apply(desired, fetch=self._fetcher(client, url))
                     await self._renew_if_due(client, url)
-                elif not refused:
+                else:
+                    if error_code(resp) == NODE_REMOVED:
+                        await self.removed(f"main:{ident.main_id}")
+                    if not refused:
+                        log.error("the main refused this node: %s", resp.text)
                     refused = True
-                    log.error("the main refused this node: %s", resp.text)
             except (httpx.HTTPError, PeerMismatch, OSError) as exc:
                 log.warning("reporting to the main at %s failed: %s", ident.main_address, exc)
             # A refused node keeps asking, slowly: the main audits every refusal.

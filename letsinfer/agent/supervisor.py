@@ -49,7 +49,14 @@ class EngineStatus:
     detail: str | None = None
 
 
-PlanFactory = Callable[[int], LaunchPlan]  # port -> plan
+PlanFactory = Callable[[int], LaunchPlan]  # port -> plan; may raise LaunchRefused
+
+
+class LaunchRefused(Exception):
+    """The node will not run this plan (e.g. its binary is not the released
+    one): the engine is marked failed with the reason and not restarted."""
+
+
 StatusSink = Callable[[EngineStatus], None]
 
 
@@ -112,7 +119,13 @@ class EngineRunner:
         async with httpx.AsyncClient(timeout=2.0) as probe:
             while not self._stopping.is_set():
                 port = self._port_for()
-                plan = self._make_plan(port)
+                try:
+                    plan = self._make_plan(port)
+                except LaunchRefused as exc:
+                    log.error("engine %s: %s", self.pg_id, exc)
+                    self._publish(state="failed", detail=f"refused to run: {exc}")
+                    await self._stopping.wait()  # until the placement goes away
+                    break
                 self._publish(state="starting", port=port)
                 started = time.monotonic()
                 try:

@@ -11,6 +11,7 @@ from letsinfer.authority.engine_keys import ensure_secret
 from letsinfer.authority.models import add_gguf_model
 from letsinfer.config import Settings
 from letsinfer.engines import releases
+from letsinfer.engines.binary import BinaryError
 from letsinfer.engines.tinymodel import DEFAULT_NAME, write_tiny_model
 from letsinfer.home import Home
 from letsinfer.identity import NodeIdentity, load_identity, save_identity
@@ -39,9 +40,12 @@ def init_main(
     try:
         if store.list_nodes():
             raise StoreError(f"{home.database} already holds an authority")
-        release = releases.for_engine_kind(
-            settings.engine.kind, settings.engine.llama_server_binary
-        )
+        try:
+            release = releases.for_engine_kind(
+                settings.engine.kind, settings.engine.llama_server_binary
+            )
+        except BinaryError as exc:
+            raise StoreError(f"cannot release the llama-server binary: {exc}") from exc
         with tempfile.TemporaryDirectory(dir=home.var) as tmp, store.transaction():
             store.add_node(
                 identity.node_id, identity.name, "main", None, presented_fingerprint(home, identity)

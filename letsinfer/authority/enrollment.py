@@ -45,6 +45,13 @@ def open_offer(
 ) -> Offer:
     if store.find_node(candidate_id) is not None or store.find_node(name) is not None:
         raise StoreError(f"a node named {name!r} or with id {candidate_id} is already enrolled")
+    gone = store.get_node(candidate_id)
+    if gone is not None:  # removed: its row stays for the record, its identity never returns
+        raise StoreError(
+            f"node id {candidate_id} ({gone.name}) was removed from this cluster; a removed "
+            "identity is never enrolled again: wipe that host and `letsinfer node init` it "
+            "(a new identity), then enroll it, under the same name if you like"
+        )
     token = secrets.token_urlsafe(32)
     with store.transaction():
         rec = store.add_enrollment(

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from letsinfer.engines import releases
+from letsinfer.engines.binary import BinaryError
 from letsinfer.engines.releases import Release
 from letsinfer.store import AuthorityStore, NodeRecord, StoreError, TaskSpec
 
@@ -62,6 +63,24 @@ def plan(
     out = InstallPlan(service=svc.name)
     existing = {pg.node_id: pg.id for pg in store.list_placement_groups(service=svc.name)}
     now = time.time()
+    made: dict[tuple[str, str], Release | BinaryError] = {}
+
+    def release_for(engine: str, target: str) -> Release:
+        """Once per plan: a llama-server release hashes and asks its binary."""
+        if (engine, target) not in made:
+            try:
+                made[(engine, target)] = releases.for_engine_kind(
+                    engine, req.llama_server_binary, target
+                )
+            except BinaryError as exc:
+                made[(engine, target)] = BinaryError(
+                    f"cannot release the llama-server binary: {exc}"
+                )
+        found = made[(engine, target)]
+        if isinstance(found, BinaryError):
+            raise found
+        return found
+
     for name in req.nodes:
         node = store.find_node(name)
         if node is None:
@@ -108,9 +127,11 @@ def plan(
                     )
                     continue
                 gpus = tuple(free[: req.gpus])
-            release = releases.llama_server(req.llama_server_binary, "cuda")
-        else:
-            release = releases.for_engine_kind(req.engine, req.llama_server_binary)
+        try:
+            release = release_for("llama-server" if target == "cuda" else req.engine, target)
+        except BinaryError as exc:
+            out.skipped.append((node.name, str(exc)))
+            continue
         out.placements.append(Placement(node, release, gpus, existing.get(node.id)))
     return out
 

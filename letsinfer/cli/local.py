@@ -51,3 +51,20 @@ def ask_node(home: Home, method: str, path: str, json: Any = None) -> dict[str, 
         err = body.get("error", {}) if isinstance(body, dict) else {}
         raise click.ClickException(str(err.get("message") or resp.text))
     return body  # type: ignore[no-any-return]
+
+
+def node_runs_here(home: Home) -> bool:
+    """Whether a node process holds this home's pid-file lock (see `up`)."""
+    import fcntl
+
+    try:
+        fh = home.pid_file.open("r")
+    except FileNotFoundError:
+        return False
+    with fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(fh, fcntl.LOCK_UN)
+        return False

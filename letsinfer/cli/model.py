@@ -16,6 +16,7 @@ from letsinfer.cli.local import ask_node, segment
 from letsinfer.cli.output import console, emit
 from letsinfer.cli.scope import CliContext, scoped
 from letsinfer.engines import releases
+from letsinfer.engines.binary import BinaryError
 from letsinfer.release import runtime
 from letsinfer.store import AuthorityStore, StoreError
 
@@ -104,9 +105,14 @@ def add_model(
     """Add a model from a local GGUF file and serve it on this node."""
     assert ctx.identity is not None  # the scope check guarantees an identity
     settings = config.load(ctx.home.config_file)
-    release = releases.for_engine_kind(
-        engine or settings.engine.kind, settings.engine.llama_server_binary
-    )
+    try:
+        release = releases.for_engine_kind(
+            engine or settings.engine.kind, settings.engine.llama_server_binary
+        )
+    except BinaryError as exc:
+        raise click.ClickException(
+            f"cannot release the llama-server binary: {exc}. Nothing changed."
+        ) from exc
     store = AuthorityStore(ctx.home.database)
     try:
         svc, pg = add_gguf_model(

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
-import shutil
 import ssl
 import time
 from datetime import UTC, datetime
@@ -14,12 +14,15 @@ import httpx
 
 from letsinfer import config
 from letsinfer.agent.api import adoption_window
-from letsinfer.authority import enrollment, lifecycle
+from letsinfer.authority import enrollment, lifecycle, retirement
+from letsinfer.authority import removal as removal_mod
 from letsinfer.authority.bootstrap import init_candidate, init_main
 from letsinfer.cli import cli
-from letsinfer.cli.local import ask_node, segment
+from letsinfer.cli.adoption import move_blockers
+from letsinfer.cli.local import ask_node, node_runs_here, segment
 from letsinfer.cli.output import console, emit
 from letsinfer.cli.scope import CliContext, ScopedCommand, scoped
+from letsinfer.control.removal_notice import tell_removed
 from letsinfer.identity import load_identity
 from letsinfer.store import AuthorityStore, StoreError
 from letsinfer.trust import candidate, pki
@@ -189,11 +192,12 @@ def _pinned(
         raise click.ClickException(str(exc)) from exc
 
 
-@scoped(node, "requests", scope="child")
+@scoped(node, "requests", scope="all")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
 def requests(ctx: CliContext, as_json: bool) -> None:
-    """Enrollment requests this node has received (accept one with `node accept ID`)."""
+    """Enrollment requests this node has received (accept one with `node accept ID`).
+    A node in a cluster receives one only while `node move-into` allows it."""
     rows = [
         {
             "id": r.id,
@@ -212,53 +216,46 @@ def requests(ctx: CliContext, as_json: bool) -> None:
     )
 
 
-def _blockers(ctx: CliContext) -> list[str]:
-    """Active work or attached children block leaving a cluster."""
-    ident = ctx.identity
-    if ident is None or not ctx.home.database.exists():
-        return []
-    store = AuthorityStore(ctx.home.database)
-    try:
-        found = []
-        active = [
-            pg.id
-            for pg in store.list_placement_groups(node_id=ident.node_id)
-            if pg.desired == "running"
-        ]
-        if active:
-            found.append(f"active placement groups: {', '.join(active)} (stop them first)")
-        children = [n.name for n in store.list_nodes() if n.role == "child"]
-        if ident.role == "main" and children:
-            found.append(f"attached children: {', '.join(children)} (remove them first)")
-        return found
-    finally:
-        store.close()
+def _refuse_move(ctx: CliContext, store: AuthorityStore, action: str, target: str) -> str | None:
+    """Refuse (audited, exit 1) while active work or children block leaving this
+    cluster; otherwise the note to show when the main could not be asked."""
+    blockers, note = move_blockers(ctx)
+    if blockers:
+        why = "; ".join(blockers)
+        store.append_audit("cli", action, "denied", target=target, detail=why)
+        raise click.ClickException(f"cannot move this node: {why}. Nothing changed.")
+    return note
 
 
-@scoped(node, "accept", scope="child")
+@scoped(node, "accept", scope="all")
 @click.argument("request_id")
 @click.pass_obj
 def accept(ctx: CliContext, request_id: str) -> None:
-    """Accept an enrollment request: send a CSR and join the main's cluster."""
-    assert ctx.identity is not None
+    """Accept an enrollment request: send a CSR and join the main's cluster.
+
+    On a node already in a cluster (after `node move-into`) this is the move; on
+    a main, its own authority is retired in the same step (see docs/architecture.md)."""
+    if ctx.identity is None:
+        raise click.ClickException("this home is not a node yet: run `letsinfer node init`")
     req = candidate.get_request(ctx.home, request_id)
+    was_main = ctx.identity.role == "main"
     store = AuthorityStore(ctx.home.database)
+    note = None
     try:
         if ctx.identity.enrolled:
-            blockers = _blockers(ctx)
-            if blockers:
-                why = "; ".join(blockers)
-                store.append_audit("cli", "node.move", "denied", target=req.main_name, detail=why)
-                raise click.ClickException(f"cannot move this node: {why}")
+            note = _refuse_move(ctx, store, "node.move", req.main_name)
         settings = config.load(ctx.home.config_file)
         from letsinfer.agent.runtime import advertise_address
 
         agent = settings.agent
         address = f"{advertise_address(agent.api_host, agent.advertise)}:{agent.api_port}"
-        was_main = ctx.identity.role == "main"
+        if was_main:
+            resting = retirement.prepare(ctx.home, ctx.identity)
         try:
             moved = candidate.accept(ctx.home, ctx.identity, req, address)
         except candidate.EnrollmentError as exc:
+            if was_main:
+                retirement.abandon(ctx.home)
             store.append_audit(
                 "cli", "node.accept", "denied", target=req.main_name, detail=str(exc)
             )
@@ -269,30 +266,40 @@ def accept(ctx: CliContext, request_id: str) -> None:
             "ok",
             role="child",
             target=req.main_name,
-            detail=f"cluster sha256:{moved.cluster}",
+            detail=f"cluster sha256:{moved.cluster}"
+            + (f"; this main's authority retires to {resting}" if was_main else "")
+            + (f"; {note}" if note else ""),
         )
     finally:
         store.close()
-    if was_main:
-        _retire_authority(ctx)
+    if note:
+        click.echo(f"note: {note}")
     (ctx.home.move_window).unlink(missing_ok=True)
+    if was_main:
+        _finish_retirement(ctx)
     console.print(
         f"this node is now a child of [bold]{req.main_name}[/bold] "
         f"({req.main_address}); a running node switches within a second"
     )
 
 
-def _retire_authority(ctx: CliContext) -> None:
-    """A former main keeps its models but not its authority (keys, controllers)."""
-    stamp = time.strftime("%Y%m%d%H%M%S")
-    for suffix in ("", "-wal", "-shm"):
-        src = ctx.home.database.with_name(ctx.home.database.name + suffix)
-        if src.exists():
-            src.rename(src.with_name(f"{src.name}.previous-{stamp}"))
-    shutil.rmtree(ctx.home.ca_key.parent, ignore_errors=True)
+def _finish_retirement(ctx: CliContext) -> None:
+    """Here when no node runs; else the running node does it as it stops its
+    main planes (it holds the database open): wait for that."""
+    if not node_runs_here(ctx.home):
+        resting = retirement.complete(ctx.home)
+        click.echo(f"the former authority is retired to {resting}")
+        return
+    deadline = time.monotonic() + 60
+    while retirement.pending(ctx.home) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if retirement.pending(ctx.home):
+        click.echo("the running node retires the former authority as it restarts as an agent")
+    else:
+        click.echo("the running node retired the former authority and runs as an agent now")
 
 
-@scoped(node, "reject", scope="child")
+@scoped(node, "reject", scope="all")
 @click.argument("request_id")
 @click.pass_obj
 def reject(ctx: CliContext, request_id: str) -> None:
@@ -308,14 +315,15 @@ def reject(ctx: CliContext, request_id: str) -> None:
 
 
 @scoped(node, "list", scope="main")
+@click.option("--all", "show_all", is_flag=True, help="Also removed nodes (kept for the record).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
-def list_nodes(ctx: CliContext, as_json: bool) -> None:
+def list_nodes(ctx: CliContext, show_all: bool, as_json: bool) -> None:
     """Nodes of this cluster, with when each was last heard from."""
     settings = config.load(ctx.home.config_file)
     store = AuthorityStore(ctx.home.database)
     try:
-        nodes = store.list_nodes()
+        nodes = store.list_nodes(include_removed=show_all)
     finally:
         store.close()
     now = time.time()
@@ -330,9 +338,11 @@ def list_nodes(ctx: CliContext, as_json: bool) -> None:
                 "id": n.id,
                 "role": n.role,
                 "address": n.address,
-                "state": n.state if fresh else "unreachable",
+                "state": n.state if fresh or n.state == "removed" else "unreachable",
                 "paused": n.paused,
                 "last_seen": _when(n.last_seen),
+                "removed_at": _when(n.removed_at),
+                "fingerprint": n.cert_fingerprint,
             }
         )
     emit(
@@ -378,22 +388,36 @@ def info(ctx: CliContext, name: str, as_json: bool) -> None:
 
 @scoped(node, "remove", scope="main")
 @click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
-def remove(ctx: CliContext, name: str) -> None:
-    """Remove a child and revoke its certificate: the main refuses it from now on."""
-    store = AuthorityStore(ctx.home.database)
-    try:
-        target = store.find_node(name)
-        if target is None:
-            raise StoreError(f"no node {name!r} (see `letsinfer node list`)")
-        if target.role == "main":
-            raise StoreError("the main cannot remove itself")
-        with store.transaction():
-            store.remove_node(target.id)
-            store.append_audit("cli", "node.remove", "ok", role="main", target=target.name)
-    finally:
-        store.close()
-    console.print(f"node {target.name} removed; its certificate is revoked")
+def remove(ctx: CliContext, name: str, as_json: bool) -> None:
+    """Remove a child: its placement groups go (their GPUs are free), the gateway
+    stops routing to them, its certificate is revoked and its engines are told to
+    stop. The row stays (`node list --all`); a wiped host may enroll again under
+    the same name, with a new certificate."""
+    assert ctx.identity is not None
+    done = ask_node(ctx.home, "POST", f"/v1/local/nodes/{segment(name)}/remove")
+    if done is None:  # no node runs here: write the authority, then tell the node
+        store = AuthorityStore(ctx.home.database)
+        try:
+            try:
+                removal = removal_mod.remove_node(store, name, actor="cli")
+            except removal_mod.RemovalRefused as exc:
+                store.append_audit("cli", "node.remove", "denied", target=name, detail=str(exc))
+                raise click.ClickException(f"{exc}. Nothing changed.") from exc
+            told = asyncio.run(
+                tell_removed(tls_files(ctx.home, ctx.identity), removal.node, store, "cli")
+            )
+        finally:
+            store.close()
+        done = {**removal.to_json(), **told}
+    if as_json:
+        click.echo(json.dumps(done))
+        return
+    groups = ", ".join(f"{g['id']} ({g['model']})" for g in done["placement_groups"]) or "none"
+    console.print(f"node {done['node']} removed; its certificate is revoked")
+    click.echo(f"placement groups removed: {groups}")
+    click.echo(done["notice"])
 
 
 @scoped(node, "move-into", scope="all")
@@ -421,24 +445,23 @@ def move_into(ctx: CliContext, main_address: str, window: float) -> None:
     ident = load_identity(ctx.home.identity_file)
     if ident is None or not ident.enrolled:
         raise click.ClickException("this node is not in a cluster; use `node accept` directly")
-    blockers = _blockers(ctx)
     store = AuthorityStore(ctx.home.database)
     try:
-        if blockers:
-            why = "; ".join(blockers)
-            store.append_audit("cli", "node.move-into", "denied", target=main_address, detail=why)
-            raise click.ClickException(f"cannot move this node: {why}")
+        note = _refuse_move(ctx, store, "node.move-into", main_address)
         ctx.home.enrollment_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         (ctx.home.move_window).write_text(
             json.dumps({"main": main_address, "until": time.time() + window})
         )
-        store.append_audit("cli", "node.move-into", "ok", target=main_address)
+        store.append_audit("cli", "node.move-into", "ok", target=main_address, detail=note)
     finally:
         store.close()
     assert adoption_window(ctx.home) is not None
+    if note:
+        click.echo(f"note: {note}")
     console.print(
         f"this node accepts an enrollment request from {main_address} for the next "
         f"{window:.0f}s; then run `letsinfer node accept ID` here"
+        + ("; this main's authority is retired then" if ident.role == "main" else "")
     )
 
 

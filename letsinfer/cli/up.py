@@ -12,9 +12,11 @@ from typing import IO
 import click
 
 from letsinfer import config
+from letsinfer.authority import retirement
 from letsinfer.authority.bootstrap import init_main
 from letsinfer.cli import cli
 from letsinfer.cli.scope import CliContext, scoped
+from letsinfer.identity import load_identity
 from letsinfer.store import AuthorityStore
 
 
@@ -98,6 +100,8 @@ def up(
     from letsinfer.connections import GuardedServer, gateway_limits, raise_file_limit
 
     file_limit = raise_file_limit()  # connections are capped below it
+    if retirement.complete(ctx.home) is not None:  # a former main's move, interrupted
+        ctx = CliContext(ctx.home, load_identity(ctx.home.identity_file))
     if ctx.identity is not None and ctx.identity.role != "main":
         try:
             _run_agent(ctx, settings)
@@ -151,8 +155,13 @@ def up(
         ),
         name="gateway",
     )
+    node.server = server
     try:
         server.run()
+        if node.moved:  # `node accept` made this main a child of another cluster
+            retirement.complete(ctx.home)
+            click.echo("the former authority is retired; starting as a child")
+            _run_agent(ctx, settings)
     finally:
         lock.close()
 

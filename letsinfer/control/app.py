@@ -15,7 +15,7 @@ from fastapi import HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from letsinfer.agent.facts import FactError
-from letsinfer.authority import controllers, enrollment, lifecycle
+from letsinfer.authority import adoption, controllers, enrollment, lifecycle
 from letsinfer.authority.modelstore import artifact_path
 from letsinfer.control.ops import actor_of, ops_router, peer, typed_app
 from letsinfer.identity import NodeIdentity
@@ -24,7 +24,7 @@ from letsinfer.mirror.serving import artifact_router
 from letsinfer.store import AuthorityStore
 from letsinfer.trust import pki
 from letsinfer.trust.material import ClusterCA
-from letsinfer.trust.peer import Peer, PeerGate, Scope
+from letsinfer.trust.peer import NODE_REMOVED, Peer, PeerGate, Refusal, Scope
 
 OPEN_PATHS = ("/v1/enroll/complete", "/v1/pair/ca", "/v1/pair/controller")
 
@@ -141,6 +141,14 @@ def create_control_app(ctx: ControlContext) -> PeerGate:
         ctx.on_change()
         return {"node": node.name, "paused": body.paused}
 
+    @app.get("/v1/agent/work")
+    async def work(request: Request) -> dict[str, Any]:
+        """What this main holds for the calling node: asked before it moves away."""
+        p = peer(request)
+        node = store.get_node(p.identity.id)
+        assert node is not None
+        return {"node": node.name, "placement_groups": adoption.work_on_node(store, node.id)}
+
     @app.post("/v1/agent/renew")
     async def renew(body: Renew, request: Request) -> dict[str, Any]:
         p = peer(request)
@@ -170,12 +178,19 @@ def create_control_app(ctx: ControlContext) -> PeerGate:
 
     def admit(p: Peer, path: str) -> str | None:
         ident = p.identity
+        node = store.get_node(ident.id) if ident.kind == "node" else None
+        if node is not None and node.state == "removed":
+            # Said first, with its code: the node stops its engines on hearing it.
+            return Refusal(
+                f"this node ({node.name}) has been removed from the cluster; "
+                "its certificate is revoked",
+                NODE_REMOVED,
+            )
         if store.is_revoked(ident.fingerprint):
             return "this certificate has been revoked"
         if ident.kind == "node":
-            node = store.get_node(ident.id)
-            if node is None or node.state == "removed":
-                return "this node has been removed from the cluster"
+            if node is None:
+                return "this node is not a member of the cluster"
             return None if path.startswith("/v1/agent/") else "nodes may only use /v1/agent/*"
         rec = store.get_controller(ident.id)
         if rec is None or rec.state != "paired":

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
+from letsinfer.engines.binary import BinaryIdentity, check_bytes, identify
+
 
 @dataclass(frozen=True)
 class Release:
@@ -35,16 +37,32 @@ def xllamacpp_cpu() -> Release:
     )
 
 
-def llama_server(binary: str, target: str = "cpu") -> Release:
-    # The binary is part of what runs: another path is another release.
-    tag = hashlib.sha256(binary.encode()).hexdigest()[:8]
+LLAMA_SERVER_ARTIFACT = "llama-server"  # a llama-server release's binary, by sha256
+
+
+def llama_server(binary: BinaryIdentity, target: str = "cpu") -> Release:
+    """A release of one binary, by its bytes (see engines/binary.py): another
+    path or other bytes under the same path make another release."""
+    tag = hashlib.sha256(f"{binary.path}\n{binary.sha256}".encode()).hexdigest()[:12]
     return Release(
         id=f"llama.cpp-llama-server-{target}-{tag}",
         engine="llama-server",
-        version="local",
+        version=binary.version,
         target=target,
-        launch={"binary": binary},
+        artifacts={LLAMA_SERVER_ARTIFACT: binary.sha256},
+        launch={"binary": binary.path},
     )
+
+
+def check_binary(release: Release) -> None:
+    """Before a llama-server release starts: its binary must still be the
+    released bytes (raises BinaryError saying which path and both digests)."""
+    if release.engine == "llama-server":
+        check_bytes(
+            str(release.launch.get("binary", "")),
+            release.artifacts.get(LLAMA_SERVER_ARTIFACT),
+            f"runtime release {release.id}",
+        )
 
 
 PARALLEL_ENGINES = ("vllm", "parallel-command")
@@ -67,7 +85,9 @@ def parallel_command(binary: str, target: str = "cpu") -> Release:
     )
 
 
-def for_engine_kind(kind: str, llama_server_binary: str) -> Release:
+def for_engine_kind(kind: str, llama_server_binary: str, target: str = "cpu") -> Release:
+    """The release for new placements of ``kind``. A llama-server binary is
+    identified here, on the main (raises BinaryError when it cannot be)."""
     if kind == "llama-server":
-        return llama_server(llama_server_binary)
+        return llama_server(identify(llama_server_binary), target)
     return xllamacpp_cpu()

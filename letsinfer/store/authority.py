@@ -40,6 +40,7 @@ class NodeRecord:
     last_seen: float | None = None
     facts: dict[str, Any] | None = None  # latest verified hardware facts
     facts_at: float | None = None
+    removed_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -175,11 +176,12 @@ class AuthorityStore:
             path.chmod(0o660)  # past the umask
         conn = sqlite3.connect(path, timeout=10.0, isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA foreign_keys=ON")
         conn.execute("PRAGMA busy_timeout=10000")
+        conn.execute("PRAGMA foreign_keys=OFF")  # on once migrated (see _migrate)
         self.db = sqlite_utils.Database(conn)
         self._depth = 0
         self._migrate()
+        conn.execute("PRAGMA foreign_keys=ON")
 
     def close(self) -> None:
         self.db.conn.close()
@@ -208,12 +210,17 @@ class AuthorityStore:
             self._depth = 0
 
     def _migrate(self) -> None:
+        """Runs before foreign keys are switched on (SQLite's way to rebuild a
+        table others refer to); each step is then checked before it commits."""
         version = self.db.execute("PRAGMA user_version").fetchone()[0]
         for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
             with self.transaction():
                 for statement in script.split(";"):
                     if statement.strip():
                         self.db.execute(statement)
+                broken = self.db.execute("PRAGMA foreign_key_check").fetchall()
+                if broken:
+                    raise StoreError(f"migration {number} breaks references: {broken[:3]}")
                 self.db.execute(f"PRAGMA user_version = {number}")
 
     def schema_version(self) -> int:
@@ -305,12 +312,16 @@ class AuthorityStore:
         )
 
     def remove_node(self, node_id: str) -> None:
-        """Mark removed and revoke its certificate; the row stays for the record."""
+        """Mark removed and revoke its certificate; the row stays for the record
+        and its name is free for a new enrollment."""
         with self.transaction():
             node = self.get_node(node_id)
             if node is None:
                 raise StoreError(f"no node {node_id}")
-            self.db.execute("UPDATE nodes SET state = 'removed' WHERE id = ?", (node_id,))
+            self.db.execute(
+                "UPDATE nodes SET state = 'removed', removed_at = ? WHERE id = ?",
+                (time.time(), node_id),
+            )
             if node.cert_fingerprint:
                 self.revoke_certificate(node.cert_fingerprint, f"node:{node_id}")
 
@@ -826,6 +837,7 @@ def _node(r: dict[str, Any]) -> NodeRecord:
         last_seen=r["last_seen"],
         facts=json.loads(r["facts"]) if r.get("facts") else None,
         facts_at=r.get("facts_at"),
+        removed_at=r.get("removed_at"),
     )
 
 

@@ -153,4 +153,34 @@ MIGRATIONS: list[str] = [
         CHECK (node_a < node_b)
     );
     """,
+    # 5: a removed node's row stays for the record, and its name is free again:
+    # a wiped host re-enrolls under it (a new id, a new certificate). Unique
+    # names only among nodes that are not removed. SQLite cannot drop a column
+    # constraint, so the table is rebuilt (migrations run with foreign keys off,
+    # then checked). Every column of `nodes` is listed: a migration that adds one
+    # before this step must add it here too.
+    """
+    CREATE TABLE nodes_rebuilt (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL,
+        role TEXT NOT NULL CHECK (role IN ('main', 'child')),
+        address TEXT,
+        state TEXT NOT NULL DEFAULT 'active',
+        paused INTEGER NOT NULL DEFAULT 0,
+        created_at REAL NOT NULL,
+        cert_fingerprint TEXT,
+        last_seen REAL,
+        facts TEXT,
+        facts_at REAL,
+        removed_at REAL
+    );
+    INSERT INTO nodes_rebuilt (id, name, role, address, state, paused, created_at,
+                               cert_fingerprint, last_seen, facts, facts_at)
+        SELECT id, name, role, address, state, paused, created_at,
+               cert_fingerprint, last_seen, facts, facts_at FROM nodes;
+    DROP TABLE nodes;
+    ALTER TABLE nodes_rebuilt RENAME TO nodes;
+    CREATE UNIQUE INDEX one_main ON nodes(role) WHERE role = 'main';
+    CREATE UNIQUE INDEX node_live_name ON nodes(name) WHERE state != 'removed';
+    """,
 ]

@@ -60,3 +60,22 @@ def peer_certificate(resp: httpx.Response) -> bytes:
     if not der:
         raise PeerMismatch("the peer presented no certificate")
     return der
+
+
+def _error(resp: httpx.Response) -> dict[str, Any]:
+    try:
+        body = resp.json()
+    except ValueError:
+        return {}
+    err = body.get("error") if isinstance(body, dict) else None
+    return err if isinstance(err, dict) else {}
+
+
+def error_message(resp: httpx.Response) -> str:
+    """The message of a letsinfer error answer ({"error": {"message", "code"}})."""
+    return str(_error(resp).get("message") or resp.text or f"HTTP {resp.status_code}")
+
+
+def error_code(resp: httpx.Response) -> str | None:
+    code = _error(resp).get("code")
+    return code if isinstance(code, str) else None

@@ -78,6 +78,21 @@ def peer_of(scope: Scope) -> Peer | None:
 Denial = Callable[[Scope, Peer | None, str], None]
 
 
+class Refusal(str):
+    """A reason to refuse that also names a machine-readable code, for refusals
+    the peer acts on (a removed node stops its engines)."""
+
+    code: str
+
+    def __new__(cls, reason: str, code: str) -> Refusal:
+        made = super().__new__(cls, reason)
+        made.code = code
+        return made
+
+
+NODE_REMOVED = "node_removed"
+
+
 async def refuse(send: Send, reason: str, code: str) -> None:
     """A gate's 403, OpenAI-shaped, sent before any route runs."""
     body = json.dumps(
@@ -127,7 +142,7 @@ class PeerGate:
         )
         if reason is not None:
             self.on_denied(scope, peer, reason)
-            await refuse(send, reason, "peer_refused")
+            await refuse(send, reason, getattr(reason, "code", "peer_refused"))
             return
         await self.app(scope, receive, send)
 

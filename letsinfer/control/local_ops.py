@@ -1,0 +1,38 @@
+"""Operations only the CLI on the main's own machine may ask its running node
+(the admin socket), never a paired controller: removing a node.
+
+The running node applies a removal before it answers: the gateway forgets the
+node's placement groups and the node's agent is told to stop its engines.
+"""
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Request
+
+from letsinfer.authority.removal import Removal, RemovalRefused, remove_node
+from letsinfer.control.ops import peer
+from letsinfer.store import AuthorityStore
+
+# After the removal committed: stop routing, tell the node; returns what the node said.
+OnRemoved = Callable[[Removal], Awaitable[dict[str, Any]]]
+
+
+def local_router(store: AuthorityStore, on_removed: OnRemoved) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/v1/local/nodes/{name}/remove")
+    async def node_remove(name: str, request: Request) -> dict[str, Any]:
+        p = peer(request)
+        actor = f"local:{p.identity.id}"
+        if p.identity.kind != "local":  # mounted on the admin socket only; said twice
+            raise HTTPException(403, "only the CLI on the main's machine removes nodes")
+        try:
+            removal = remove_node(store, name, actor=actor)
+        except RemovalRefused as exc:
+            store.append_audit(actor, "node.remove", "denied", target=name, detail=str(exc))
+            status = 404 if str(exc).startswith("no node") else 409
+            raise HTTPException(status, f"{exc}. Nothing changed.") from exc
+        return {**removal.to_json(), **(await on_removed(removal))}
+
+    return router
