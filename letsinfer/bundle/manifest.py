@@ -29,10 +29,26 @@ class BundleFile(_Part):
     kind: Literal["wheel", "model", "runtime"]
 
 
+class ModelSourceFile(_Part):
+    name: str = Field(min_length=1, max_length=1024)  # its path in the repository
+    path: str  # the file in the bundle (its sha256 is the one the hub published)
+
+
+class ModelSource(_Part):
+    """Where a model came from: a hub repository at one commit (``bundle create
+    --model REPO@REV``), so that ``model pull`` finds it in a mirror."""
+
+    repo: str = Field(min_length=1, max_length=200)
+    revision: str = Field(min_length=1, max_length=200)  # as asked: a branch, tag or commit
+    commit: str = Field(pattern=r"^[0-9a-f]{40}$")
+    files: tuple[ModelSourceFile, ...] = Field(min_length=1, max_length=256)  # split parts in order
+
+
 class BundleModel(_Part):
     name: str
-    path: str  # one of the manifest's files
+    path: str  # one of the manifest's files (a split model's first part)
     format: Literal["gguf"] = "gguf"
+    source: ModelSource | None = None
 
 
 class BundleRuntime(_Part):
@@ -84,6 +100,14 @@ class Manifest(_Part):
         for m in self.models:
             if m.path not in paths:
                 raise ValueError(f"model {m.name!r} names {m.path!r}, which is not a listed file")
+            if m.source is not None:
+                for sf in m.source.files:
+                    if sf.path not in paths:
+                        raise ValueError(
+                            f"model {m.name!r} source file {sf.name!r} is not a listed file"
+                        )
+                if m.source.files[0].path != m.path:
+                    raise ValueError(f"model {m.name!r}: its path is not its source's first file")
         for r in self.runtimes:
             for name, digest in r.artifacts.items():
                 if digest not in digests:

@@ -49,6 +49,7 @@ def main() -> None:
         fleet,
         mirror,
         model,
+        model_pull,
         node,
         release,
         service,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -18,12 +19,23 @@ from letsinfer.cli.scope import CliContext, scoped
 from letsinfer.engines import releases
 from letsinfer.engines.binary import BinaryError
 from letsinfer.release import runtime
-from letsinfer.store import AuthorityStore, StoreError
+from letsinfer.store import AuthorityStore, ServiceRecord, StoreError
 
 
 @cli.group()
 def model() -> None:
     """Model services: list and add."""
+
+
+def origin_fields(svc: ServiceRecord) -> dict[str, Any]:
+    """Where a pulled model came from (all None for a model added from a file)."""
+    o = svc.origin or {}
+    return {
+        "repo": o.get("repo"),
+        "revision": o.get("revision"),
+        "commit": o.get("commit"),
+        "files": o.get("files", []),
+    }
 
 
 @scoped(model, "list", scope="main")
@@ -43,6 +55,7 @@ def list_models(ctx: CliContext, as_json: bool) -> None:
                     "format": svc.format,
                     "sha256": svc.artifact_digest,
                     "size": svc.artifact_size,
+                    **origin_fields(svc),
                     "placement_groups": [
                         {"id": p.id, "node": p.node_id, "state": p.state} for p in pgs
                     ],
@@ -61,13 +74,14 @@ def list_models(ctx: CliContext, as_json: bool) -> None:
             "aliases": ", ".join(r["aliases"]),
             "sha256": r["sha256"][:12],
             "size": f"{r['size'] / 1e6:.1f} MB",
+            "from": f"{r['repo']}@{r['commit'][:12]}" if r["repo"] else "file",
             "ready": f"{r['ready']}/{r['total']}",
         }
         for r in rows
     ]
     emit(
         table,
-        ["name", "aliases", "format", "size", "sha256", "ready"],
+        ["name", "aliases", "format", "size", "sha256", "from", "ready"],
         as_json=False,
         title="models",
     )
@@ -103,6 +117,20 @@ def add_model(
     no_serve: bool,
 ) -> None:
     """Add a model from a local GGUF file and serve it on this node."""
+    admit_gguf(ctx, name, gguf_path.expanduser(), aliases, engine, no_serve)
+
+
+def admit_gguf(
+    ctx: CliContext,
+    name: str,
+    gguf_path: Path,
+    aliases: tuple[str, ...],
+    engine: str | None,
+    no_serve: bool,
+    origin: dict[str, Any] | None = None,
+) -> ServiceRecord:
+    """The one way a model file enters the model store and the authority: `model
+    add --gguf` and `model pull` (with the file's ``origin``) both come here."""
     assert ctx.identity is not None  # the scope check guarantees an identity
     settings = config.load(ctx.home.config_file)
     try:
@@ -119,11 +147,12 @@ def add_model(
             store,
             ctx.home.model_store,
             name,
-            gguf_path.expanduser(),
+            gguf_path,
             node_id=None if no_serve else ctx.identity.node_id,
             release=release,
             aliases=aliases,
             release_signature=runtime.sign(ctx.home, release),
+            origin=origin,
         )
     finally:
         store.close()
@@ -136,6 +165,7 @@ def add_model(
         f"added model [bold]{svc.name}[/bold] (sha256:{svc.artifact_digest[:12]}, "
         f"{svc.artifact_size / 1e6:.1f} MB); {where}"
     )
+    return svc
 
 
 @scoped(model, "install", scope="main")
@@ -424,6 +454,7 @@ def show(ctx: CliContext, name: str, as_json: bool) -> None:
         "aliases": list(svc.aliases),
         "sha256": svc.artifact_digest,
         "size": svc.artifact_size,
+        **origin_fields(svc),
         "placement_groups": pgs,
     }
     if as_json:
@@ -433,6 +464,11 @@ def show(ctx: CliContext, name: str, as_json: bool) -> None:
         f"[bold]{svc.name}[/bold] sha256:{svc.artifact_digest[:16]}… "
         f"{svc.artifact_size / 1e6:.1f} MB"
     )
+    if info["repo"]:
+        console.print(f"  repo     {info['repo']} (revision {info['revision']})")
+        console.print(f"  commit   {info['commit']}")
+        for f in info["files"]:
+            console.print(f"  file     {f['name']} sha256:{f['sha256']}")
     emit(
         [{**p, "gpus": ", ".join(p["gpus"])} for p in pgs],
         ["id", "node", "release", "gpus", "desired", "state", "endpoint"],
