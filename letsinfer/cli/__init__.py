@@ -49,6 +49,7 @@ def main() -> None:
         fleet,
         mirror,
         model,
+        model_plan,
         model_pull,
         node,
         release,

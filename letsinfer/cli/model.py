@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,12 +13,15 @@ from letsinfer.authority import install as install_mod
 from letsinfer.authority import lifecycle
 from letsinfer.authority.links import ResumeRefused, resume_model
 from letsinfer.authority.models import add_gguf_model
+from letsinfer.authority.modelstore import artifact_path
 from letsinfer.cli import cli
 from letsinfer.cli.local import ask_node, segment
 from letsinfer.cli.output import console, emit
 from letsinfer.cli.scope import CliContext, scoped
 from letsinfer.engines import releases
 from letsinfer.engines.binary import BinaryError
+from letsinfer.fit.estimate import size_text
+from letsinfer.fit.shape import ModelShape, ShapeError, read_shape
 from letsinfer.release import runtime
 from letsinfer.store import AuthorityStore, ServiceRecord, StoreError
 
@@ -249,23 +253,16 @@ def install(
             ):
                 raise click.ClickException("name the nodes with --node (repeatable)")
             nodes = tuple(active)
-        req = install_mod.InstallRequest(
-            service=name,
-            nodes=nodes,
-            target=target,
-            gpus=gpus,
-            gpu_uuids=gpu_uuids,
-            engine=engine or settings.engine.kind,
-            llama_server_binary=settings.engine.llama_server_binary,
-        )
+        req = install_request(ctx, store, settings, name, nodes, target, gpus, gpu_uuids, engine)
         plan = install_mod.plan(
             store, req, settings.control.node_stale_after_s, ctx.identity.node_id
         )
         for p in plan.placements:
             gpus_text = f" on {', '.join(p.gpus)}" if p.gpus else ""
             note = f" (replaces {p.replaces})" if p.replaces else ""
+            fit = f", needs {fit_text(p)}" if p.need else ""
             console.print(
-                f"  [green]install[/green] {p.node.name}: {p.release.id}{gpus_text}{note}"
+                f"  [green]install[/green] {p.node.name}: {p.release.id}{gpus_text}{fit}{note}"
             )
         for node_name, why in plan.skipped:
             console.print(f"  [yellow]skip[/yellow]    {node_name}: {why}")
@@ -293,6 +290,55 @@ def install(
     console.print(f"{len(created)} placement group(s) created: {', '.join(created)}")
 
 
+def model_shape(ctx: CliContext, store: AuthorityStore, name: str) -> ModelShape | None:
+    """The model's shape from its file in the main's model store (for the memory fit)."""
+    svc = store.resolve_service(name)
+    if svc is None:
+        return None  # planning says "no model" itself
+    try:
+        return read_shape(artifact_path(ctx.home.model_store, svc.artifact_digest))
+    except ShapeError as exc:
+        raise click.ClickException(
+            f"{exc}: cannot check whether {svc.name} fits anywhere. Nothing changed."
+        ) from exc
+
+
+def install_request(
+    ctx: CliContext,
+    store: AuthorityStore,
+    settings: config.Settings,
+    name: str,
+    nodes: tuple[str, ...],
+    target: str,
+    gpus: int,
+    gpu_uuids: tuple[str, ...],
+    engine: str | None,
+) -> install_mod.InstallRequest:
+    """What `model install` and `model plan` both ask the one planner."""
+    return install_mod.InstallRequest(
+        service=name,
+        nodes=nodes,
+        target=target,
+        gpus=gpus,
+        gpu_uuids=gpu_uuids,
+        engine=engine or settings.engine.kind,
+        llama_server_binary=settings.engine.llama_server_binary,
+        shape=model_shape(ctx, store, name),
+        context=settings.engine.context,
+        slots=settings.engine.parallel,
+    )
+
+
+def fit_text(p: install_mod.Placement) -> str:
+    assert p.need is not None
+    where = (
+        f"per GPU of {len(p.gpus)}"
+        if len(p.gpus) > 1
+        else ("of GPU memory" if p.gpus else "of RAM")
+    )
+    return f"{size_text(p.need.on(max(len(p.gpus), 1)))} {where}"
+
+
 def _install_parallel(
     ctx: CliContext,
     store: AuthorityStore,
@@ -302,6 +348,12 @@ def _install_parallel(
     yes: bool,
 ) -> None:
     engine = settings.engine
+    req = replace(
+        req,
+        shape=model_shape(ctx, store, req.service),
+        context=engine.context,
+        slots=engine.parallel,
+    )
     runtimes = install_mod.ParallelRuntimes(
         vllm_version=engine.vllm_version,
         parallel_command=engine.parallel_command,
