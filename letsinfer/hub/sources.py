@@ -98,7 +98,16 @@ class MirrorSource:
                 if s is not None and s.repo == repo and revision in (s.revision, s.commit):
                     found.append((bundle.imported_at, s.commit, bundle.id))
         if not found:
-            raise HubError(f"this node's mirror has no {repo}@{revision}")
+            others = sorted(
+                {
+                    f"{m.source.revision} ({m.source.commit[:12]})"
+                    for b in catalog.bundles.values()
+                    for m in b.models
+                    if m.source is not None and m.source.repo == repo
+                }
+            )
+            held = f" (it holds {repo} at {', '.join(others)}: pass --revision)" if others else ""
+            raise HubError(f"this node's mirror has no {repo}@{revision}{held}")
         _, commit, bundle_id = max(found)
         files: dict[str, RepoFile] = {}
         for bundle in catalog.bundles.values():
