@@ -135,6 +135,10 @@ def pull(
         raise click.ClickException(f"{exc}. Nothing changed.") from exc
     except (HubError, SplitError, StoreError) as exc:
         raise click.ClickException(f"{exc}. Nothing changed.") from exc
+    except OSError as exc:  # a full disk, a folder it may not write
+        raise click.ClickException(
+            f"cannot write the download under {ctx.home.downloads} ({exc}). Nothing changed."
+        ) from exc
     console.print(f"  repo     {repo}")
     console.print(f"  commit   {located.snapshot.commit}")
     console.print(f"  sha256   {svc.artifact_digest}")

@@ -1,10 +1,13 @@
-"""A Hugging Face-compatible hub, through ``huggingface_hub``: one small seam.
+"""A Hugging Face-compatible hub: one small seam.
 
 ``resolve`` turns a revision into a commit and lists the repository's files with
-the sha256 and size the hub publishes for each (its LFS object ids).
-``download`` fetches one file of that commit into a partial file, resuming
-from the bytes it already holds (HTTP Range), and retries a dropped
-connection; the caller verifies the bytes.
+the sha256 and size the hub publishes for each (its LFS object ids), through
+``huggingface_hub``'s API client. ``download`` asks the hub where the file of
+that commit lives (``huggingface_hub``'s metadata call, which checks the
+commit and the sha256 again) and streams it into a partial file, written as
+it arrives, so that a dropped connection resumes with HTTP Range from the
+last byte received (huggingface_hub's own loop restarts a file smaller than
+its 10 MB read size from zero). The caller verifies the bytes.
 
 The endpoint and the token are always passed explicitly: nothing falls back to
 huggingface.co, nor to a token some other tool left on the machine.
@@ -12,12 +15,14 @@ huggingface.co, nor to a token some other tool left on the machine.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 from urllib.parse import urlsplit
 
 from letsinfer import __version__
@@ -29,6 +34,8 @@ from letsinfer.hub.choice import RepoFile
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("HF_HUB_DISABLE_IMPLICIT_TOKEN", "1")
 
+log = logging.getLogger(__name__)
+_RETRIES = 5  # attempts in a row that bring no new byte
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
@@ -69,31 +76,6 @@ def read_token(token_file: str | None) -> str | None:
     if not token or any(c.isspace() for c in token):
         raise HubError(f"[hub] token_file {token_file}: does not hold one token")
     return token
-
-
-class _Bar:
-    """What huggingface_hub's download loop drives (tqdm's calls), shown on a Progress."""
-
-    def __init__(
-        self, progress: Progress, *, total: int | None = None, initial: int = 0, **_: Any
-    ) -> None:
-        self._progress = progress
-        self._desc = str(_.get("desc") or "downloading")
-        progress.start(self._desc, total)
-        if initial:
-            progress.advance(initial)
-
-    def update(self, n: int | float | None = 1) -> None:
-        self._progress.advance(int(n or 0))
-
-    def close(self) -> None:
-        self._progress.finish()
-
-    def __enter__(self) -> _Bar:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class HubClient:
@@ -137,7 +119,7 @@ class HubClient:
         self, snapshot: Snapshot, file: RepoFile, partial: Path, progress: Progress
     ) -> None:
         """Bring ``partial`` up to ``file.size`` bytes, resuming what it holds."""
-        from huggingface_hub import file_download, get_hf_file_metadata, hf_hub_url
+        from huggingface_hub import get_hf_file_metadata, hf_hub_url
         from huggingface_hub.utils import build_hf_headers
 
         url = hf_hub_url(snapshot.repo, file.name, revision=snapshot.commit, endpoint=self.endpoint)
@@ -158,32 +140,73 @@ class HubClient:
         headers = build_hf_headers(
             token=self._credential(), library_name="letsinfer", library_version=__version__
         )
+        headers["Accept-Encoding"] = "identity"  # the bytes as published, countable
         location = meta.location or url
         if urlsplit(location).netloc != urlsplit(url).netloc:
             headers.pop("authorization", None)  # a signed storage URL: the token stays with the hub
-        have = partial.stat().st_size if partial.exists() else 0
-        if have > file.size:
+        if partial.exists() and partial.stat().st_size > file.size:
             partial.unlink()  # longer than the file can be: it is not a prefix of it
-            have = 0
+        progress.start(file.name, file.size)
+        try:
+            progress.advance(partial.stat().st_size if partial.exists() else 0)
+            self._transfer(location, headers, partial, file.size, progress, where)
+        finally:
+            progress.finish()
 
-        def bar(**kwargs: Any) -> _Bar:
-            return _Bar(progress, **{**kwargs, "desc": file.name})
+    def _transfer(
+        self,
+        url: str,
+        headers: dict[str, str],
+        partial: Path,
+        size: int,
+        progress: Progress,
+        where: str,
+    ) -> None:
+        """GET with ``Range: bytes=N-`` from what ``partial`` holds, written as it
+        arrives; a dropped connection is resumed where it stopped, up to
+        ``_RETRIES`` times in a row without progress."""
+        import httpx
 
-        with partial.open("ab") as fh:
-            self._call(
-                lambda: file_download.http_get(
-                    location,
-                    fh,
-                    resume_size=have,
-                    headers=headers,
-                    expected_size=file.size,
-                    displayed_filename=file.name,
-                    tqdm_class=cast(Any, bar),
-                ),
-                where,
-            )
-            fh.flush()
-            os.fsync(fh.fileno())
+        stalled = 0
+        with httpx.Client(timeout=self.timeout_s, follow_redirects=True) as http:
+            while True:
+                have = partial.stat().st_size if partial.exists() else 0
+                if have >= size:
+                    return
+                ask = {**headers, "Range": f"bytes={have}-"} if have else headers
+                before = have
+                try:
+                    with http.stream("GET", url, headers=ask) as response:
+                        if response.status_code == 416:
+                            return  # nothing more to send: the size check decides
+                        if response.status_code not in (200, 206):
+                            raise HubError(f"{where}: HTTP {response.status_code}")
+                        mode = "ab" if response.status_code == 206 else "wb"
+                        if mode == "wb" and have:
+                            progress.advance(-have)  # the server starts over
+                        with partial.open(mode) as fh:
+                            for chunk in response.iter_bytes():
+                                fh.write(chunk)
+                                progress.advance(len(chunk))
+                            fh.flush()
+                            os.fsync(fh.fileno())
+                    return
+                except httpx.TransportError as exc:
+                    have = partial.stat().st_size if partial.exists() else 0
+                    stalled = 0 if have > before else stalled + 1
+                    if isinstance(exc, httpx.ConnectError) or stalled > _RETRIES:
+                        raise HubUnreachable(
+                            f"{where}: the download stopped at {have} of {size} bytes "
+                            f"({_reason(exc)}); run the same pull again to resume"
+                        ) from exc
+                    log.warning(
+                        "%s: connection lost at %d of %d bytes (%s); resuming",
+                        where,
+                        have,
+                        size,
+                        _reason(exc),
+                    )
+                    time.sleep(min(0.2 * (stalled + 1), 2.0))
 
     def _call(self, fn: Callable[[], Any], what: str) -> Any:
         """Run one huggingface_hub call; its many failures become two kinds."""
