@@ -19,14 +19,13 @@ request is recorded (method, path, Range, Authorization) for the test to check.
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
-
-import json
 
 
 @dataclass
@@ -158,7 +157,7 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
 
         def _resolve(self, parts: list[str], body: bool) -> None:
             # {org}/{name}/resolve/{rev}/{file...}
-            name, repo = self._repo(parts)
+            _, repo = self._repo(parts)
             if repo is None or len(parts) < 5 or parts[2] != "resolve":
                 return self._error(404, "RepoNotFound")
             if parts[3] not in repo.revisions:

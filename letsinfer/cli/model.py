@@ -274,7 +274,8 @@ def install(
                 target=name,
                 detail="; ".join(f"{n}: {w}" for n, w in plan.skipped),
             )
-            raise click.ClickException("no node can take this model; nothing changed")
+            reasons = "; ".join(f"{n}: {w}" for n, w in plan.skipped)
+            raise click.ClickException(f"no node can take this model ({reasons}); nothing changed")
         if plan.replacing:
             _confirm_replacing(
                 store,
