@@ -4,7 +4,7 @@ which target. The exact bytes of ``manifest.json`` are what is signed."""
 from __future__ import annotations
 
 import json
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -114,8 +114,17 @@ class Manifest(_Part):
                     raise ValueError(f"runtime {r.id!r} artifact {name!r} is not a listed file")
         return self
 
+    def as_json(self) -> dict[str, Any]:
+        """The manifest as JSON data; a model without a hub source has no ``source``
+        key, so such a bundle reads exactly as before sources existed."""
+        data = self.model_dump(mode="json")
+        for model in data["models"]:
+            if model.get("source") is None:
+                model.pop("source", None)
+        return data
+
     def to_bytes(self) -> bytes:
-        return (json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n").encode()
+        return (json.dumps(self.as_json(), indent=2, sort_keys=True) + "\n").encode()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Manifest:

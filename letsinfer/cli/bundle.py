@@ -302,7 +302,7 @@ def inspect(ctx: CliContext, file: Path, as_json: bool) -> None:
     m = seen.manifest
     if as_json:
         doc = {
-            **m.model_dump(mode="json"),
+            **m.as_json(),
             "manifest_sha256": seen.manifest_sha256,
             "signer": seen.signer,
             "trust": seen.trust,
