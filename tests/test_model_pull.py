@@ -159,7 +159,7 @@ def test_a_dropped_connection_resumes_where_it_stopped(
     gets = hub.gets("tiny-gguf-F16.gguf")
     assert [g.range for g in gets] == [None, f"bytes={f16.stat().st_size // 2}-"]
     assert shown(node, "org/tiny-gguf:F16")["sha256"] == sha256_of(f16)
-    assert not list((node.home / "var" / "downloads").glob("*"))
+    assert not list((node.home / "var" / "downloads").glob("*.part"))
 
 
 def test_an_interrupted_pull_resumes_its_partial_file_and_joins_a_split(
@@ -192,7 +192,7 @@ def test_bytes_that_do_not_match_the_published_sha256_are_refused(
     assert "tampered-Q8_0.gguf: the bytes received have sha256" in result.stderr
     assert "refused, and the download removed" in result.stderr
     assert sorted(p.name for p in store.iterdir()) == before
-    assert not list((node.home / "var" / "downloads").glob("*"))
+    assert not list((node.home / "var" / "downloads").glob("*.part"))
     names = [m["name"] for m in json.loads(ok(node.cli("model", "list", "--json")))]
     assert not any(n.startswith("org/tampered") for n in names)
     audit = json.loads(ok(node.cli("audit", "list", "--json")))
@@ -290,6 +290,14 @@ def test_a_host_with_no_route_to_the_hub_pulls_from_an_imported_bundle(
         run("node", "init", "--main", "--name", "airgap")
         run("bundle", "import", str(bundle))
         seen = len(hub.seen)
+
+        # A mirror file rewritten after its import is refused, not admitted.
+        f16 = published["tiny-gguf-F16.gguf"]
+        blob = home / "var" / "mirror" / "sha256" / sha256_of(f16)
+        blob.write_bytes(bytes(b ^ 1 for b in blob.read_bytes()))
+        tampered = airgap("model", "pull", "org/tiny-gguf", "--quant", "F16")
+        assert tampered.returncode == 1
+        assert "it was changed after import); refused" in tampered.stderr
         # The very command the connected main ran.
         result = airgap("model", "pull", "org/tiny-gguf", "--quant", "Q8_0")
         ok(result)

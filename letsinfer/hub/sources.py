@@ -9,6 +9,7 @@ imported and are hashed again before use (a changed file is refused).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 from pathlib import Path
 from typing import Protocol
@@ -60,6 +61,21 @@ class HubSource:
     def fetch(self, snapshot: Snapshot, file: RepoFile, progress: Progress) -> Path:
         self.downloads.mkdir(parents=True, exist_ok=True)
         partial = self.downloads / f"{file.sha256}.part"
+        # Two pulls of one file at once would interleave their bytes in one partial.
+        with (self.downloads / f"{file.sha256}.lock").open("a") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise HubError(
+                    f"{file.name}: another pull is downloading it now; try again when it ends"
+                ) from None
+            # The lock file stays: removing it would let a third pull lock a new
+            # file while a second still holds the old one.
+            return self._fetch_locked(snapshot, file, partial, progress)
+
+    def _fetch_locked(
+        self, snapshot: Snapshot, file: RepoFile, partial: Path, progress: Progress
+    ) -> Path:
         self.client.download(snapshot, file, partial, progress)
         size = partial.stat().st_size
         if size != file.size:
