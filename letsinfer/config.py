@@ -214,6 +214,33 @@ class ReleaseSettings(_Section):
         return value
 
 
+class HubSettings(_Section):
+    """Where `model pull` finds models: a Hugging Face-compatible hub (a site may
+    point this at its own mirror of one), and the node's mirror when the hub is
+    off or out of reach."""
+
+    enabled: bool = True  # false: pull only from this node's mirror
+    endpoint: str = "https://huggingface.co"
+    # A file holding an access token (gated or private repositories). The token
+    # never appears on a command line, in the config itself or in any log.
+    token_file: str | None = None
+    timeout_s: float = Field(10.0, gt=0, le=600)
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, value: str) -> str:
+        if not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", value):
+            raise ValueError(f"{value!r} is not an http(s) URL (such as https://hub.example.org)")
+        return value.rstrip("/")
+
+    @field_validator("token_file")
+    @classmethod
+    def _token_file(cls, value: str | None) -> str | None:
+        if value is not None and not Path(value).is_absolute():
+            raise ValueError(f"{value!r} is not an absolute path")
+        return value
+
+
 class Settings(_Section):
     gateway: GatewaySettings = GatewaySettings()
     engine: EngineSettings = EngineSettings()
@@ -223,6 +250,7 @@ class Settings(_Section):
     discovery: DiscoverySettings = DiscoverySettings()
     release: ReleaseSettings = ReleaseSettings()
     hardware: HardwareSettings = HardwareSettings()
+    hub: HubSettings = HubSettings()
 
 
 def _env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:

@@ -57,6 +57,12 @@ class Home:
         return self.var / "models"
 
     @property
+    def downloads(self) -> Path:
+        """``model pull``'s partial downloads, named by the sha256 they must have:
+        never part of the model store until verified."""
+        return self.var / "downloads"
+
+    @property
     def engine_logs(self) -> Path:
         return self.var / "logs" / "engines"
 

@@ -446,4 +446,5 @@ class MainNode:
 
 def _hardware(facts: dict[str, Any]) -> dict[str, Any]:
     """What placement needs from a node's facts."""
-    return {k: facts[k] for k in ("cpus", "memory_bytes", "targets", "gpus") if k in facts}
+    keys = ("cpus", "memory_bytes", "memory_available", "targets", "gpus")
+    return {k: facts[k] for k in keys if k in facts}

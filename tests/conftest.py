@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -7,6 +8,12 @@ import pytest
 
 from letsinfer.engines.tinymodel import write_tiny_model
 from tests.nodes import RunningNode, start_node
+
+# No test reaches huggingface.co: every node (and huggingface_hub itself) that a
+# test does not point at its own local hub is pointed at a closed local port.
+for _name in ("LETSINFER_HUB__ENDPOINT", "HF_ENDPOINT"):
+    os.environ.setdefault(_name, "http://127.0.0.1:9")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 
 @pytest.fixture(scope="session")

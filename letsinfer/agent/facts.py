@@ -63,6 +63,7 @@ class Facts(_Fact):
     ts: float
     cpus: int = Field(ge=1, le=4096)
     memory_bytes: int = Field(ge=0)
+    memory_available: int | None = Field(None, ge=0)  # for the memory-fit check
     targets: list[str] = Field(max_length=8)
     gpus: list[GpuFact] = Field(default_factory=list, max_length=64)
     placements: list[PlacementFact] = Field(default_factory=list, max_length=256)

@@ -99,11 +99,23 @@ def gpu_probe(fake_gpus: str | None) -> GpuProbe:
         return NoGpus()
 
 
+def memory_available() -> int | None:
+    """What the kernel says can be had without swapping (MemAvailable), in bytes."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def host_facts(probe: GpuProbe) -> dict[str, Any]:
     gpus = probe.gpus()
     return {
         "cpus": os.cpu_count() or 1,
         "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+        "memory_available": memory_available(),
         "gpus": [asdict(g) for g in gpus],
         "targets": ["cpu", "cuda"] if gpus else ["cpu"],
     }

@@ -330,6 +330,7 @@ class AgentNode:
             ts=time.time(),
             cpus=host["cpus"],
             memory_bytes=host["memory_bytes"],
+            memory_available=host["memory_available"],
             targets=host["targets"],
             gpus=[GpuFact(**g) for g in host["gpus"]],
             placements=placements,

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from letsinfer.engines import releases
 from letsinfer.engines.binary import BinaryError
 from letsinfer.engines.releases import Release
+from letsinfer.fit.estimate import MemoryNeed, estimate, gpu_refusal, ram_refusal
+from letsinfer.fit.shape import ModelShape
 from letsinfer.store import AuthorityStore, NodeRecord, StoreError, TaskSpec
 
 
@@ -24,6 +26,7 @@ class Placement:
     release: Release
     gpus: tuple[str, ...]
     replaces: str | None = None  # pg id of this model already on that node
+    need: MemoryNeed | None = None  # what the memory-fit check found it needs
 
 
 @dataclass
@@ -48,6 +51,26 @@ class InstallRequest:
     llama_server_binary: str = "llama-server"
     parallel: bool = False  # one placement group, one task per node
     engine_explicit: bool = False  # the operator named a (single-device) engine
+    # The memory-fit check: the model's shape (from its GGUF header) and the
+    # engine settings it runs with. No shape: no check.
+    shape: ModelShape | None = None
+    context: int = 4096
+    slots: int = 4
+
+
+def memory_refusal(
+    req: InstallRequest, node: NodeRecord, target: str, engine: str, gpus: tuple[str, ...]
+) -> tuple[MemoryNeed | None, str | None]:
+    """The memory-fit check, apart from the rest: what the model needs on this
+    node's RAM or on these GPUs, and why it does not fit (None when it does)."""
+    if req.shape is None:
+        return None, None
+    need = estimate(req.shape, engine, target, req.context, req.slots)
+    facts = node.facts or {}
+    if target == "cpu":
+        return need, ram_refusal(need, facts)
+    by_uuid = {g["uuid"]: g for g in facts.get("gpus", [])}
+    return need, gpu_refusal(need, [by_uuid[u] for u in gpus if u in by_uuid])
 
 
 def _targets(node: NodeRecord) -> list[str]:
@@ -96,7 +119,13 @@ def plan(
             continue
         gpus: tuple[str, ...] = ()
         if target == "cuda":
-            known = [g["uuid"] for g in (node.facts or {}).get("gpus", [])]
+            # Most free memory first (a stable sort: equal GPUs keep their order).
+            known = [
+                g["uuid"]
+                for g in sorted(
+                    (node.facts or {}).get("gpus", []), key=lambda g: -int(g.get("memory_free", 0))
+                )
+            ]
             held = store.gpus_in_use(node.id)
             replaced = existing.get(node.id)
             if replaced:
@@ -127,12 +156,17 @@ def plan(
                     )
                     continue
                 gpus = tuple(free[: req.gpus])
+        engine = "llama-server" if target == "cuda" else req.engine
+        need, refusal = memory_refusal(req, node, target, engine, gpus)
+        if refusal is not None:
+            out.skipped.append((node.name, refusal))
+            continue
         try:
-            release = release_for("llama-server" if target == "cuda" else req.engine, target)
+            release = release_for(engine, target)
         except BinaryError as exc:
             out.skipped.append((node.name, str(exc)))
             continue
-        out.placements.append(Placement(node, release, gpus, existing.get(node.id)))
+        out.placements.append(Placement(node, release, gpus, existing.get(node.id), need))
     return out
 
 
@@ -275,6 +309,14 @@ def plan_parallel(
                     "are free"
                 )
             gpus = tuple(free[: req.gpus])
+            if req.shape is not None:
+                # vLLM splits the model over every GPU of every task.
+                need = estimate(req.shape, "vllm", target, req.context, req.slots)
+                devices = len(nodes) * req.gpus
+                by_uuid = {g["uuid"]: g for g in (node.facts or {}).get("gpus", [])}
+                refusal = gpu_refusal(need, [by_uuid[u] for u in gpus if u in by_uuid], devices)
+                if refusal is not None:
+                    raise StoreError(f"{node.name}: {refusal}")
         taken = store.task_ports_in_use(node.id)
         port = next(
             (p for p in range(runtimes.port_first, runtimes.port_last + 1) if p not in taken),

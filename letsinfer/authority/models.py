@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import uuid
 from pathlib import Path
+from typing import Any
 
 from letsinfer.authority.modelstore import import_gguf
 from letsinfer.engines.releases import Release
@@ -31,8 +32,12 @@ def add_gguf_model(
     aliases: tuple[str, ...] = (),
     actor: str = "cli",
     release_signature: str | None = None,
+    origin: dict[str, Any] | None = None,
 ) -> tuple[ServiceRecord, PlacementGroupRecord | None]:
-    """Check and store the file, then record the service and its first PG atomically."""
+    """Check and store the file, then record the service and its first PG atomically.
+
+    ``origin`` (from ``model pull``) says where the file came from: repository,
+    commit and the sha256 the hub published for each file."""
     check_model_name(name)
     for alias in aliases:
         check_model_name(alias)
@@ -49,13 +54,28 @@ def add_gguf_model(
             release.launch,
             release_signature,
         )
-        svc = store.add_service(name, artifact.digest, artifact.size, "gguf", str(source), aliases)
+        svc = store.add_service(
+            name,
+            artifact.digest,
+            artifact.size,
+            "gguf",
+            _source_text(source, origin),
+            aliases,
+            origin,
+        )
         pg = None
         if node_id is not None:  # serve it on this node right away
             pg = store.add_placement_group(
                 f"pg-{uuid.uuid4().hex[:12]}", name, node_id, release.id, release.target
             )
-        store.append_audit(
-            actor, "model.add", "ok", target=name, detail=f"sha256:{artifact.digest}"
-        )
+        detail = f"sha256:{artifact.digest}"
+        if origin is not None:
+            detail += f" from {origin['repo']}@{origin['commit']}"
+        store.append_audit(actor, "model.add", "ok", target=name, detail=detail)
     return svc, pg
+
+
+def _source_text(source: Path, origin: dict[str, Any] | None) -> str:
+    if origin is None:
+        return str(source)
+    return f"{origin['repo']}@{origin['commit']}:{origin['files'][0]['name']}"

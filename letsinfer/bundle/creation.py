@@ -30,6 +30,7 @@ from letsinfer.bundle.contents import (
     resolve_model,
     resolve_runtime,
 )
+from letsinfer.bundle.hubmodels import fetch_hub_models, is_hub_spec, resolve_hub_models
 from letsinfer.bundle.importing import checksum_file
 from letsinfer.bundle.manifest import (
     BundleFile,
@@ -120,6 +121,7 @@ def _manifest(
     listed: list[BundleFile],
     models: list[BundledModel],
     runtimes: list[BundledRuntime],
+    pulled: list[BundleModel],
 ) -> Manifest:
     digest_of = {f.path: f.sha256 for f in listed}
     return Manifest(
@@ -131,7 +133,7 @@ def _manifest(
             built_on=f"{platform.system().lower()}-{platform.machine()}",
         ),
         files=tuple(listed),
-        models=tuple(BundleModel(name=m.name, path=m.path) for m in models),
+        models=(*(BundleModel(name=m.name, path=m.path) for m in models), *pulled),
         runtimes=tuple(
             BundleRuntime(
                 id=r.id,
@@ -156,9 +158,11 @@ def create_bundle(home: Home, request: CreateRequest, progress: Progress | None 
     python_version = request.python_version or f"{sys.version_info[0]}.{sys.version_info[1]}"
     if not _PYTHON_VERSION.fullmatch(python_version):
         raise BundleError(f"--python-version {python_version}: expected 3.N (for example 3.11)")
-    models = [resolve_model(spec, home) for spec in request.models]
+    models = [resolve_model(spec, home) for spec in request.models if not is_hub_spec(spec)]
     if len({m.path for m in models}) != len(models):
         raise BundleError("two --model entries have the same name")
+    # Asked of the hub now (the revision becomes a commit); downloaded below.
+    hub_models = [resolve_hub_models(home, s) for s in request.models if is_hub_spec(s)]
     runtime_specs = [parse_runtime(spec) for spec in request.runtimes]
     source = wheelhouse.find_source_tree(request.source) if request.wheels else None
 
@@ -184,8 +188,13 @@ def create_bundle(home: Home, request: CreateRequest, progress: Progress | None 
                 return wheelhouse.download_wheels([requirement], dest, *target, with_deps=False)[0]
 
         runtimes = [resolve_runtime(s, wheel_paths, download, files.add) for s in runtime_specs]
+        pulled = [
+            m
+            for chosen, source in hub_models
+            for m in fetch_hub_models(chosen, source, work, progress, files.add)
+        ]
         listed = _hash_files(files, progress)
-        manifest = _manifest(request, python_version, listed, models, runtimes)
+        manifest = _manifest(request, python_version, listed, models, runtimes, pulled)
         data = manifest.to_bytes()
         entries = [
             Entry(MANIFEST_NAME, data),

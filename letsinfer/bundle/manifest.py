@@ -4,7 +4,7 @@ which target. The exact bytes of ``manifest.json`` are what is signed."""
 from __future__ import annotations
 
 import json
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -29,10 +29,26 @@ class BundleFile(_Part):
     kind: Literal["wheel", "model", "runtime"]
 
 
+class ModelSourceFile(_Part):
+    name: str = Field(min_length=1, max_length=1024)  # its path in the repository
+    path: str  # the file in the bundle (its sha256 is the one the hub published)
+
+
+class ModelSource(_Part):
+    """Where a model came from: a hub repository at one commit (``bundle create
+    --model REPO@REV``), so that ``model pull`` finds it in a mirror."""
+
+    repo: str = Field(min_length=1, max_length=200)
+    revision: str = Field(min_length=1, max_length=200)  # as asked: a branch, tag or commit
+    commit: str = Field(pattern=r"^[0-9a-f]{40}$")
+    files: tuple[ModelSourceFile, ...] = Field(min_length=1, max_length=256)  # split parts in order
+
+
 class BundleModel(_Part):
     name: str
-    path: str  # one of the manifest's files
+    path: str  # one of the manifest's files (a split model's first part)
     format: Literal["gguf"] = "gguf"
+    source: ModelSource | None = None
 
 
 class BundleRuntime(_Part):
@@ -84,14 +100,31 @@ class Manifest(_Part):
         for m in self.models:
             if m.path not in paths:
                 raise ValueError(f"model {m.name!r} names {m.path!r}, which is not a listed file")
+            if m.source is not None:
+                for sf in m.source.files:
+                    if sf.path not in paths:
+                        raise ValueError(
+                            f"model {m.name!r} source file {sf.name!r} is not a listed file"
+                        )
+                if m.source.files[0].path != m.path:
+                    raise ValueError(f"model {m.name!r}: its path is not its source's first file")
         for r in self.runtimes:
             for name, digest in r.artifacts.items():
                 if digest not in digests:
                     raise ValueError(f"runtime {r.id!r} artifact {name!r} is not a listed file")
         return self
 
+    def as_json(self) -> dict[str, Any]:
+        """The manifest as JSON data; a model without a hub source has no ``source``
+        key, so such a bundle reads exactly as before sources existed."""
+        data = self.model_dump(mode="json")
+        for model in data["models"]:
+            if model.get("source") is None:
+                model.pop("source", None)
+        return data
+
     def to_bytes(self) -> bytes:
-        return (json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n").encode()
+        return (json.dumps(self.as_json(), indent=2, sort_keys=True) + "\n").encode()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Manifest:

@@ -49,6 +49,8 @@ def main() -> None:
         fleet,
         mirror,
         model,
+        model_plan,
+        model_pull,
         node,
         release,
         service,

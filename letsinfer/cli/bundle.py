@@ -99,8 +99,10 @@ def bundle() -> None:
     "--model",
     "models",
     multiple=True,
-    metavar="NAME|PATH|NAME=PATH",
-    help="A model service of this node, or a GGUF file; repeat for more.",
+    metavar="NAME|PATH|NAME=PATH|REPO@REV[:FILE|:QUANT]",
+    help="A model service of this node, a GGUF file, or a hub repository at a revision "
+    "(every GGUF model in it, or the one FILE or QUANT names; repo and commit are "
+    "recorded for `model pull`); repeat for more.",
 )
 @click.option(
     "--runtime",
@@ -223,8 +225,15 @@ def import_(ctx: CliContext, file: Path, expected: str | None, as_json: bool) ->
     if wheelhouse:
         click.echo(f"  wheelhouse  {wheelhouse}")
         click.echo(f"  install     pip install --no-index --find-links {wheelhouse} letsinfer")
-    for mod in models:
-        click.echo(f"  model       letsinfer model add {mod['name']} --gguf {mod['path']}")
+    for mod, spec in zip(models, manifest.models, strict=True):
+        if spec.source is not None:
+            s = spec.source
+            click.echo(
+                f"  model       letsinfer model pull {s.repo} --file {s.files[0].name} "
+                f"--revision {s.revision}"
+            )
+        else:
+            click.echo(f"  model       letsinfer model add {mod['name']} --gguf {mod['path']}")
     for rid in runtimes:
         click.echo(f"  runtime     {rid}")
 
@@ -293,7 +302,7 @@ def inspect(ctx: CliContext, file: Path, as_json: bool) -> None:
     m = seen.manifest
     if as_json:
         doc = {
-            **m.model_dump(mode="json"),
+            **m.as_json(),
             "manifest_sha256": seen.manifest_sha256,
             "signer": seen.signer,
             "trust": seen.trust,

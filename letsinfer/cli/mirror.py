@@ -5,10 +5,11 @@ from __future__ import annotations
 import click
 
 from letsinfer.cli import cli
-from letsinfer.cli.bundle import audit_on_main
-from letsinfer.cli.output import emit
+from letsinfer.cli.bundle import TerminalProgress, audit_on_main
+from letsinfer.cli.output import emit, errors
 from letsinfer.cli.release import refusals
 from letsinfer.cli.scope import CliContext, scoped
+from letsinfer.mirror.adding import add_artifact
 from letsinfer.mirror.catalog import ArtifactRecord, read_catalog
 from letsinfer.mirror.layout import MirrorLayout
 from letsinfer.mirror.references import authority_references, unused
@@ -17,7 +18,7 @@ from letsinfer.mirror.removal import remove_artifact
 
 @cli.group()
 def mirror() -> None:
-    """Imported artifacts, kept by sha256: list, find unused, remove."""
+    """Imported artifacts, kept by sha256: add, list, find unused, remove."""
 
 
 def _show_artifacts(artifacts: list[ArtifactRecord], as_json: bool, title: str) -> None:
@@ -105,3 +106,32 @@ def remove(ctx: CliContext, digest: str) -> None:
         removed = remove_artifact(MirrorLayout.for_home(ctx.home), digest, references)
     audit_on_main(ctx, "mirror.remove", f"sha256:{removed.digest}", ", ".join(removed.names))
     click.echo(f"removed sha256:{removed.digest[:16]} ({', '.join(removed.names)})")
+
+
+@scoped(mirror, "add", scope="all")
+@click.argument("source", metavar="URL|FILE")
+@click.option("--sha256", "sha256", required=True, metavar="HEX", help="The artifact's sha256.")
+@click.option(
+    "--kind",
+    type=click.Choice(["model", "runtime", "wheel"]),
+    default="model",
+    show_default=True,
+    help="What the artifact is.",
+)
+@click.pass_obj
+def add(ctx: CliContext, source: str, sha256: str, kind: str) -> None:
+    """Put one artifact in this node's mirror: fetched (or copied) to a temporary
+    name, its length and sha256 checked, then renamed into place."""
+    with refusals():
+        record, new = add_artifact(
+            MirrorLayout.for_home(ctx.home),
+            source,
+            sha256,
+            kind,
+            TerminalProgress(errors),  # type: ignore[arg-type]
+        )
+    if not new:
+        click.echo(f"sha256:{record.digest[:16]} is already in the mirror; nothing changed")
+        return
+    audit_on_main(ctx, "mirror.add", f"sha256:{record.digest}", source)
+    click.echo(f"added sha256:{record.digest[:16]} ({record.kind}, {record.size / 1e6:.1f} MB)")

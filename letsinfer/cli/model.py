@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -11,19 +13,33 @@ from letsinfer.authority import install as install_mod
 from letsinfer.authority import lifecycle
 from letsinfer.authority.links import ResumeRefused, resume_model
 from letsinfer.authority.models import add_gguf_model
+from letsinfer.authority.modelstore import artifact_path
 from letsinfer.cli import cli
 from letsinfer.cli.local import ask_node, segment
 from letsinfer.cli.output import console, emit
 from letsinfer.cli.scope import CliContext, scoped
 from letsinfer.engines import releases
 from letsinfer.engines.binary import BinaryError
+from letsinfer.fit.estimate import size_text
+from letsinfer.fit.shape import ModelShape, ShapeError, read_shape
 from letsinfer.release import runtime
-from letsinfer.store import AuthorityStore, StoreError
+from letsinfer.store import AuthorityStore, ServiceRecord, StoreError
 
 
 @cli.group()
 def model() -> None:
     """Model services: list and add."""
+
+
+def origin_fields(svc: ServiceRecord) -> dict[str, Any]:
+    """Where a pulled model came from (all None for a model added from a file)."""
+    o = svc.origin or {}
+    return {
+        "repo": o.get("repo"),
+        "revision": o.get("revision"),
+        "commit": o.get("commit"),
+        "files": o.get("files", []),
+    }
 
 
 @scoped(model, "list", scope="main")
@@ -43,6 +59,7 @@ def list_models(ctx: CliContext, as_json: bool) -> None:
                     "format": svc.format,
                     "sha256": svc.artifact_digest,
                     "size": svc.artifact_size,
+                    **origin_fields(svc),
                     "placement_groups": [
                         {"id": p.id, "node": p.node_id, "state": p.state} for p in pgs
                     ],
@@ -61,13 +78,14 @@ def list_models(ctx: CliContext, as_json: bool) -> None:
             "aliases": ", ".join(r["aliases"]),
             "sha256": r["sha256"][:12],
             "size": f"{r['size'] / 1e6:.1f} MB",
+            "from": f"{r['repo']}@{r['commit'][:12]}" if r["repo"] else "file",
             "ready": f"{r['ready']}/{r['total']}",
         }
         for r in rows
     ]
     emit(
         table,
-        ["name", "aliases", "format", "size", "sha256", "ready"],
+        ["name", "aliases", "format", "size", "sha256", "from", "ready"],
         as_json=False,
         title="models",
     )
@@ -103,6 +121,20 @@ def add_model(
     no_serve: bool,
 ) -> None:
     """Add a model from a local GGUF file and serve it on this node."""
+    admit_gguf(ctx, name, gguf_path.expanduser(), aliases, engine, no_serve)
+
+
+def admit_gguf(
+    ctx: CliContext,
+    name: str,
+    gguf_path: Path,
+    aliases: tuple[str, ...],
+    engine: str | None,
+    no_serve: bool,
+    origin: dict[str, Any] | None = None,
+) -> ServiceRecord:
+    """The one way a model file enters the model store and the authority: `model
+    add --gguf` and `model pull` (with the file's ``origin``) both come here."""
     assert ctx.identity is not None  # the scope check guarantees an identity
     settings = config.load(ctx.home.config_file)
     try:
@@ -119,11 +151,12 @@ def add_model(
             store,
             ctx.home.model_store,
             name,
-            gguf_path.expanduser(),
+            gguf_path,
             node_id=None if no_serve else ctx.identity.node_id,
             release=release,
             aliases=aliases,
             release_signature=runtime.sign(ctx.home, release),
+            origin=origin,
         )
     finally:
         store.close()
@@ -136,6 +169,7 @@ def add_model(
         f"added model [bold]{svc.name}[/bold] (sha256:{svc.artifact_digest[:12]}, "
         f"{svc.artifact_size / 1e6:.1f} MB); {where}"
     )
+    return svc
 
 
 @scoped(model, "install", scope="main")
@@ -219,23 +253,16 @@ def install(
             ):
                 raise click.ClickException("name the nodes with --node (repeatable)")
             nodes = tuple(active)
-        req = install_mod.InstallRequest(
-            service=name,
-            nodes=nodes,
-            target=target,
-            gpus=gpus,
-            gpu_uuids=gpu_uuids,
-            engine=engine or settings.engine.kind,
-            llama_server_binary=settings.engine.llama_server_binary,
-        )
+        req = install_request(ctx, store, settings, name, nodes, target, gpus, gpu_uuids, engine)
         plan = install_mod.plan(
             store, req, settings.control.node_stale_after_s, ctx.identity.node_id
         )
         for p in plan.placements:
             gpus_text = f" on {', '.join(p.gpus)}" if p.gpus else ""
             note = f" (replaces {p.replaces})" if p.replaces else ""
+            fit = f", needs {fit_text(p)}" if p.need else ""
             console.print(
-                f"  [green]install[/green] {p.node.name}: {p.release.id}{gpus_text}{note}"
+                f"  [green]install[/green] {p.node.name}: {p.release.id}{gpus_text}{fit}{note}"
             )
         for node_name, why in plan.skipped:
             console.print(f"  [yellow]skip[/yellow]    {node_name}: {why}")
@@ -247,7 +274,8 @@ def install(
                 target=name,
                 detail="; ".join(f"{n}: {w}" for n, w in plan.skipped),
             )
-            raise click.ClickException("no node can take this model; nothing changed")
+            reasons = "; ".join(f"{n}: {w}" for n, w in plan.skipped)
+            raise click.ClickException(f"no node can take this model ({reasons}); nothing changed")
         if plan.replacing:
             _confirm_replacing(
                 store,
@@ -263,6 +291,55 @@ def install(
     console.print(f"{len(created)} placement group(s) created: {', '.join(created)}")
 
 
+def model_shape(ctx: CliContext, store: AuthorityStore, name: str) -> ModelShape | None:
+    """The model's shape from its file in the main's model store (for the memory fit)."""
+    svc = store.resolve_service(name)
+    if svc is None:
+        return None  # planning says "no model" itself
+    try:
+        return read_shape(artifact_path(ctx.home.model_store, svc.artifact_digest))
+    except ShapeError as exc:
+        raise click.ClickException(
+            f"{exc}: cannot check whether {svc.name} fits anywhere. Nothing changed."
+        ) from exc
+
+
+def install_request(
+    ctx: CliContext,
+    store: AuthorityStore,
+    settings: config.Settings,
+    name: str,
+    nodes: tuple[str, ...],
+    target: str,
+    gpus: int,
+    gpu_uuids: tuple[str, ...],
+    engine: str | None,
+) -> install_mod.InstallRequest:
+    """What `model install` and `model plan` both ask the one planner."""
+    return install_mod.InstallRequest(
+        service=name,
+        nodes=nodes,
+        target=target,
+        gpus=gpus,
+        gpu_uuids=gpu_uuids,
+        engine=engine or settings.engine.kind,
+        llama_server_binary=settings.engine.llama_server_binary,
+        shape=model_shape(ctx, store, name),
+        context=settings.engine.context,
+        slots=settings.engine.parallel,
+    )
+
+
+def fit_text(p: install_mod.Placement) -> str:
+    assert p.need is not None
+    where = (
+        f"per GPU of {len(p.gpus)}"
+        if len(p.gpus) > 1
+        else ("of GPU memory" if p.gpus else "of RAM")
+    )
+    return f"{size_text(p.need.on(max(len(p.gpus), 1)))} {where}"
+
+
 def _install_parallel(
     ctx: CliContext,
     store: AuthorityStore,
@@ -272,6 +349,12 @@ def _install_parallel(
     yes: bool,
 ) -> None:
     engine = settings.engine
+    req = replace(
+        req,
+        shape=model_shape(ctx, store, req.service),
+        context=engine.context,
+        slots=engine.parallel,
+    )
     runtimes = install_mod.ParallelRuntimes(
         vllm_version=engine.vllm_version,
         parallel_command=engine.parallel_command,
@@ -424,6 +507,7 @@ def show(ctx: CliContext, name: str, as_json: bool) -> None:
         "aliases": list(svc.aliases),
         "sha256": svc.artifact_digest,
         "size": svc.artifact_size,
+        **origin_fields(svc),
         "placement_groups": pgs,
     }
     if as_json:
@@ -433,6 +517,11 @@ def show(ctx: CliContext, name: str, as_json: bool) -> None:
         f"[bold]{svc.name}[/bold] sha256:{svc.artifact_digest[:16]}… "
         f"{svc.artifact_size / 1e6:.1f} MB"
     )
+    if info["repo"]:
+        console.print(f"  repo     {info['repo']} (revision {info['revision']})")
+        console.print(f"  commit   {info['commit']}")
+        for f in info["files"]:
+            console.print(f"  file     {f['name']} sha256:{f['sha256']}")
     emit(
         [{**p, "gpus": ", ".join(p["gpus"])} for p in pgs],
         ["id", "node", "release", "gpus", "desired", "state", "endpoint"],

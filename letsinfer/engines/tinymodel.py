@@ -82,20 +82,48 @@ def write_llama_gguf(
     token_embd: np.ndarray,
     output: np.ndarray,
     rng: np.random.Generator,
+    weights: str = "F32",
+    split_max_tensors: int = 0,
 ) -> Path:
     """A llama-architecture GGUF with a ChatML template; the blocks get small
-    random weights (every layer really computes). Written atomically."""
+    random weights (every layer really computes). Written atomically.
+
+    ``weights`` stores the weight matrices as F32, F16 or Q8_0 (norms stay F32);
+    ``split_max_tensors`` > 0 writes a split GGUF (``NAME-00001-of-0000N.gguf``
+    beside ``path``) and returns its first part."""
     import gguf  # only needed when a model is generated
 
     tokens, scores, types = vocab
     n_embd = token_embd.shape[1]
+    file_types = {
+        "F32": gguf.LlamaFileType.ALL_F32,
+        "F16": gguf.LlamaFileType.MOSTLY_F16,
+        "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+    }
+    if weights not in file_types:
+        raise ValueError(f"weights {weights!r}: expected one of {', '.join(file_types)}")
 
     def small(*shape: int) -> np.ndarray:
         return (rng.standard_normal(shape) * 0.02).astype(np.float32)
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".part")
-    writer = gguf.GGUFWriter(str(tmp), "llama")
+    split = split_max_tensors > 0
+    tmp_dir = path.parent / f".{path.name}.tmp"
+    tmp = tmp_dir / path.name if split else path.with_suffix(path.suffix + ".part")
+    if split:
+        tmp_dir.mkdir(exist_ok=True)
+    writer = gguf.GGUFWriter(str(tmp), "llama", split_max_tensors=split_max_tensors)
+    add_tensor = writer.add_tensor
+
+    def add_matrix(name: str, data: np.ndarray) -> None:
+        if weights == "F16":
+            add_tensor(name, data.astype(np.float16))
+        elif weights == "Q8_0":
+            q8 = gguf.GGMLQuantizationType.Q8_0
+            add_tensor(name, gguf.quants.quantize(data, q8), raw_dtype=q8)
+        else:
+            add_tensor(name, data)
+
     writer.add_name(name)
     writer.add_context_length(n_ctx)
     writer.add_embedding_length(n_embd)
@@ -105,7 +133,7 @@ def write_llama_gguf(
     writer.add_head_count_kv(n_head)
     writer.add_rope_dimension_count(n_embd // n_head)
     writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_file_type(file_types[weights])
     writer.add_tokenizer_model("llama")
     writer.add_token_list(tokens)
     writer.add_token_scores(scores)
@@ -117,27 +145,36 @@ def write_llama_gguf(
     writer.add_add_bos_token(True)
     writer.add_add_eos_token(False)
     writer.add_chat_template(_CHATML)
-    writer.add_tensor("token_embd.weight", token_embd)
-    writer.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
-    writer.add_tensor("output.weight", output)
+    add_matrix("token_embd.weight", token_embd)
+    add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
+    add_matrix("output.weight", output)
     for b in range(n_layer):
-        writer.add_tensor(f"blk.{b}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        add_tensor(f"blk.{b}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
         for part in ("attn_q", "attn_k", "attn_v", "attn_output"):
-            writer.add_tensor(f"blk.{b}.{part}.weight", small(n_embd, n_embd))
-        writer.add_tensor(f"blk.{b}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
-        writer.add_tensor(f"blk.{b}.ffn_gate.weight", small(n_ff, n_embd))
-        writer.add_tensor(f"blk.{b}.ffn_up.weight", small(n_ff, n_embd))
-        writer.add_tensor(f"blk.{b}.ffn_down.weight", small(n_embd, n_ff))
+            add_matrix(f"blk.{b}.{part}.weight", small(n_embd, n_embd))
+        add_tensor(f"blk.{b}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        add_matrix(f"blk.{b}.ffn_gate.weight", small(n_ff, n_embd))
+        add_matrix(f"blk.{b}.ffn_up.weight", small(n_ff, n_embd))
+        add_matrix(f"blk.{b}.ffn_down.weight", small(n_embd, n_ff))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    tmp.replace(path)
-    return path
+    if not split:
+        tmp.replace(path)
+        return path
+    parts = sorted(tmp_dir.iterdir())
+    for part in parts:
+        part.replace(path.parent / part.name)
+    tmp_dir.rmdir()
+    return path.parent / parts[0].name
 
 
-def write_tiny_model(path: Path) -> Path:
-    """Write the deterministic tiny model to ``path`` (same bytes every time)."""
+def write_tiny_model(path: Path, weights: str = "F32", split_max_tensors: int = 0) -> Path:
+    """Write the deterministic tiny model to ``path`` (same bytes every time).
+
+    ``weights`` F16 or Q8_0 makes the same model at another quantisation;
+    ``split_max_tensors`` makes it a split GGUF (see :func:`write_llama_gguf`)."""
     tokens, scores, types = spm_vocabulary(_SENTENCE_PIECES)
     n_vocab = len(tokens)
     rng = np.random.default_rng(_SEED)
@@ -169,4 +206,6 @@ def write_tiny_model(path: Path) -> Path:
         token_embd=embd,
         output=output,
         rng=rng,
+        weights=weights,
+        split_max_tensors=split_max_tensors,
     )

@@ -37,10 +37,26 @@ class ArtifactRecord(_Record):
     imported_at: str
 
 
+class SourceFileRecord(_Record):
+    name: str  # path in the repository
+    digest: str
+    size: int
+
+
+class SourceRecord(_Record):
+    """A model's hub origin, as the bundle that brought it recorded it."""
+
+    repo: str
+    revision: str
+    commit: str
+    files: list[SourceFileRecord]  # split parts in order
+
+
 class BundleModelRecord(_Record):
     name: str
     digest: str
     path: str
+    source: SourceRecord | None = None
 
 
 class BundleRecord(_Record):

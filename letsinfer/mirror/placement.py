@@ -22,6 +22,8 @@ from letsinfer.mirror.catalog import (
     BundleModelRecord,
     BundleRecord,
     Catalog,
+    SourceFileRecord,
+    SourceRecord,
     read_catalog,
     write_catalog,
 )
@@ -161,7 +163,24 @@ def _commit(
         python_version=manifest.target.python_version,
         files={f.path: f.sha256 for f in manifest.files},
         models=[
-            BundleModelRecord(name=m.name, digest=by_path[m.path].sha256, path=m.path)
+            BundleModelRecord(
+                name=m.name,
+                digest=by_path[m.path].sha256,
+                path=m.path,
+                source=None
+                if m.source is None
+                else SourceRecord(
+                    repo=m.source.repo,
+                    revision=m.source.revision,
+                    commit=m.source.commit,
+                    files=[
+                        SourceFileRecord(
+                            name=f.name, digest=by_path[f.path].sha256, size=by_path[f.path].size
+                        )
+                        for f in m.source.files
+                    ],
+                ),
+            )
             for m in manifest.models
         ],
         runtimes=[r.id for r in manifest.runtimes],

@@ -80,6 +80,7 @@ class ServiceRecord:
     source: str | None
     aliases: tuple[str, ...]
     created_at: float
+    origin: dict[str, Any] | None = None  # repo, revision, commit, files (model pull)
 
 
 @dataclass(frozen=True)
@@ -507,6 +508,7 @@ class AuthorityStore:
         fmt: str,
         source: str | None,
         aliases: tuple[str, ...] = (),
+        origin: dict[str, Any] | None = None,
     ) -> ServiceRecord:
         taken = self.resolve_service(name)
         if taken is not None:
@@ -523,6 +525,7 @@ class AuthorityStore:
                 "source": source,
                 "aliases": json.dumps(list(aliases)),
                 "created_at": time.time(),
+                "origin": json.dumps(origin, sort_keys=True) if origin is not None else None,
             }
         )
         svc = self.get_service(name)
@@ -850,6 +853,7 @@ def _service(r: dict[str, Any]) -> ServiceRecord:
         source=r["source"],
         aliases=tuple(json.loads(r["aliases"])),
         created_at=r["created_at"],
+        origin=json.loads(r["origin"]) if r.get("origin") else None,
     )
 
 

@@ -183,4 +183,9 @@ MIGRATIONS: list[str] = [
     CREATE UNIQUE INDEX one_main ON nodes(role) WHERE role = 'main';
     CREATE UNIQUE INDEX node_live_name ON nodes(name) WHERE state != 'removed';
     """,
+    # 6: where a pulled model came from (JSON: repo, revision, commit, and each
+    # file with the sha256 the hub published); NULL for a model added from a file
+    """
+    ALTER TABLE model_services ADD COLUMN origin TEXT;
+    """,
 ]
