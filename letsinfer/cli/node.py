@@ -15,13 +15,15 @@ import httpx
 from letsinfer import config
 from letsinfer.agent.api import adoption_window
 from letsinfer.authority import enrollment, lifecycle
+from letsinfer.authority.anchor import open_authority
 from letsinfer.authority.bootstrap import init_candidate, init_main
+from letsinfer.authority.denials import record_denial
 from letsinfer.cli import cli
 from letsinfer.cli.local import ask_node, segment
 from letsinfer.cli.output import console, emit
 from letsinfer.cli.scope import CliContext, ScopedCommand, scoped
 from letsinfer.identity import load_identity
-from letsinfer.store import AuthorityStore, StoreError
+from letsinfer.store import StoreError
 from letsinfer.trust import candidate, pki
 from letsinfer.trust.client import ClusterClient, PeerMismatch
 from letsinfer.trust.discovery import Advert, browse
@@ -115,10 +117,24 @@ def add(
             )
         fingerprint = match[0].fingerprint
     target = address or match[0].address()
-    _, who, der = _pinned(target, "GET", "/v1/identity", None, fingerprint, settings)
+    try:
+        _, who, der = _pinned(target, "GET", "/v1/identity", None, fingerprint, settings)
+    except PinMismatchRefused:
+        store = open_authority(ctx.home)
+        try:
+            record_denial(
+                store,
+                f"peer:{target}",
+                "node.add",
+                "presented another certificate than the pinned fingerprint",
+                settings.audit.denial_interval_s,
+            )
+        finally:
+            store.close()
+        raise
     cand_id, cand_name = who["node_id"], who["name"]
     pubkey = pki.public_key_fingerprint(pki.load_cert(der))
-    store = AuthorityStore(ctx.home.database)
+    store = open_authority(ctx.home)
     try:
         offer = enrollment.open_offer(
             store, cand_id, name or cand_name, target, pubkey, settings.control.enrollment_ttl_s
@@ -185,8 +201,14 @@ def _pinned(
 ) -> tuple[int, dict[str, Any], bytes]:
     try:
         return pinned_request(target, settings.agent.api_port, method, path, body, fp)
-    except (PinMismatch, PeerUnreachable, ValueError) as exc:
+    except PinMismatch as exc:
+        raise PinMismatchRefused(str(exc)) from exc
+    except (PeerUnreachable, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+class PinMismatchRefused(click.ClickException):
+    """The peer presented another certificate than the one pinned (audited)."""
 
 
 @scoped(node, "requests", scope="child")
@@ -217,7 +239,7 @@ def _blockers(ctx: CliContext) -> list[str]:
     ident = ctx.identity
     if ident is None or not ctx.home.database.exists():
         return []
-    store = AuthorityStore(ctx.home.database)
+    store = open_authority(ctx.home)
     try:
         found = []
         active = [
@@ -242,7 +264,7 @@ def accept(ctx: CliContext, request_id: str) -> None:
     """Accept an enrollment request: send a CSR and join the main's cluster."""
     assert ctx.identity is not None
     req = candidate.get_request(ctx.home, request_id)
-    store = AuthorityStore(ctx.home.database)
+    store = open_authority(ctx.home)
     try:
         if ctx.identity.enrolled:
             blockers = _blockers(ctx)
@@ -299,7 +321,7 @@ def reject(ctx: CliContext, request_id: str) -> None:
     """Reject (drop) an enrollment request."""
     req = candidate.get_request(ctx.home, request_id)
     candidate.drop_request(ctx.home, req.id)
-    store = AuthorityStore(ctx.home.database)
+    store = open_authority(ctx.home)
     try:
         store.append_audit("cli", "node.reject", "ok", target=req.main_name, detail=req.id)
     finally:
@@ -313,7 +335,7 @@ def reject(ctx: CliContext, request_id: str) -> None:
 def list_nodes(ctx: CliContext, as_json: bool) -> None:
     """Nodes of this cluster, with when each was last heard from."""
     settings = config.load(ctx.home.config_file)
-    store = AuthorityStore(ctx.home.database)
+    store = open_authority(ctx.home)
     try:
         nodes = store.list_nodes()
     finally:
@@ -350,7 +372,7 @@ def list_nodes(ctx: CliContext, as_json: bool) -> None:
 def info(ctx: CliContext, name: str, as_json: bool) -> None:
     """Ask a node's agent about itself, over mutual TLS."""
     assert ctx.identity is not None
-    store = AuthorityStore(ctx.home.database)
+    store = open_authority(ctx.home)
     try:
         target = store.find_node(name)
     finally:
@@ -381,7 +403,7 @@ def info(ctx: CliContext, name: str, as_json: bool) -> None:
 @click.pass_obj
 def remove(ctx: CliContext, name: str) -> None:
     """Remove a child and revoke its certificate: the main refuses it from now on."""
-    store = AuthorityStore(ctx.home.database)
+    store = open_authority(ctx.home)
     try:
         target = store.find_node(name)
         if target is None:
@@ -422,7 +444,7 @@ def move_into(ctx: CliContext, main_address: str, window: float) -> None:
     if ident is None or not ident.enrolled:
         raise click.ClickException("this node is not in a cluster; use `node accept` directly")
     blockers = _blockers(ctx)
-    store = AuthorityStore(ctx.home.database)
+    store = open_authority(ctx.home)
     try:
         if blockers:
             why = "; ".join(blockers)
@@ -451,7 +473,7 @@ def _pause(ctx: CliContext, name: str | None, paused: bool) -> None:
         target_name = name or ident.node_id
         answer = ask_node(ctx.home, "POST", f"/v1/ops/nodes/{segment(target_name)}/{verb}")
         if answer is None:  # no node runs here: write the authority directly
-            store = AuthorityStore(ctx.home.database)
+            store = open_authority(ctx.home)
             try:
                 target = lifecycle.find_node(store, target_name)
                 lifecycle.set_node_paused(store, target, paused, actor="cli", role="main")
@@ -506,7 +528,7 @@ def resume(ctx: CliContext, name: str | None) -> None:
 @click.pass_obj
 def topology(ctx: CliContext, as_json: bool) -> None:
     """Nodes, their GPUs, the placement groups on them and their data links."""
-    store = AuthorityStore(ctx.home.database)
+    store = open_authority(ctx.home)
     try:
         out = []
         names = {n.id: n.name for n in store.list_nodes(include_removed=True)}
