@@ -19,11 +19,11 @@ from letsinfer.authority.anchor import (
     sign_head,
     witness,
 )
-from letsinfer.authority.audit import record_hash
 from letsinfer.authority.bootstrap import init_main
 from letsinfer.home import Home
 from letsinfer.store import AuthorityStore
 from letsinfer.trust import pki
+from tests.db_writer import cut_audit, rewrite_audit_from
 from tests.nodes import letsinfer
 
 
@@ -49,25 +49,7 @@ def rows(home: Home) -> list[tuple]:  # type: ignore[type-arg]
 
 
 def rewrite_from(home: Home, seq: int, detail: str) -> None:
-    """Edit record ``seq`` and recompute every hash after it, as an attacker with
-    write access to the database would."""
-    db = sqlite3.connect(home.database)
-    db.row_factory = sqlite3.Row
-    with db:
-        records = db.execute("SELECT * FROM audit WHERE seq >= ? ORDER BY seq", (seq,)).fetchall()
-        prev = db.execute("SELECT hash FROM audit WHERE seq = ?", (seq - 1,)).fetchone()["hash"]
-        for r in records:
-            d = detail if r["seq"] == seq else r["detail"]
-            h = record_hash(
-                prev, r["seq"], r["ts"], r["actor"], r["role"], r["action"], r["target"],
-                r["outcome"], d, r["count"],
-            )  # fmt: skip
-            db.execute(
-                "UPDATE audit SET detail = ?, prev_hash = ?, hash = ? WHERE seq = ?",
-                (d, prev, h, r["seq"]),
-            )
-            prev = h
-    db.close()
+    rewrite_audit_from(home.database, seq, detail)
 
 
 def test_an_intact_chain_verifies_with_its_signed_head(home: Home) -> None:
@@ -80,8 +62,7 @@ def test_an_intact_chain_verifies_with_its_signed_head(home: Home) -> None:
 
 def test_a_cut_tail_is_named(home: Home) -> None:
     total = len(rows(home))
-    with sqlite3.connect(home.database) as db:
-        db.execute("DELETE FROM audit WHERE seq > ?", (total - 2,))
+    cut_audit(home.database, keep=total - 2)
     code, out = verify(home)
     assert code == 1
     assert (
@@ -128,8 +109,7 @@ def test_no_new_head_is_signed_over_a_cut_chain(
     home: Home, caplog: pytest.LogCaptureFixture
 ) -> None:
     total = len(rows(home))
-    with sqlite3.connect(home.database) as db:
-        db.execute("DELETE FROM audit WHERE seq > ?", (total - 3,))
+    cut_audit(home.database, keep=total - 3)
     before = home.audit_head.read_bytes()
     store = open_authority(home)
     with caplog.at_level(logging.ERROR, logger="letsinfer.audit"):
