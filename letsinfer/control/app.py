@@ -84,11 +84,22 @@ def create_control_app(ctx: ControlContext) -> PeerGate:
         return actor_of(store, p)
 
     # -- open: one-time secrets --------------------------------------------
+    def refusals(request: Request, action: str) -> Callable[[str], None]:
+        """Refusals on an open path, counted by the address they came from."""
+        who = f"anonymous:{request.client.host if request.client else '?'}"
+        return lambda reason: ctx.denials.note(who, action, reason)
+
     @app.post("/v1/enroll/complete")
-    async def enroll_complete(body: EnrollComplete) -> dict[str, Any]:
+    async def enroll_complete(body: EnrollComplete, request: Request) -> dict[str, Any]:
         try:
             rec, cert = enrollment.complete(
-                store, ctx.ca, body.enrollment_id, body.token, body.csr, body.agent_address
+                store,
+                ctx.ca,
+                body.enrollment_id,
+                body.token,
+                body.csr,
+                body.agent_address,
+                refusals(request, "node.enroll.complete"),
             )
         except enrollment.EnrollmentRefused as exc:
             raise HTTPException(exc.status, str(exc)) from exc
@@ -108,9 +119,11 @@ def create_control_app(ctx: ControlContext) -> PeerGate:
         return {"ca": ctx.ca.pem, "main_id": ctx.identity.node_id}
 
     @app.post("/v1/pair/controller")
-    async def pair_controller(body: PairController) -> dict[str, Any]:
+    async def pair_controller(body: PairController, request: Request) -> dict[str, Any]:
         try:
-            rec, cert = controllers.pair(store, ctx.ca, body.code, body.csr)
+            rec, cert = controllers.pair(
+                store, ctx.ca, body.code, body.csr, refusals(request, "auth.controller.pair")
+            )
         except controllers.PairingRefused as exc:
             raise HTTPException(exc.status, str(exc)) from exc
         return {

@@ -119,6 +119,10 @@ class AuditTables:
         the refusals counted with it); later ones in that window only add to its
         count, which :meth:`close_denial_windows` writes when the window ends
         (here too, first)."""
+        denials = list(denials)
+        if not denials:
+            self.close_denial_windows(now, interval_s)
+            return
         with self.transaction():
             self.close_denial_windows(now, interval_s)
             for d in denials:
@@ -141,6 +145,9 @@ class AuditTables:
         refusals continues (so a steady flood costs one record per interval),
         an empty one closes. Returns the records written."""
         written = 0
+        query = "SELECT 1 FROM denial_windows WHERE opened_at <= ? LIMIT 1"
+        if not self._rows(query, (now - interval_s,)):
+            return 0  # the common case: a read, no write lock taken
         with self.transaction():
             ended = self._rows(
                 "SELECT * FROM denial_windows WHERE opened_at <= ?", (now - interval_s,)
