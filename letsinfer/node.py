@@ -304,7 +304,11 @@ class MainNode:
             if seen.problem != node.audit_problem and seen.problem is not None:
                 log.error("node %s: %s", node.name, seen.problem)
                 self.store.append_audit(
-                    f"node:{node.name}", "node.audit-head", "flagged", detail=seen.problem
+                    f"node:{node.id}",
+                    "node.audit-head",
+                    "flagged",
+                    target=node.name,
+                    detail=seen.problem,
                 )
         self.store.record_node_facts(
             node.id,

@@ -28,7 +28,7 @@ from letsinfer.agent.facts import AuditHeadFact, Facts, GpuFact, PlacementFact, 
 from letsinfer.agent.hardware import gpu_probe, host_facts
 from letsinfer.agent.placement import DesiredPlacement, Fetch, PlacementRunner
 from letsinfer.agent.supervisor import EngineSupervisor, SupervisionPolicy
-from letsinfer.authority.anchor import HeadAnchor, head_report, open_authority
+from letsinfer.authority.anchor import HeadAnchor, head_report
 from letsinfer.authority.denials import DenialLog
 from letsinfer.authority.modelstore import artifact_path
 from letsinfer.authority.placements import from_wire
@@ -40,6 +40,7 @@ from letsinfer.identity import NodeIdentity, load_identity
 from letsinfer.links.prober import LinkProber
 from letsinfer.mirror.fetching import fetch_artifact
 from letsinfer.release import runtime
+from letsinfer.store import AuthorityStore
 from letsinfer.trust import pki
 from letsinfer.trust.client import ClusterClient, PeerMismatch
 from letsinfer.trust.discovery import Advertiser, local_addresses, txt_record
@@ -89,8 +90,8 @@ class AgentNode:
         self.identity = identity
         self.files = tls_files(home, identity)
         self.fingerprint = presented_fingerprint(home, identity)
-        self.audit = open_authority(home)
         self.anchor = HeadAnchor.for_home(home)
+        self.audit = AuthorityStore(home.database, anchor=self.anchor)
         self.denials = DenialLog(self.audit, settings.audit.denial_interval_s)
         self.reload_requested = False
         self.gpus = gpu_probe(settings.hardware.fake_gpus)
