@@ -181,6 +181,13 @@ class AgentSettings(_Section):
     reconcile_interval_s: float = Field(1.0, gt=0)
 
 
+class AuditSettings(_Section):
+    """Refusals without credentials (bad certificate, bad key, scope) are
+    recorded as one audit record per source, reason and interval, with a count."""
+
+    denial_interval_s: float = Field(60.0, ge=1, le=86400)
+
+
 class LinkSettings(_Section):
     """Data links between the nodes of a parallel group, proven by their agents."""
 
@@ -251,6 +258,7 @@ class Settings(_Section):
     release: ReleaseSettings = ReleaseSettings()
     hardware: HardwareSettings = HardwareSettings()
     hub: HubSettings = HubSettings()
+    audit: AuditSettings = AuditSettings()
 
 
 def _env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:

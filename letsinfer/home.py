@@ -76,6 +76,12 @@ class Home:
         return self.etc / "pki"
 
     @property
+    def audit_head(self) -> Path:
+        """The audit chain's head signed with the node key: under etc, apart from
+        the database, where a writer of the database alone cannot reach it."""
+        return self.etc / "audit" / "head.json"
+
+    @property
     def node_key(self) -> Path:
         return self.pki / "node.key"
 

@@ -25,7 +25,8 @@ from letsinfer.agent.placement import PlacementRunner
 from letsinfer.agent.runtime import advertise_address, advertiser_for, instance_name
 from letsinfer.agent.supervisor import EngineStatus, EngineSupervisor, SupervisionPolicy
 from letsinfer.authority import engine_keys
-from letsinfer.authority.audit import handshake_refusals
+from letsinfer.authority.anchor import SignedHead, open_authority, witness
+from letsinfer.authority.denials import DenialLog
 from letsinfer.authority.facts import FactLedger
 from letsinfer.authority.links import LinkBook, link_label, needed_links
 from letsinfer.authority.parallel import TaskBoard, TaskReport
@@ -46,7 +47,7 @@ from letsinfer.identity import NodeIdentity, load_identity
 from letsinfer.mirror.layout import MirrorLayout
 from letsinfer.planes import RunningPlane, tls_server
 from letsinfer.release import runtime
-from letsinfer.store import AuthorityStore, PlacementGroupRecord
+from letsinfer.store import PlacementGroupRecord
 from letsinfer.trust.material import ClusterCA, presented_fingerprint, tls_files
 from letsinfer.trust.peer import Peer, server_context
 
@@ -60,10 +61,13 @@ class MainNode:
         self.home = home
         self.settings = settings
         self.identity = identity
-        self.store = AuthorityStore(home.database)
+        self.store = open_authority(home)
+        self.denials = DenialLog(self.store, settings.audit.denial_interval_s)
         self.routing = RoutingTable()
         self.directory = Directory(self.store)
-        self.gateway = Gateway.build(self.directory, self.routing, settings.gateway)
+        self.gateway = Gateway.build(
+            self.directory, self.routing, settings.gateway, denials=self.denials
+        )
         self.supervisor = EngineSupervisor(
             home.engine_logs,
             SupervisionPolicy.from_settings(settings),
@@ -119,6 +123,7 @@ class MainNode:
             model_store=self.home.model_store,
             mirror=MirrorLayout.for_home(self.home),
             release_key=runtime.ensure_cluster_key(self.home).text,
+            denials=self.denials,
             on_change=self.apply_now,
         )
         fingerprint = presented_fingerprint(self.home, self.identity)
@@ -130,7 +135,7 @@ class MainNode:
                     self.settings.control.host,
                     self.settings.control.port,
                     ctx,
-                    on_refused=handshake_refusals(self.store, "control"),
+                    on_refused=self.denials.tls_refusals("control"),
                     name="control plane",
                 )
             ),
@@ -141,12 +146,13 @@ class MainNode:
                         lambda: self.identity,
                         fingerprint,
                         self.store,
+                        self.denials,
                         revoked=self.store.is_revoked,
                     ),
                     agent.api_host,
                     agent.api_port,
                     ctx,
-                    on_refused=handshake_refusals(self.store, "agent"),
+                    on_refused=self.denials.tls_refusals("agent"),
                     name="agent plane",
                 )
             ),
@@ -155,7 +161,7 @@ class MainNode:
         admin.include_router(ops_router(self.store, self.identity, on_change=self.apply_now))
         admin.include_router(local_router(self.store, self.node_removed))
         planes.append(
-            AdminPlane(self.home.admin_socket, LocalGate(admin, self.store, os.geteuid()))
+            AdminPlane(self.home.admin_socket, LocalGate(admin, self.denials, os.geteuid()))
         )
         for plane in planes:
             await plane.start()
@@ -201,6 +207,8 @@ class MainNode:
 
     @asynccontextmanager
     async def _lifespan(self, app: FastAPI) -> AsyncIterator[None]:
+        if self.store.anchor is not None:  # records appended without the key
+            self.store.anchor.advance(self.store)
         self.directory.refresh()
         self.record_own_facts()
         self.reconcile()
@@ -218,13 +226,14 @@ class MainNode:
             await adv.start()
         loop = asyncio.create_task(self._background())
         watch = asyncio.create_task(self._watch_identity())
+        denials = asyncio.create_task(self.denials.run())
         metrics = await start_metrics_server(self.gateway.metrics, self.settings.gateway)
         try:
             yield
         finally:
             if metrics is not None:
                 await metrics.stop()
-            for task in (loop, watch):
+            for task in (loop, watch, denials):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
@@ -325,12 +334,29 @@ class MainNode:
         self, peer: Peer, cert_der: bytes, envelope: dict[str, object]
     ) -> dict[str, object]:
         """Raises FactError (refused and audited by the caller)."""
-        facts = self.ledger.accept(peer, cert_der, envelope)
-        node = self.store.get_node(facts.node_id)
+        node = self.store.get_node(peer.identity.id)
         if node is None:
             raise FactError("unknown node")
+        facts = self.ledger.accept(peer, cert_der, envelope, persisted_seq=node.facts_seq)
+        seen = None
+        if facts.audit is not None:
+            a = facts.audit
+            seen = witness(node, SignedHead(a.count, a.hash, a.signature), a.problem)
+            if seen.problem != node.audit_problem and seen.problem is not None:
+                log.error("node %s: %s", node.name, seen.problem)
+                self.store.append_audit(
+                    f"node:{node.id}",
+                    "node.audit-head",
+                    "flagged",
+                    target=node.name,
+                    detail=seen.problem,
+                )
         self.store.record_node_facts(
-            node.id, _hardware(facts.model_dump(mode="json")), peer.identity.fingerprint
+            node.id,
+            _hardware(facts.model_dump(mode="json")),
+            peer.identity.fingerprint,
+            seq=facts.seq,
+            witness=seen,
         )
         self.reconcile_links()
         wanted: dict[str, PlacementGroupRecord] = {}

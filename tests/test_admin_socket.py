@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from letsinfer.authority.denials import DenialLog
 from letsinfer.control.admin_socket import AdminPlane, Credentials, LocalGate, refusal
 from letsinfer.control.ops import ops_router, typed_app
 from letsinfer.identity import NodeIdentity
@@ -128,11 +129,15 @@ def test_peer_credentials_decide_who_may_use_the_socket(open_dir: Path) -> None:
         assert done.returncode == 0, done.stderr
         return done.stdout
 
+    denials = DenialLog(store)
+
     async def scenario() -> tuple[str, str]:
-        plane = AdminPlane(path, LocalGate(app, store, node_uid=os.geteuid()))
+        plane = AdminPlane(path, LocalGate(app, denials, node_uid=os.geteuid()))
         await plane.start()
         try:
             path.chmod(0o666)
+            for _ in range(2):
+                await asyncio.to_thread(as_user, NOBODY)
             return await asyncio.to_thread(as_user, NOBODY), await asyncio.to_thread(as_user, None)
         finally:
             await plane.stop()
@@ -143,8 +148,13 @@ def test_peer_credentials_decide_who_may_use_the_socket(open_dir: Path) -> None:
         assert "is not root, the node's user, or in the 'letsinfer' group" in nobody
         assert root.startswith("HTTP/1.1 200") and '"main":"main"' in root
         assert not path.exists(), "the socket goes away with the node"
+        # Refusals are counted, not written one by one: three make one record.
+        assert [r for r in store.list_audit() if r.outcome == "denied"] == []
+        denials.flush()
         denied = [r for r in store.list_audit() if r.outcome == "denied"]
-        assert [(r.actor, r.action) for r in denied] == [("local:nobody", "admin:/v1/ops/version")]
+        assert [(r.actor, r.action, r.count) for r in denied] == [
+            ("local:nobody", "admin:request", 3)
+        ]
     finally:
         store.close()
 

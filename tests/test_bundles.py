@@ -307,6 +307,82 @@ def test_a_tampered_bundle_is_refused_and_changes_nothing(
     assert message in result.stderr
     assert checked.returncode == 1 and message in checked.stderr
     assert tree_state(site) == before
+    assert not (site / "run" / "mirror.lock").exists(), "not even a lock file is left"
+
+
+def _first_runtime(m: dict) -> dict:
+    return m["runtimes"][0]
+
+
+# A signature says who vouched for a manifest, not that its values are sane.
+ABSURD_FIELDS: list[tuple[str, Callable[[dict], object], str]] = [
+    (
+        "a file of a million terabytes",
+        lambda m: m["files"][0].update(size=10**18),
+        "(files.0.size: Input should be less than or equal to 1125899906842624)",
+    ),
+    (
+        "a size that is not a whole number",
+        lambda m: m["files"][0].update(size=1.5),
+        "(files.0.size: Input should be a valid integer",
+    ),
+    (
+        "a creator of 100,000 characters",
+        lambda m: m.update(created_by="x" * 100_000),
+        "(created_by: String should have at most 256 characters)",
+    ),
+    (
+        "a creation time that is not a time",
+        lambda m: m.update(created_at="NaN"),
+        "(created_at: Value error, Invalid isoformat string",
+    ),
+    (
+        "a model name with a control character",
+        lambda m: m["models"][0].update(name="tiny\nroot"),
+        "(models.0.name: String should match pattern",
+    ),
+    (
+        "a runtime with 10,000 launch settings",
+        lambda m: _first_runtime(m).update(launch={f"k{i}": "v" for i in range(10_000)}),
+        "(runtimes.0.launch: Dictionary should have at most 64 items",
+    ),
+    (
+        "a runtime target of a kilobyte",
+        lambda m: _first_runtime(m).update(target="cpu" * 400),
+        "(runtimes.0.target: String should match pattern",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [pytest.param(edit, message, id=name) for name, edit, message in ABSURD_FIELDS],
+)
+def test_a_signed_manifest_with_an_absurd_field_is_refused_and_changes_nothing(
+    site: Path,
+    small_bundle: Path,
+    keys: dict[str, tuple[Path, str]],
+    tmp_path: Path,
+    edit: Callable[[dict], object],
+    message: str,
+) -> None:
+    entries = read_entries(small_bundle)
+    manifest = manifest_of(entries)
+    edit(manifest)
+    entries = with_manifest(entries, manifest)
+    data = next(d for i, d in entries if i.name == "manifest.json")
+    signature = sign_bytes(data, load_private(keys["site"][0]))  # the trusted key vouches
+    bundle = write_bundle(
+        tmp_path / "site.tar", replace(entries, "manifest.json.sig", signature.to_json())
+    )
+    before = tree_state(site)
+
+    result = import_bundle(site, bundle)
+
+    assert result.returncode == 1, result.stdout
+    assert f"manifest.json is not a valid bundle manifest {message}" in result.stderr
+    assert tree_state(site) == before
+    assert not (site / "run" / "mirror.lock").exists(), "not even a lock file is left"
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import signal
+import sqlite3
 import subprocess
 import time
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ import httpx
 import pytest
 
 from tests.cluster import PY, Cluster, as_node
+from tests.db_writer import cut_audit, put_back, rewrite_audit_from
 from tests.netlab import NetLab, can_make_namespaces
 from tests.nodes import processes_using
 
@@ -256,11 +258,22 @@ def test_forged_replayed_and_stale_facts_are_refused_and_audited(cluster: Cluste
     script = (
         as_node(home)
         + f"""
-import time, httpx
+import base64, time, httpx
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
 from letsinfer.agent.facts import Facts, sign
 def facts(seq, ts):
     return Facts(node_id=node_id, seq=seq, ts=ts, cpus=1, memory_bytes=1, targets=["cpu"],
                  version="x")
+def raw(**change):
+    # Signed with the node's own key: an enrolled node sending absurd values.
+    body = dict(node_id=node_id, seq=int(time.time() * 1000), ts=time.time(), cpus=1,
+                memory_bytes=1, targets=["cpu", "evil"], version="x")
+    body.update(change)
+    data = json.dumps(body)  # NaN and Infinity as Python writes them
+    sig = key.sign(data.encode(), ec.ECDSA(hashes.SHA256()))
+    return {{"facts": data, "signature": base64.b64encode(sig).decode()}}
+gpu = dict(uuid="GPU-x", name="x", memory_total=1, memory_free=1)
 out = {{}}
 with httpx.Client(verify=ctx, timeout=10) as client:
     url = "https://{c.lab.hosts["main"]}:8443/v1/agent/facts"
@@ -268,7 +281,14 @@ with httpx.Client(verify=ctx, timeout=10) as client:
                                        pki.new_key())),
                       ("replayed", sign(facts(1, time.time()), key)),
                       ("stale", sign(facts(int(time.time() * 1000) + 10**7, time.time() - 3600),
-                                     key))):
+                                     key)),
+                      ("ts NaN", raw(ts=float("nan"))),
+                      ("ts Infinity", raw(ts=float("inf"))),
+                      ("power Infinity", raw(gpus=[dict(gpu, power_w=float("inf"))])),
+                      ("huge int", raw(cpus=10**30)),
+                      ("huge memory", raw(memory_bytes=2**70)),
+                      ("oversized string", raw(version="v" * 100_000)),
+                      ("oversized target", raw(targets=["cpu" * 50]))):
         r = client.post(url, json=env)
         out[name] = [r.status_code, r.json()["error"]["message"]]
 print(json.dumps(out))
@@ -278,10 +298,44 @@ print(json.dumps(out))
     assert result["forged"][0] == 422 and "signature does not verify" in result["forged"][1]
     assert result["replayed"][0] == 422 and "replayed" in result["replayed"][1]
     assert result["stale"][0] == 422 and "stale" in result["stale"][1]
-    denied = [
-        r for r in c.audit("main") if r["action"] == "node.facts" and r["outcome"] == "denied"
-    ]
-    assert len(denied) >= 3
+    for name, field in (
+        ("ts NaN", "ts"),
+        ("ts Infinity", "ts"),
+        ("power Infinity", "gpus.0.power_w"),
+        ("huge int", "cpus"),
+        ("huge memory", "memory_bytes"),
+        ("oversized string", "version"),
+        ("oversized target", "targets.0"),
+    ):
+        status, message = result[name]
+        assert status == 422 and f"facts out of bounds or malformed ({field}:" in message, (
+            name,
+            result[name],
+        )
+
+    def refusals() -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for r in c.audit("main"):
+            if r["action"] == "node.facts" and r["outcome"] == "denied":
+                counts[str(r["detail"])] = counts.get(str(r["detail"]), 0) + int(r["count"] or 1)
+        return counts
+
+    wanted = {
+        "the facts' signature does not verify with this node's key",
+        "replayed facts",
+        "stale facts",
+        "facts out of bounds or malformed (ts)",
+        "facts out of bounds or malformed (gpus.0.power_w)",
+        "facts out of bounds or malformed (cpus)",
+        "facts out of bounds or malformed (memory_bytes)",
+        "facts out of bounds or malformed (version)",
+        "facts out of bounds or malformed (targets.0)",
+    }
+    c.wait(lambda: wanted <= set(refusals()), "every refusal in the main's audit chain")
+    assert refusals()["facts out of bounds or malformed (ts)"] == 2, "NaN and Infinity, counted"
+    # Never stored: the main's view of n1 holds none of the refused values.
+    topology = c.ok("main", "topology", "--json")
+    assert "evil" not in topology and "1e+30" not in topology
 
 
 def test_a_stopped_child_becomes_unroutable_and_traffic_moves(cluster: Cluster) -> None:
@@ -434,3 +488,97 @@ print(r.status_code, r.text)
     )
     answer = c.py("n1", script)
     assert answer.startswith("403") and "removed" in answer and "revoked" in answer, answer
+
+
+def test_a_cut_or_rewritten_child_chain_fails_verify_there_and_on_the_main(
+    cluster: Cluster,
+) -> None:
+    """A writer of n1's database (not of its etc/) cuts its audit chain, then
+    rewrites it with every later hash recomputed: n1's own `audit verify` names
+    it, and so does the main's, from the signed head n1 reports with its facts."""
+    c = cluster
+    db = c.home("n1") / "var/authority.db"
+    with sqlite3.connect(db) as conn:
+        saved = conn.execute("SELECT * FROM audit ORDER BY seq").fetchall()
+    last = int(saved[-1][0])
+
+    def main_verify() -> str:
+        done = c.cli("main", "audit", "verify")
+        return done.stderr if done.returncode else "intact"
+
+    assert main_verify() == "intact"
+    try:
+        cut_audit(db, keep=last - 2)
+        cut = c.cli("n1", "audit", "verify")
+        assert cut.returncode == 1
+        assert f"the chain was cut: the signed head covers {last} records" in cut.stderr
+        c.wait(lambda: "node n1's audit chain: the chain was cut" in main_verify(), "the main")
+
+        put_back(db, saved)  # a sound chain again: the main stops naming n1
+        c.wait(lambda: main_verify() == "intact", "the main clearing n1")
+
+        rewrite_audit_from(db, 2, "nothing happened here")
+        rewritten = c.cli("n1", "audit", "verify")
+        assert rewritten.returncode == 1 and "broken at record" not in rewritten.stderr
+        assert f"record {last} differs from the signed head: the chain was rewritten" in (
+            rewritten.stderr
+        )
+        c.wait(
+            lambda: (
+                "node n1's audit chain: record" in main_verify() and "rewritten" in main_verify()
+            ),
+            "the main naming n1",
+        )
+    finally:
+        put_back(db, saved)
+    c.wait(lambda: main_verify() == "intact", "the main clearing n1")
+    flagged = [r for r in c.audit("main") if r["action"] == "node.audit-head"]
+    assert {r["outcome"] for r in flagged} == {"flagged"} and len(flagged) >= 2
+
+
+def test_a_captured_facts_envelope_is_refused_after_the_main_restarts(cluster: Cluster) -> None:
+    c = cluster
+    proc = c.procs.pop("n2", None)  # n2 says nothing of its own meanwhile
+    if proc is not None:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    url = f"https://{c.lab.hosts['main']}:8443/v1/agent/facts"
+    capture = (
+        as_node(c.home("n2"))
+        + f"""
+import time, httpx
+from letsinfer.agent.facts import Facts, sign
+facts = Facts(node_id=node_id, seq=int(time.time() * 1000), ts=time.time(), cpus=1,
+              memory_bytes=1, targets=["cpu"], version="x")
+envelope = sign(facts, key)
+r = httpx.post("{url}", json=envelope, verify=ctx, timeout=10)
+print(json.dumps([r.status_code, envelope]))
+"""
+    )
+    status, envelope = json.loads(c.py("n2", capture))
+    assert status == 200
+
+    main = c.procs.pop("main")
+    main.send_signal(signal.SIGTERM)
+    main.wait(timeout=30)
+    c.up("main")
+
+    replay = (
+        as_node(c.home("n2"))
+        + f"""
+import httpx
+r = httpx.post("{url}", json={envelope!r}, verify=ctx, timeout=10)
+print(json.dumps([r.status_code, r.json()["error"]["message"]]))
+"""
+    )
+    status, message = json.loads(c.py("n2", replay))
+    assert status == 422 and "replayed facts" in message, message
+    n2_id = json.loads((c.home("n2") / "etc/node.json").read_text())["node_id"]
+    c.wait(
+        lambda: any(
+            (r["actor"], r["action"], r["detail"])
+            == (f"node:{n2_id}", "node.facts", "replayed facts")
+            for r in c.audit("main")
+        ),
+        "the main auditing the replay",
+    )

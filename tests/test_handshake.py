@@ -15,11 +15,11 @@ import httpx
 import pytest
 from fastapi import FastAPI, Request
 
-from letsinfer.authority.audit import handshake_refusals
+from letsinfer.authority.denials import DenialLog
 from letsinfer.connections import ConnectionLimits
 from letsinfer.planes import RunningPlane, tls_server
+from letsinfer.store import AuthorityStore
 from letsinfer.trust import pki
-from letsinfer.trust.handshake import RefusalLog
 from letsinfer.trust.peer import client_context, peer_of, server_context
 from tests.nodes import free_port
 
@@ -50,14 +50,6 @@ class Cluster:
         return self.dir / f"{node_id}.crt", self.dir / f"{node_id}.key"
 
 
-class Sink:
-    def __init__(self) -> None:
-        self.records: list[dict[str, Any]] = []
-
-    def append_audit(self, actor: str, action: str, outcome: str, **kw: Any) -> None:
-        self.records.append({"actor": actor, "action": action, "outcome": outcome, **kw})
-
-
 def _app() -> FastAPI:
     app = FastAPI()
 
@@ -86,14 +78,15 @@ def test_refused_handshakes_are_reported_and_good_ones_served(
     other_cert, other_key = theirs_ca.node("intruder")
     ca, other_ca = ours.ca, theirs_ca.ca
 
-    sink = Sink()
+    store = AuthorityStore(tmp_path / "authority.db")
+    denials = DenialLog(store)
     port = free_port()
     server = tls_server(
         _app(),
         "127.0.0.1",
         port,
         server_context(cert, key, ca),
-        on_refused=handshake_refusals(sink, "control"),
+        on_refused=denials.tls_refusals("control"),
     )
     url = f"https://127.0.0.1:{port}/who"
 
@@ -134,30 +127,19 @@ def test_refused_handshakes_are_reported_and_good_ones_served(
     assert seen["anonymous"] == {"id": None, "scheme": "https"}
     assert seen["after"] == seen["good"], "refusals do not disturb the plane"
 
-    # Three refusals of the intruder's certificate inside the window: one record
-    # (the rest are counted into the next one); one for the client refusing ours.
-    assert [r["actor"] for r in sink.records] == ["tls:127.0.0.1", "tls:127.0.0.1"]
-    assert {r["action"] for r in sink.records} == {"control:handshake"}
-    assert {r["outcome"] for r in sink.records} == {"denied"}
-    theirs_record, refused_ours = (r["detail"] for r in sink.records)
-    assert "not accepted by this cluster's CA" in theirs_record
-    assert "refused this node's certificate" in refused_ours
-
-
-def test_repeated_refusals_are_counted_into_the_next_record() -> None:
-    records: list[tuple[str, str, int]] = []
-    clock = [0.0]
-    log = RefusalLog(lambda a, r, n: records.append((a, r, n)), window_s=60, clock=lambda: clock[0])
-    for _ in range(4):
-        log.refused("10.0.0.9", "bad CA")
-    log.refused("10.0.0.8", "bad CA")
-    clock[0] = 61.0
-    log.refused("10.0.0.9", "bad CA")
-    assert records == [
-        ("10.0.0.9", "bad CA", 1),
-        ("10.0.0.8", "bad CA", 1),
-        ("10.0.0.9", "bad CA", 4),
-    ]
+    # Three refusals of the intruder's certificate: one record with their count;
+    # one for the client refusing ours.
+    denials.flush()
+    records = store.list_audit()
+    store.close()
+    assert {(r.actor, r.action, r.outcome) for r in records} == {
+        ("tls:127.0.0.1", "control:handshake", "denied")
+    }
+    counts = {str(r.detail): r.count for r in records}
+    assert len(counts) == 2, counts
+    theirs = next(n for d, n in counts.items() if "not accepted by this cluster's CA" in d)
+    ours = next(n for d, n in counts.items() if "refused this node's certificate" in d)
+    assert (theirs, ours) == (3, 1)
 
 
 @pytest.mark.parametrize("run", [asyncio.run, _run_uvloop], ids=["asyncio", "uvloop"])

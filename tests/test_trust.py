@@ -4,7 +4,9 @@ pinned enrollment, mutual TLS, and every refusal a user should see."""
 from __future__ import annotations
 
 import json
+import math
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,11 +19,17 @@ ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.skipif(not can_make_namespaces(), reason="needs root (namespaces)")
 
+DENIAL_INTERVAL_S = 5
+
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     lab = NetLab(["main", "n1", "n2", "other", "second"]).up()
     c = Cluster(lab, tmp_path_factory.mktemp("trust"))
+    # Refusals are counted per source and reason over this interval.
+    c.extra_env = {
+        n: {"LETSINFER_AUDIT__DENIAL_INTERVAL_S": str(DENIAL_INTERVAL_S)} for n in lab.names
+    }
     try:
         c.ok("main", "node", "init", "--main", "--name", "main")
         for n in ("n1", "n2"):
@@ -69,6 +77,111 @@ def test_discovery_then_pinned_enrollment_of_two_children(cluster: Cluster) -> N
     assert status["role"] == "child" and status["main"].startswith(c.lab.hosts["main"])
 
 
+def counted(c: Cluster, node: str, actor: str, action: str) -> list[int]:
+    """The counts of ``node``'s denial records of one kind (one per record)."""
+    return [
+        int(r["count"] or 1)
+        for r in c.audit(node)
+        if (r["actor"], r["action"], r["outcome"]) == (actor, action, "denied")
+    ]
+
+
+FLOOD = """
+import http.client, json, ssl, sys, threading
+host, port, path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+total, tls = int(sys.argv[4]), sys.argv[5] == "tls"
+ctx = ssl.create_default_context()
+ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE  # an outsider: no CA, no certificate
+statuses, lock = {}, threading.Lock()
+def worker(n):
+    conn = (http.client.HTTPSConnection(host, port, context=ctx, timeout=60) if tls
+            else http.client.HTTPConnection(host, port, timeout=60))
+    for _ in range(n):  # keep-alive: one connection, many requests
+        conn.request("GET", path, headers={"Authorization": "Bearer li-not-a-key"})
+        r = conn.getresponse()
+        r.read()
+        with lock:
+            statuses[r.status] = statuses.get(r.status, 0) + 1
+    conn.close()
+threads = [threading.Thread(target=worker, args=(total // 8,)) for _ in range(8)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(json.dumps(statuses))
+"""
+
+
+def test_floods_without_credentials_add_a_bounded_number_of_records(cluster: Cluster) -> None:
+    """From a host in no letsinfer group: 10,000 requests without a client
+    certificate on the control plane and 10,000 with a bad key on
+    `GET /v1/models`; on a child, 100 scope denials of the CLI. Each adds a
+    few records (the first at once, then one per interval) whose counts add
+    up to every refusal."""
+    c = cluster
+    main, outsider = c.lab.hosts["main"], c.lab.hosts["other"]
+
+    def flood(port: int, path: str, total: int, tls: bool) -> dict[str, int]:
+        done = c.lab.run(
+            "other", PY, "-c", FLOOD, main, str(port), path, str(total), "tls" if tls else "plain",
+            timeout=600,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    control = (f"anonymous:{outsider}", "control:request")
+    gateway = (f"client:{outsider}", "gateway.request")
+    started = time.monotonic()
+    assert flood(8443, "/v1/agent/facts", 8, tls=True) == {"403": 8}
+    c.wait(lambda: sum(counted(c, "main", *control)) > 0, "the first refusal, written at once")
+    assert flood(8443, "/v1/agent/facts", 10_000, tls=True) == {"403": 10_000}
+    assert flood(8000, "/v1/models", 10_000, tls=False) == {"401": 10_000}
+    elapsed = time.monotonic() - started
+    c.wait(
+        lambda: (
+            (sum(counted(c, "main", *control)), sum(counted(c, "main", *gateway)))
+            == (10_008, 10_000)
+        ),
+        "every refusal counted once its interval ended",
+        timeout=DENIAL_INTERVAL_S * 4,
+    )
+    # At most the first record, one per interval while the flood lasts, one at its end.
+    bound = 2 + math.ceil(elapsed / DENIAL_INTERVAL_S)
+    for kind in (control, gateway):
+        records = counted(c, "main", *kind)
+        assert len(records) <= bound, (kind, records, elapsed)
+
+    # 100 denied CLI calls on a child: the real CLI once, then 99 in one process
+    # (the same code path without 99 interpreter starts).
+    cli = ("cli:root", "cli:model list")
+    refused = c.cli("n1", "model", "list")
+    assert refused.returncode == 3
+    started = time.monotonic()
+    loop = f"""
+import click
+from letsinfer.cli import cli, main
+import letsinfer.cli.model
+codes = []
+for _ in range(99):
+    try:
+        cli.main(["--home", "{c.home("n1")}", "model", "list"], prog_name="letsinfer",
+                 standalone_mode=False)
+    except click.ClickException as exc:
+        codes.append(exc.exit_code)
+print(codes.count(3))
+"""
+    assert c.py("n1", loop).strip() == "99"
+    elapsed = time.monotonic() - started
+    c.wait(
+        lambda: sum(counted(c, "n1", *cli)) == 100,
+        "every scope denial counted",
+        timeout=DENIAL_INTERVAL_S * 4,
+    )
+    assert len(counted(c, "n1", *cli)) <= 2 + math.ceil(elapsed / DENIAL_INTERVAL_S)
+    c.ok("main", "audit", "verify")
+    c.ok("n1", "audit", "verify")
+
+
 def test_refusals_are_clear_and_audited(cluster: Cluster) -> None:
     c = cluster
     main_addr = c.lab.hosts["main"]
@@ -92,6 +205,12 @@ def test_refusals_are_clear_and_audited(cluster: Cluster) -> None:
     )
     assert wrong.returncode == 1 and "refused before anything was sent" in wrong.stderr
     assert c.ok("other", "node", "requests", "--json") == before == "[]\n"
+    assert any(
+        (r["actor"], r["action"], r["outcome"])
+        == (f"peer:{c.lab.hosts['other']}:8444", "node.add", "denied")
+        and "pinned fingerprint" in str(r["detail"])
+        for r in c.audit("main")
+    ), "the main audits the pin mismatch"
 
     # A second main never adopts an enrolled node silently.
     n1_before = json.loads(c.ok("n1", "status", "--json"))[0]
@@ -109,9 +228,12 @@ def test_refusals_are_clear_and_audited(cluster: Cluster) -> None:
     )
     assert adopt.returncode == 1 and "already belongs to a cluster" in adopt.stderr
     assert "move-into" in adopt.stderr
-    assert any(
-        r["action"] == "node.enroll.request" and r["outcome"] == "denied" for r in c.audit("n1")
-    ), "the node audits the refused adoption"
+    c.wait(
+        lambda: any(
+            r["action"] == "node.enroll.request" and r["outcome"] == "denied" for r in c.audit("n1")
+        ),
+        "n1 auditing the refused adoption",
+    )
     n1_after = json.loads(c.ok("n1", "status", "--json"))[0]
     assert (n1_after["role"], n1_after["main"]) == ("child", n1_before["main"])
     assert n1_after["fingerprint"] == n1_before["fingerprint"]
@@ -187,8 +309,11 @@ print(r.status_code, r.text)
 """
     c.wait(lambda: c.py("n2", probe_n1).startswith("403"), "n1 refusing n2's certificate")
     assert "revoked" in c.py("n2", probe_n1)
-    assert any(r["outcome"] == "denied" and "revoked" in str(r["detail"]) for r in c.audit("n1")), (
-        "n1 audits the refusal"
+    c.wait(
+        lambda: any(
+            r["outcome"] == "denied" and "revoked" in str(r["detail"]) for r in c.audit("n1")
+        ),
+        "n1 auditing the refusal",
     )
 
     # Removed, n2 was told so (it stopped its engines), and its main no longer

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from letsinfer import __version__
+from letsinfer.authority.denials import DenialLog
 from letsinfer.home import Home
 from letsinfer.identity import NodeIdentity
 from letsinfer.jsondepth import JsonDepthLimit
@@ -66,6 +67,7 @@ def create_agent_app(
     identity: Callable[[], NodeIdentity],
     fingerprint: str,
     audit: AuthorityStore,
+    denials: DenialLog,
     lifespan: Any = None,
     revoked: Callable[[str], bool] = lambda fingerprint: False,
     on_removed: Callable[[str], Awaitable[int]] | None = None,
@@ -94,7 +96,7 @@ def create_agent_app(
         }
 
     @app.post("/v1/enroll/request")
-    async def enroll_request(body: EnrollRequest) -> dict[str, Any]:
+    async def enroll_request(body: EnrollRequest, request: Request) -> dict[str, Any]:
         ident = identity()
         if ident.enrolled:
             window = adoption_window(home)
@@ -105,12 +107,13 @@ def create_agent_app(
                     "it is never adopted silently: run `letsinfer node move-into "
                     f"--main {body.main_address}` on it first"
                 )
-                audit.append_audit(
-                    f"main:{body.main_name}",
+                # Anyone may ask (an open path): counted by address, not by the
+                # name the request gives itself.
+                client = request.client.host if request.client else "?"
+                denials.note(
+                    f"anonymous:{client}",
                     "node.enroll.request",
-                    "denied",
-                    target=ident.name,
-                    detail=why,
+                    "already belongs to a cluster: adoption needs `node move-into` first",
                 )
                 raise HTTPException(409, why)
         try:
@@ -195,7 +198,9 @@ def create_agent_app(
         return "only this node's main may use the agent API"
 
     def denied(scope: Scope, peer: Peer | None, reason: str) -> None:
-        who = f"{peer.identity.kind}:{peer.identity.id}" if peer else "anonymous"
-        audit.append_audit(who, scope["path"], "denied", detail=reason)
+        # Keyed by who and why, never by the path asked for (a flood could vary it).
+        client = (scope.get("client") or ("?",))[0]
+        who = f"{peer.identity.kind}:{peer.identity.id}" if peer else f"anonymous:{client}"
+        denials.note(who, "agent:request", reason)
 
     return PeerGate(app, OPEN_PATHS, admit, denied)

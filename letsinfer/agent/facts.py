@@ -1,36 +1,41 @@
 """Signed facts: what an agent tells the main about its node.
 
-Bounded (every list and string has a limit), canonical JSON, signed with the
-node's own key (ECDSA P-256, SHA-256), with a sequence number and a timestamp
-so the main can refuse forged, replayed and stale facts.
+Bounded (every number has a range and is finite, every list and string a
+limit: an enrolled node is not trusted to send sane values), canonical JSON,
+signed with the node's own key (ECDSA P-256, SHA-256), with a sequence number
+and a timestamp so the main can refuse forged, replayed and stale facts.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-from typing import Any
+from typing import Annotated, Any
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 _ID = Field(max_length=64)
+_INT32 = 2**31 - 1
+_BYTES = 2**60  # more memory than any machine has, and still exact as JSON
+# Seconds since the epoch, in the years 2001-2286: a sane clock, never NaN.
+_TS = Field(ge=1e9, le=1e10)
 
 
 class _Fact(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class GpuFact(_Fact):
     uuid: str = _ID
     name: str = Field(max_length=128)
-    memory_total: int = Field(ge=0)
-    memory_free: int = Field(ge=0)
-    temperature_c: int | None = None
-    power_w: float | None = None
-    utilization: int | None = None
+    memory_total: int = Field(ge=0, le=_BYTES)
+    memory_free: int = Field(ge=0, le=_BYTES)
+    temperature_c: int | None = Field(None, ge=-100, le=1000)
+    power_w: float | None = Field(None, ge=0, le=1e6)
+    utilization: int | None = Field(None, ge=0, le=100)
     mig: bool = False
 
 
@@ -39,8 +44,8 @@ class PlacementFact(_Fact):
     task: str = Field("0", max_length=16)
     state: str = Field(max_length=16)
     base_url: str | None = Field(None, max_length=256)
-    pid: int | None = None
-    restarts: int = 0
+    pid: int | None = Field(None, ge=0, le=_INT32)
+    restarts: int = Field(0, ge=0, le=_INT32)
     capacity: int | None = Field(None, ge=0, le=4096)
     detail: str | None = Field(None, max_length=512)
 
@@ -51,25 +56,36 @@ class LinkFact(_Fact):
 
     peer: str = _ID
     address: str = Field(max_length=64)  # the peer's data address
-    proven_at: float  # the peer's clock, signed
+    proven_at: float = _TS  # the peer's clock, signed
     challenge: str = Field(max_length=128)
     signature: str = Field(max_length=256)
     interface: str = Field(max_length=32)  # the on-link interface the route uses
 
 
+class AuditHeadFact(_Fact):
+    """The node's signed audit head (letsinfer.authority.anchor), and what its
+    own O(1) check against its database found wrong, if anything."""
+
+    count: int = Field(ge=1, le=2**62)
+    hash: str = Field(pattern=r"^[0-9a-f]{64}$")
+    signature: str = Field(max_length=256)
+    problem: str | None = Field(None, max_length=512)
+
+
 class Facts(_Fact):
     node_id: str = _ID
-    seq: int = Field(ge=1)
-    ts: float
+    seq: int = Field(ge=1, le=2**62)
+    ts: float = _TS
     cpus: int = Field(ge=1, le=4096)
-    memory_bytes: int = Field(ge=0)
-    memory_available: int | None = Field(None, ge=0)  # for the memory-fit check
-    targets: list[str] = Field(max_length=8)
+    memory_bytes: int = Field(ge=0, le=_BYTES)
+    memory_available: int | None = Field(None, ge=0, le=_BYTES)  # for the memory-fit check
+    targets: list[Annotated[str, Field(max_length=16)]] = Field(max_length=8)
     gpus: list[GpuFact] = Field(default_factory=list, max_length=64)
     placements: list[PlacementFact] = Field(default_factory=list, max_length=256)
     links: list[LinkFact] = Field(default_factory=list, max_length=64)
     version: str = Field(max_length=32)
     paused: bool = False
+    audit: AuditHeadFact | None = None
 
     def canonical(self) -> bytes:
         return json.dumps(
@@ -84,7 +100,12 @@ def sign(facts: Facts, key: ec.EllipticCurvePrivateKey) -> dict[str, str]:
 
 
 class FactError(Exception):
-    pass
+    """Facts refused; ``reason`` is the kind of refusal (what the audit chain
+    counts), the message says exactly what was wrong."""
+
+    def __init__(self, message: str, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason or message
 
 
 def verify(envelope: dict[str, Any], public_key: ec.EllipticCurvePublicKey) -> Facts:
@@ -100,5 +121,10 @@ def verify(envelope: dict[str, Any], public_key: ec.EllipticCurvePublicKey) -> F
         raise FactError("the facts' signature does not verify with this node's key") from exc
     try:
         return Facts.model_validate_json(body)
-    except ValueError as exc:
-        raise FactError(f"facts do not match the schema: {exc}") from exc
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "facts"
+        raise FactError(
+            f"facts out of bounds or malformed ({where}: {first['msg']})",
+            f"facts out of bounds or malformed ({where})",
+        ) from exc

@@ -24,11 +24,13 @@ from pydantic import BaseModel, ConfigDict
 
 from letsinfer import __version__
 from letsinfer.agent.api import create_agent_app
-from letsinfer.agent.facts import Facts, GpuFact, PlacementFact, sign
+from letsinfer.agent.facts import AuditHeadFact, Facts, GpuFact, PlacementFact, sign
 from letsinfer.agent.hardware import gpu_probe, host_facts
 from letsinfer.agent.placement import DesiredPlacement, Fetch, PlacementRunner
 from letsinfer.agent.supervisor import EngineSupervisor, SupervisionPolicy
 from letsinfer.authority.adoption import ChildWork
+from letsinfer.authority.anchor import HeadAnchor, head_report
+from letsinfer.authority.denials import DenialLog
 from letsinfer.authority.modelstore import artifact_path
 from letsinfer.authority.placements import from_wire
 from letsinfer.config import Settings
@@ -89,7 +91,9 @@ class AgentNode:
         self.identity = identity
         self.files = tls_files(home, identity)
         self.fingerprint = presented_fingerprint(home, identity)
-        self.audit = AuthorityStore(home.database)
+        self.anchor = HeadAnchor.for_home(home)
+        self.audit = AuthorityStore(home.database, anchor=self.anchor)
+        self.denials = DenialLog(self.audit, settings.audit.denial_interval_s)
         self.reload_requested = False
         self.gpus = gpu_probe(settings.hardware.fake_gpus)
         agent = settings.agent
@@ -133,6 +137,7 @@ class AgentNode:
             lambda: self.identity,
             self.fingerprint,
             self.audit,
+            self.denials,
             lifespan=self.lifespan,
             revoked=lambda fp: fp in self.revoked,
             on_removed=self.removed,
@@ -197,10 +202,14 @@ class AgentNode:
             adv = advertiser_for(self.identity, self.fingerprint, agent.api_host, agent.api_port)
             await adv.start()
         admin = AdminPlane(
-            self.home.admin_socket, LocalGate(self._admin_app(), self.audit, os.geteuid())
+            self.home.admin_socket, LocalGate(self._admin_app(), self.denials, os.geteuid())
         )
         await admin.start()
-        tasks = [asyncio.create_task(self._watch_identity())]
+        self.anchor.advance(self.audit)  # records appended without the key
+        tasks = [
+            asyncio.create_task(self._watch_identity()),
+            asyncio.create_task(self.denials.run()),
+        ]
         if self.identity.role == "child":
             tasks.append(asyncio.create_task(self._report()))
             tasks.append(asyncio.create_task(self._prove_links()))
@@ -336,7 +345,22 @@ class AgentNode:
             placements=placements,
             links=self.links.facts() if self.links else [],
             version=__version__,
+            audit=self._audit_head(),
         )
+
+    def _audit_head(self) -> AuditHeadFact | None:
+        """This node's signed audit head for the main to witness, with what the
+        O(1) check against the database finds wrong (a cut or rewritten chain)."""
+        try:
+            report = head_report(self.anchor, self.audit)
+        except Exception:  # the report must go out even when the chain cannot be read
+            log.exception("could not read the audit chain's head")
+            return None
+        if report is None:
+            return None
+        if report["problem"]:
+            report["problem"] = report["problem"][:512]
+        return AuditHeadFact(**report)
 
     async def _prove_links(self) -> None:
         """Prove, every interval, the data link to each peer this node's tasks need."""

@@ -1,18 +1,19 @@
 """The tamper-evident audit chain: each record's hash covers the previous one.
 
 Records hold who did what to which target and the outcome; never secrets,
-keys, prompts or responses.
+keys, prompts or responses. A record that stands for several refusals of the
+same kind (see letsinfer.authority.denials) carries their ``count``, covered
+by its hash. The chain alone proves nothing against a writer of the database;
+letsinfer.authority.anchor signs its head.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
-
-from letsinfer.trust.handshake import RefusalLog
 
 GENESIS = "0" * 64
 
@@ -28,6 +29,7 @@ class ChainedRecord(Protocol):
     detail: str | None
     prev_hash: str
     hash: str
+    count: int | None
 
 
 def record_hash(
@@ -40,11 +42,12 @@ def record_hash(
     target: str | None,
     outcome: str,
     detail: str | None,
+    count: int | None = None,
 ) -> str:
-    body = json.dumps(
-        [prev_hash, seq, repr(ts), actor, role, action, target, outcome, detail],
-        separators=(",", ":"),
-    )
+    fields: list[object] = [prev_hash, seq, repr(ts), actor, role, action, target, outcome, detail]
+    if count is not None:  # records before counts existed hash as they always did
+        fields.append(count)
+    body = json.dumps(fields, separators=(",", ":"))
     return hashlib.sha256(body.encode()).hexdigest()
 
 
@@ -75,33 +78,10 @@ def verify_chain(records: Iterable[ChainedRecord]) -> ChainBreak | None:
             rec.target,
             rec.outcome,
             rec.detail,
+            rec.count,
         )
         if actual != rec.hash:
             return ChainBreak(rec.seq, "content does not match its hash (edited)")
         expected_prev = rec.hash
         expected_seq += 1
     return None
-
-
-class AuditSink(Protocol):
-    def append_audit(
-        self,
-        actor: str,
-        action: str,
-        outcome: str,
-        *,
-        role: str | None = None,
-        target: str | None = None,
-        detail: str | None = None,
-    ) -> object: ...
-
-
-def handshake_refusals(store: AuditSink, plane: str) -> Callable[[str, str], None]:
-    """``on_refused`` for a mutual-TLS plane: each refused handshake (rate-limited
-    per address and reason) becomes a denial in the chain."""
-
-    def audit(address: str, reason: str, count: int) -> None:
-        detail = reason if count == 1 else f"{reason} (x{count} since the last record)"
-        store.append_audit(f"tls:{address}", f"{plane}:handshake", "denied", detail=detail)
-
-    return RefusalLog(audit).refused

@@ -6,6 +6,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
+from letsinfer.authority.anchor import open_authority
 from letsinfer.authority.apikeys import create_key
 from letsinfer.authority.engine_keys import ensure_secret
 from letsinfer.authority.models import add_gguf_model
@@ -16,7 +17,7 @@ from letsinfer.engines.tinymodel import DEFAULT_NAME, write_tiny_model
 from letsinfer.home import Home
 from letsinfer.identity import NodeIdentity, load_identity, save_identity
 from letsinfer.release import runtime
-from letsinfer.store import AuthorityStore, StoreError
+from letsinfer.store import StoreError
 from letsinfer.trust.material import ensure_pairing_cert, init_main_pki, presented_fingerprint
 
 
@@ -36,7 +37,7 @@ def init_main(
     cluster = init_main_pki(home, identity.node_id)
     runtime.ensure_cluster_key(home)
     identity = replace(identity, cluster=cluster, main_id=identity.node_id)
-    store = AuthorityStore(home.database)
+    store = open_authority(home)
     try:
         if store.list_nodes():
             raise StoreError(f"{home.database} already holds an authority")
@@ -78,7 +79,7 @@ def init_candidate(home: Home, name: str | None = None) -> NodeIdentity:
     home.ensure()
     identity = NodeIdentity.new_candidate(name)
     ensure_pairing_cert(home, identity.node_id)
-    store = AuthorityStore(home.database)  # local audit chain of this node
+    store = open_authority(home)  # local audit chain of this node
     try:
         store.append_audit("cli", "node.init", "ok", role="candidate", target=identity.name)
     finally:

@@ -13,6 +13,7 @@ import hashlib
 import secrets
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from letsinfer.store import AuthorityStore, ControllerRecord, StoreError
@@ -64,26 +65,25 @@ def new_pairing(
 
 
 def pair(
-    store: AuthorityStore, ca: ClusterCA, code: str, csr_pem: str
+    store: AuthorityStore,
+    ca: ClusterCA,
+    code: str,
+    csr_pem: str,
+    refused: Callable[[str], None],
 ) -> tuple[ControllerRecord, bytes]:
+    """``refused(reason)`` counts a refusal for the audit chain (anyone may
+    try a code: a flood of guesses must not write a record each)."""
     rec = store.pending_controller_by_code(_digest(code))
     if rec is None:
-        store.append_audit(
-            "controller:?", "auth.controller.pair", "denied", detail="unknown or used pairing code"
-        )
+        refused("unknown or used pairing code")
         raise PairingRefused(403, "unknown or already used pairing code")
     if rec.code_expires_at is not None and time.time() > rec.code_expires_at:
-        store.append_audit(
-            f"controller:{rec.name}",
-            "auth.controller.pair",
-            "denied",
-            target=rec.id,
-            detail="pairing code expired",
-        )
+        refused("pairing code expired")
         raise PairingRefused(410, "this pairing code has expired; ask for a new one")
     try:
         csr = pki.load_csr(csr_pem.encode())
     except pki.CertificateError as exc:
+        refused("malformed certificate request")
         raise PairingRefused(400, str(exc)) from exc
     cert_pem = ca.issue_controller(csr.public_key(), rec.id, rec.role)  # type: ignore[arg-type]
     with store.transaction():

@@ -12,6 +12,7 @@ import hmac
 import secrets
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from letsinfer.store import AuthorityStore, EnrollmentRecord, StoreError
@@ -84,18 +85,15 @@ def complete(
     token: str,
     csr_pem: str,
     agent_address: str | None,
+    refused: Callable[[str], None],
 ) -> tuple[EnrollmentRecord, bytes]:
-    """Check everything, then record the node and issue its certificate in one step."""
+    """Check everything, then record the node and issue its certificate in one
+    step. ``refused(reason)`` counts a refusal for the audit chain (anyone may
+    ask: a flood of bad tokens must not write a record each)."""
     rec = store.get_enrollment(enrollment_id)
 
-    def refuse(status: int, why: str) -> EnrollmentRefused:
-        store.append_audit(
-            f"candidate:{rec.candidate_id if rec else '?'}",
-            "node.enroll.complete",
-            "denied",
-            target=enrollment_id,
-            detail=why,
-        )
+    def refuse(status: int, why: str, kind: str | None = None) -> EnrollmentRefused:
+        refused(kind or why)
         return EnrollmentRefused(status, why)
 
     if rec is None:
@@ -110,7 +108,7 @@ def complete(
     try:
         csr = pki.load_csr(csr_pem.encode())
     except pki.CertificateError as exc:
-        raise refuse(400, str(exc)) from exc
+        raise refuse(400, str(exc), "malformed certificate request") from exc
     if pki.public_key_fingerprint(csr.public_key()) != rec.pubkey_sha256:  # type: ignore[arg-type]
         raise refuse(403, "the CSR's key is not the key the main pinned for this candidate")
     cert_pem = ca.issue_node(csr.public_key(), rec.candidate_id)  # type: ignore[arg-type]
@@ -119,7 +117,7 @@ def complete(
         try:
             store.add_node(rec.candidate_id, rec.name, "child", agent_address or rec.address, fp)
         except StoreError as exc:
-            raise refuse(409, str(exc)) from exc
+            raise refuse(409, str(exc), "the node cannot be added") from exc
         store.set_enrollment_state(rec.id, "accepted")
         store.append_audit(
             f"node:{rec.candidate_id}", "node.enroll.complete", "ok", role="child", target=rec.name

@@ -1,5 +1,6 @@
-"""The main's check of incoming facts: identity, signature, freshness, sequence,
-and the link proofs they carry.
+"""The main's check of incoming facts: identity, signature, freshness, sequence
+(persisted by the caller, so it holds across restarts), the link proofs and
+the signed audit head they carry.
 
 Facts that pass become the node's current view; routing uses only fresh facts.
 A link proof is checked with the peer's certificate key (known once the peer
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from letsinfer.agent.facts import FactError, Facts, LinkFact, verify
+from letsinfer.authority.anchor import SignedHead, signature_valid
 from letsinfer.links import proof
 from letsinfer.trust import pki
 from letsinfer.trust.peer import Peer
@@ -38,23 +40,38 @@ class FactLedger:
         peer_cert_der: bytes,
         envelope: dict[str, object],
         now: float | None = None,
+        persisted_seq: int | None = None,
     ) -> Facts:
-        """Raise FactError with the reason, or record and return the facts."""
+        """Raise FactError with the reason, or record and return the facts.
+        ``persisted_seq``: the last sequence the authority stored for the node,
+        so a replay is refused after the main restarts as well."""
         cert = pki.load_cert(peer_cert_der)
         key = cert.public_key()
         if not isinstance(key, ec.EllipticCurvePublicKey):
             raise FactError("the node's certificate has no P-256 key")
         facts = verify(envelope, key)
         if facts.node_id != peer.identity.id:
-            raise FactError(f"facts for node {facts.node_id} sent by node {peer.identity.id}")
+            raise FactError(
+                f"facts for node {facts.node_id} sent by node {peer.identity.id}",
+                "facts for another node",
+            )
         wall = time.time() if now is None else now
-        if abs(wall - facts.ts) > self.max_skew_s:
-            raise FactError(f"stale facts: {wall - facts.ts:.0f}s from the main's clock")
-        last = self.last_seq.get(facts.node_id, 0)
+        if not abs(wall - facts.ts) <= self.max_skew_s:  # written so NaN is refused too
+            raise FactError(
+                f"stale facts: {wall - facts.ts:.0f}s from the main's clock", "stale facts"
+            )
+        last = max(self.last_seq.get(facts.node_id, 0), persisted_seq or 0)
         if facts.seq <= last:
-            raise FactError(f"replayed facts: sequence {facts.seq} after {last}")
+            raise FactError(f"replayed facts: sequence {facts.seq} after {last}", "replayed facts")
         for link in facts.links:
             self._check_link(facts.node_id, link)
+        if facts.audit is not None:
+            head = SignedHead(facts.audit.count, facts.audit.hash, facts.audit.signature)
+            if not signature_valid(head, key):
+                raise FactError(
+                    "the audit head's signature does not verify with this node's key",
+                    "forged audit head",
+                )
         self.last_seq[facts.node_id] = facts.seq
         self.keys[facts.node_id] = key
         self.views[facts.node_id] = NodeView(facts, time.monotonic())
@@ -62,7 +79,7 @@ class FactLedger:
 
     def _check_link(self, prober: str, link: LinkFact) -> None:
         if link.peer == prober:
-            raise FactError("a node cannot prove a link to itself")
+            raise FactError("a node cannot prove a link to itself", "refused link proof")
         peer_key = self.keys.get(link.peer)
         if peer_key is None:
             return  # not checkable yet: verified_links() does not count it
@@ -77,7 +94,7 @@ class FactLedger:
                 link.proven_at,
             )
         except proof.LinkProofError as exc:
-            raise FactError(f"refused link proof: {exc}") from exc
+            raise FactError(f"refused link proof: {exc}", "refused link proof") from exc
 
     def verified_links(
         self, node_id: str, within_s: float, proof_ttl_s: float, now: float | None = None

@@ -1,17 +1,41 @@
 """The bundle manifest: every file with its size and sha256, what it is, and for
-which target. The exact bytes of ``manifest.json`` are what is signed."""
+which target. The exact bytes of ``manifest.json`` are what is signed.
+
+Every field is bounded (lengths, counts, ranges, formats): a signature says who
+vouched for a manifest, not that its values are sane, so an absurd value is
+refused with the field's name before anything else reads it."""
 
 from __future__ import annotations
 
 import json
-from typing import Any, Final, Literal
+from datetime import datetime
+from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from letsinfer.bundle.paths import MANIFEST_NAME, SIGNATURE_NAME, path_problem
 
 FORMAT: Final = "letsinfer-bundle/1"
 SHA256 = r"^[0-9a-f]{64}$"
+MAX_FILES = 100_000
+MAX_FILE_SIZE = 1 << 50  # 1 PiB
+
+
+def _iso_time(value: str) -> str:
+    datetime.fromisoformat(value)  # ValueError: not a time
+    return value
+
+
+_Text = Annotated[str, Field(max_length=256)]
+_Short = Annotated[str, Field(min_length=1, max_length=128)]
+_Digest = Annotated[str, Field(pattern=SHA256)]
 
 
 class ManifestError(Exception):
@@ -19,12 +43,12 @@ class ManifestError(Exception):
 
 
 class _Part(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class BundleFile(_Part):
-    path: str
-    size: int = Field(ge=0)
+    path: str = Field(max_length=1024)
+    size: int = Field(ge=0, le=MAX_FILE_SIZE)
     sha256: str = Field(pattern=SHA256)
     kind: Literal["wheel", "model", "runtime"]
 
@@ -45,8 +69,8 @@ class ModelSource(_Part):
 
 
 class BundleModel(_Part):
-    name: str
-    path: str  # one of the manifest's files (a split model's first part)
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")  # a model's name
+    path: str = Field(max_length=1024)  # one of the manifest's files (a split model's first part)
     format: Literal["gguf"] = "gguf"
     source: ModelSource | None = None
 
@@ -54,28 +78,29 @@ class BundleModel(_Part):
 class BundleRuntime(_Part):
     """A runtime release: its artifacts are named by digest, each one a listed file."""
 
-    id: str
-    engine: str
-    version: str
-    target: str
-    artifacts: dict[str, str]
-    launch: dict[str, str]
+    id: _Short
+    engine: _Short
+    version: _Short
+    target: str = Field(pattern=r"^[a-z0-9_-]{1,16}$")
+    artifacts: dict[_Short, _Digest] = Field(max_length=64)
+    launch: dict[_Short, Annotated[str, Field(max_length=4096)]] = Field(max_length=64)
 
 
 class Target(_Part):
-    platforms: tuple[str, ...]  # pip platform tags; empty: the creating machine's own
-    python_version: str
-    built_on: str  # the creating machine's OS and architecture
+    # pip platform tags; empty: the creating machine's own
+    platforms: tuple[_Short, ...] = Field(max_length=64)
+    python_version: str = Field(pattern=r"^3\.[0-9]{1,3}$")
+    built_on: _Text  # the creating machine's OS and architecture
 
 
 class Manifest(_Part):
     format: Literal["letsinfer-bundle/1"] = FORMAT
-    created_at: str
-    created_by: str
+    created_at: Annotated[str, Field(max_length=64), AfterValidator(_iso_time)]
+    created_by: _Text
     target: Target
-    files: tuple[BundleFile, ...]
-    models: tuple[BundleModel, ...] = ()
-    runtimes: tuple[BundleRuntime, ...] = ()
+    files: tuple[BundleFile, ...] = Field(max_length=MAX_FILES)
+    models: tuple[BundleModel, ...] = Field((), max_length=1024)
+    runtimes: tuple[BundleRuntime, ...] = Field((), max_length=256)
 
     @model_validator(mode="after")
     def _consistent(self) -> Manifest:

@@ -12,9 +12,9 @@ import ssl
 import httpx
 
 from letsinfer.authority.adoption import ChildWork, main_blockers
+from letsinfer.authority.anchor import open_authority
 from letsinfer.cli.local import ask_node
 from letsinfer.cli.scope import CliContext
-from letsinfer.store import AuthorityStore
 from letsinfer.trust.client import ClusterClient, PeerMismatch, error_message
 from letsinfer.trust.material import tls_files
 
@@ -25,7 +25,7 @@ def move_blockers(ctx: CliContext) -> tuple[list[str], str | None]:
     ident = ctx.identity
     assert ident is not None and ident.enrolled
     if ident.role == "main":
-        store = AuthorityStore(ctx.home.database)
+        store = open_authority(ctx.home)
         try:
             return main_blockers(store), None
         finally:

@@ -7,12 +7,12 @@ from datetime import UTC, datetime
 
 import click
 
+from letsinfer.authority.anchor import open_authority
 from letsinfer.authority.apikeys import create_key, revoke_key
 from letsinfer.cli import cli
 from letsinfer.cli.local import ask_node, segment
 from letsinfer.cli.output import console, emit
 from letsinfer.cli.scope import CliContext, scoped
-from letsinfer.store import AuthorityStore
 
 
 @cli.group()
@@ -51,7 +51,7 @@ def create(
     body = {"name": name, "models": list(models), "concurrency": concurrency}
     made = ask_node(ctx.home, "POST", "/v1/ops/keys", json=body)
     if made is None:  # no node runs here: write the authority directly
-        store = AuthorityStore(ctx.home.database)
+        store = open_authority(ctx.home)
         try:
             made = create_key(store, name, models, concurrency).to_json()
         finally:
@@ -69,7 +69,7 @@ def create(
 @click.pass_obj
 def list_keys(ctx: CliContext, include_revoked: bool, as_json: bool) -> None:
     """List API keys (names and prefixes, never secrets)."""
-    store = AuthorityStore(ctx.home.database)
+    store = open_authority(ctx.home)
     try:
         keys = store.list_api_keys(include_revoked=include_revoked)
     finally:
@@ -104,7 +104,7 @@ def revoke(ctx: CliContext, name: str) -> None:
     from the moment this returns; otherwise from the node's next start."""
     path = f"/v1/ops/keys/{segment(name)}/revoke"
     if ask_node(ctx.home, "POST", path) is None:
-        store = AuthorityStore(ctx.home.database)
+        store = open_authority(ctx.home)
         try:
             revoke_key(store, name)
         finally:

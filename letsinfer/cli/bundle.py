@@ -17,6 +17,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from letsinfer.authority.anchor import open_authority
 from letsinfer.bundle.creation import CreateRequest, create_bundle
 from letsinfer.bundle.importing import import_bundle, inspect_bundle, verify_bundle
 from letsinfer.cli import cli
@@ -29,7 +30,6 @@ from letsinfer.cli.release import (
     refusals,
 )
 from letsinfer.cli.scope import CliContext, scoped
-from letsinfer.store import AuthorityStore
 
 
 class TerminalProgress:
@@ -75,7 +75,7 @@ def audit_on_main(ctx: CliContext, action: str, target: str, detail: str) -> Non
     """On a main node, changes to the mirror join the audit chain."""
     if ctx.identity is None or ctx.identity.role != "main" or not ctx.home.database.is_file():
         return
-    store = AuthorityStore(ctx.home.database)
+    store = open_authority(ctx.home)
     try:
         store.append_audit("cli", action, "ok", target=target, detail=detail)
     finally:

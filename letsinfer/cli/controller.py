@@ -14,11 +14,12 @@ import httpx
 
 from letsinfer import config
 from letsinfer.authority import controllers
+from letsinfer.authority.anchor import open_authority
 from letsinfer.cli import cli
 from letsinfer.cli.auth import auth
 from letsinfer.cli.output import console, emit
 from letsinfer.cli.scope import CliContext, scoped
-from letsinfer.store import AuthorityStore, StoreError
+from letsinfer.store import StoreError
 from letsinfer.trust import pki
 from letsinfer.trust.client import PeerMismatch, peer_certificate
 from letsinfer.trust.peer import client_context
@@ -42,7 +43,7 @@ def controller_add(ctx: CliContext, role: str, name: str) -> None:
     """Create a one-time pairing code for a new controller."""
     assert ctx.identity is not None and ctx.identity.cluster is not None
     settings = config.load(ctx.home.config_file)
-    store = AuthorityStore(ctx.home.database)
+    store = open_authority(ctx.home)
     try:
         code = controllers.new_pairing(
             store, ctx.identity.cluster, role, name, settings.control.pairing_code_ttl_s
@@ -66,7 +67,7 @@ def controller_add(ctx: CliContext, role: str, name: str) -> None:
 @click.pass_obj
 def controller_list(ctx: CliContext, as_json: bool) -> None:
     """Controllers with their role and state."""
-    store = AuthorityStore(ctx.home.database)
+    store = open_authority(ctx.home)
     try:
         rows = [
             {"name": c.name, "id": c.id, "role": c.role, "state": c.state}
@@ -82,7 +83,7 @@ def controller_list(ctx: CliContext, as_json: bool) -> None:
 @click.pass_obj
 def controller_revoke(ctx: CliContext, name: str) -> None:
     """Revoke a controller: its certificate is refused from now on."""
-    store = AuthorityStore(ctx.home.database)
+    store = open_authority(ctx.home)
     try:
         rec = store.find_controller(name)
         if rec is None:

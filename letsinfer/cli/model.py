@@ -11,6 +11,7 @@ import click
 from letsinfer import config
 from letsinfer.authority import install as install_mod
 from letsinfer.authority import lifecycle
+from letsinfer.authority.anchor import open_authority
 from letsinfer.authority.links import ResumeRefused, resume_model
 from letsinfer.authority.models import add_gguf_model
 from letsinfer.authority.modelstore import artifact_path
@@ -47,7 +48,7 @@ def origin_fields(svc: ServiceRecord) -> dict[str, Any]:
 @click.pass_obj
 def list_models(ctx: CliContext, as_json: bool) -> None:
     """List model services with their placement groups."""
-    store = AuthorityStore(ctx.home.database)
+    store = open_authority(ctx.home)
     try:
         rows = []
         for svc in store.list_services():
@@ -145,7 +146,7 @@ def admit_gguf(
         raise click.ClickException(
             f"cannot release the llama-server binary: {exc}. Nothing changed."
         ) from exc
-    store = AuthorityStore(ctx.home.database)
+    store = open_authority(ctx.home)
     try:
         svc, pg = add_gguf_model(
             store,
@@ -225,7 +226,7 @@ def install(
     group whose tasks span the nodes)."""
     assert ctx.identity is not None
     settings = config.load(ctx.home.config_file)
-    store = AuthorityStore(ctx.home.database)
+    store = open_authority(ctx.home)
     try:
         if parallel:
             _install_parallel(
@@ -410,7 +411,7 @@ def _set_desired(ctx: CliContext, name: str, desired: str) -> None:
     verb = "start" if desired == "running" else "stop"
     answer = ask_node(ctx.home, "POST", f"/v1/ops/models/{segment(name)}/{verb}")
     if answer is None:  # no node runs here: write the authority directly
-        store = AuthorityStore(ctx.home.database)
+        store = open_authority(ctx.home)
         try:
             answer = lifecycle.set_model_desired(store, name, desired, actor="cli").to_json()
         finally:
@@ -443,7 +444,7 @@ def resume(ctx: CliContext, name: str) -> None:
     every link they need is proven again; also starts stopped groups."""
     answer = ask_node(ctx.home, "POST", f"/v1/ops/models/{segment(name)}/resume")
     if answer is None:
-        store = AuthorityStore(ctx.home.database)
+        store = open_authority(ctx.home)
         try:
             done = resume_model(store, name, actor="cli")
         except ResumeRefused as exc:
@@ -464,7 +465,7 @@ def resume(ctx: CliContext, name: str) -> None:
 @click.pass_obj
 def show(ctx: CliContext, name: str, as_json: bool) -> None:
     """One model: its artifact and every placement group with release, GPUs and state."""
-    store = AuthorityStore(ctx.home.database)
+    store = open_authority(ctx.home)
     try:
         svc = store.resolve_service(name)
         if svc is None:

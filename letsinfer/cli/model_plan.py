@@ -8,10 +8,10 @@ import click
 
 from letsinfer import config
 from letsinfer.authority import install as install_mod
+from letsinfer.authority.anchor import open_authority
 from letsinfer.cli.model import fit_text, install_request, model
 from letsinfer.cli.output import console, emit
 from letsinfer.cli.scope import CliContext, scoped
-from letsinfer.store import AuthorityStore
 
 
 @scoped(model, "plan", scope="main")
@@ -44,7 +44,7 @@ def plan(
     release, and why a node is skipped. The same planner as `model install`."""
     assert ctx.identity is not None
     settings = config.load(ctx.home.config_file)
-    store = AuthorityStore(ctx.home.database)
+    store = open_authority(ctx.home)
     try:
         nodes = tuple(n.name for n in store.list_nodes() if n.state == "active")
         req = install_request(ctx, store, settings, name, nodes, target, gpus, (), engine)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from letsinfer import config
+from letsinfer.authority.anchor import open_authority
 from letsinfer.authority.models import check_model_name
 from letsinfer.cli.bundle import TerminalProgress
 from letsinfer.cli.model import admit_gguf, model
@@ -17,7 +18,7 @@ from letsinfer.hub.sources import ChecksumMismatch, HubSource, MirrorSource
 from letsinfer.hub.splits import SplitError
 from letsinfer.mirror.catalog import CatalogError
 from letsinfer.mirror.layout import MirrorLayout
-from letsinfer.store import AuthorityStore, StoreError
+from letsinfer.store import StoreError
 
 
 def hub_source(ctx: CliContext, settings: config.Settings) -> HubSource | None:
@@ -41,7 +42,7 @@ def _same_pull(existing: dict[str, object] | None, located: Located) -> bool:
 
 
 def _audit_denied(ctx: CliContext, target: str, why: str) -> None:
-    store = AuthorityStore(ctx.home.database)
+    store = open_authority(ctx.home)
     try:
         store.append_audit("cli", "model.pull", "denied", target=target, detail=why[:500])
     finally:
@@ -106,7 +107,7 @@ def pull(
             f"[yellow]hub not used[/yellow]: {located.hub_skipped}; "
             f"pulling from this node's {located.snapshot.where}"
         )
-    store = AuthorityStore(ctx.home.database)
+    store = open_authority(ctx.home)
     try:
         existing = store.resolve_service(name)
     finally:

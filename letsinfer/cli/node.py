@@ -16,7 +16,9 @@ from letsinfer import config
 from letsinfer.agent.api import adoption_window
 from letsinfer.authority import enrollment, lifecycle, retirement
 from letsinfer.authority import removal as removal_mod
+from letsinfer.authority.anchor import open_authority
 from letsinfer.authority.bootstrap import init_candidate, init_main
+from letsinfer.authority.denials import record_denial
 from letsinfer.cli import cli
 from letsinfer.cli.adoption import move_blockers
 from letsinfer.cli.local import ask_node, node_runs_here, segment
@@ -118,10 +120,24 @@ def add(
             )
         fingerprint = match[0].fingerprint
     target = address or match[0].address()
-    _, who, der = _pinned(target, "GET", "/v1/identity", None, fingerprint, settings)
+    try:
+        _, who, der = _pinned(target, "GET", "/v1/identity", None, fingerprint, settings)
+    except PinMismatchRefused:
+        store = open_authority(ctx.home)
+        try:
+            record_denial(
+                store,
+                f"peer:{target}",
+                "node.add",
+                "presented another certificate than the pinned fingerprint",
+                settings.audit.denial_interval_s,
+            )
+        finally:
+            store.close()
+        raise
     cand_id, cand_name = who["node_id"], who["name"]
     pubkey = pki.public_key_fingerprint(pki.load_cert(der))
-    store = AuthorityStore(ctx.home.database)
+    store = open_authority(ctx.home)
     try:
         offer = enrollment.open_offer(
             store, cand_id, name or cand_name, target, pubkey, settings.control.enrollment_ttl_s
@@ -188,8 +204,14 @@ def _pinned(
 ) -> tuple[int, dict[str, Any], bytes]:
     try:
         return pinned_request(target, settings.agent.api_port, method, path, body, fp)
-    except (PinMismatch, PeerUnreachable, ValueError) as exc:
+    except PinMismatch as exc:
+        raise PinMismatchRefused(str(exc)) from exc
+    except (PeerUnreachable, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+class PinMismatchRefused(click.ClickException):
+    """The peer presented another certificate than the one pinned (audited)."""
 
 
 @scoped(node, "requests", scope="all")
@@ -239,7 +261,7 @@ def accept(ctx: CliContext, request_id: str) -> None:
         raise click.ClickException("this home is not a node yet: run `letsinfer node init`")
     req = candidate.get_request(ctx.home, request_id)
     was_main = ctx.identity.role == "main"
-    store = AuthorityStore(ctx.home.database)
+    store = open_authority(ctx.home)
     note = None
     try:
         if ctx.identity.enrolled:
@@ -306,7 +328,7 @@ def reject(ctx: CliContext, request_id: str) -> None:
     """Reject (drop) an enrollment request."""
     req = candidate.get_request(ctx.home, request_id)
     candidate.drop_request(ctx.home, req.id)
-    store = AuthorityStore(ctx.home.database)
+    store = open_authority(ctx.home)
     try:
         store.append_audit("cli", "node.reject", "ok", target=req.main_name, detail=req.id)
     finally:
@@ -321,7 +343,7 @@ def reject(ctx: CliContext, request_id: str) -> None:
 def list_nodes(ctx: CliContext, show_all: bool, as_json: bool) -> None:
     """Nodes of this cluster, with when each was last heard from."""
     settings = config.load(ctx.home.config_file)
-    store = AuthorityStore(ctx.home.database)
+    store = open_authority(ctx.home)
     try:
         nodes = store.list_nodes(include_removed=show_all)
     finally:
@@ -360,7 +382,7 @@ def list_nodes(ctx: CliContext, show_all: bool, as_json: bool) -> None:
 def info(ctx: CliContext, name: str, as_json: bool) -> None:
     """Ask a node's agent about itself, over mutual TLS."""
     assert ctx.identity is not None
-    store = AuthorityStore(ctx.home.database)
+    store = open_authority(ctx.home)
     try:
         target = store.find_node(name)
     finally:
@@ -398,7 +420,7 @@ def remove(ctx: CliContext, name: str, as_json: bool) -> None:
     assert ctx.identity is not None
     done = ask_node(ctx.home, "POST", f"/v1/local/nodes/{segment(name)}/remove")
     if done is None:  # no node runs here: write the authority, then tell the node
-        store = AuthorityStore(ctx.home.database)
+        store = open_authority(ctx.home)
         try:
             try:
                 removal = removal_mod.remove_node(store, name, actor="cli")
@@ -445,7 +467,7 @@ def move_into(ctx: CliContext, main_address: str, window: float) -> None:
     ident = load_identity(ctx.home.identity_file)
     if ident is None or not ident.enrolled:
         raise click.ClickException("this node is not in a cluster; use `node accept` directly")
-    store = AuthorityStore(ctx.home.database)
+    store = open_authority(ctx.home)
     try:
         note = _refuse_move(ctx, store, "node.move-into", main_address)
         ctx.home.enrollment_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -474,7 +496,7 @@ def _pause(ctx: CliContext, name: str | None, paused: bool) -> None:
         target_name = name or ident.node_id
         answer = ask_node(ctx.home, "POST", f"/v1/ops/nodes/{segment(target_name)}/{verb}")
         if answer is None:  # no node runs here: write the authority directly
-            store = AuthorityStore(ctx.home.database)
+            store = open_authority(ctx.home)
             try:
                 target = lifecycle.find_node(store, target_name)
                 lifecycle.set_node_paused(store, target, paused, actor="cli", role="main")
@@ -529,7 +551,7 @@ def resume(ctx: CliContext, name: str | None) -> None:
 @click.pass_obj
 def topology(ctx: CliContext, as_json: bool) -> None:
     """Nodes, their GPUs, the placement groups on them and their data links."""
-    store = AuthorityStore(ctx.home.database)
+    store = open_authority(ctx.home)
     try:
         out = []
         names = {n.id: n.name for n in store.list_nodes(include_removed=True)}

@@ -1,11 +1,15 @@
 """Where a command may run: main, child or all. Checked before any handler runs.
 
 A command run in the wrong place is refused with the main's address; a child
-never forwards a mutating command to the main.
+never forwards a mutating command to the main. The refusal is audited in this
+home's authority when the caller may write it (aggregated: a loop of denied
+commands adds a few records with counts).
 """
 
 from __future__ import annotations
 
+import os
+import pwd
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -56,8 +60,42 @@ class ScopedCommand(click.Command):
 
     def invoke(self, ctx: click.Context) -> Any:
         cli: CliContext = ctx.ensure_object(CliContext)
-        check_scope(self.scope, ctx.command_path, cli.identity)
+        try:
+            check_scope(self.scope, ctx.command_path, cli.identity)
+        except ScopeError:
+            _audit_refusal(cli, ctx.command_path.partition(" ")[2], self.scope)
+            raise
         return super().invoke(ctx)
+
+
+def _audit_refusal(cli: CliContext, command: str, scope: Scope) -> None:
+    """Count a scope denial into this home's audit chain, if it has one this
+    caller may write (a refused command creates nothing)."""
+    db = cli.home.database
+    if not db.is_file() or not os.access(db, os.R_OK | os.W_OK):
+        return
+    from letsinfer import config
+    from letsinfer.authority.anchor import open_authority
+    from letsinfer.authority.denials import record_denial
+
+    try:
+        interval = config.load(cli.home.config_file).audit.denial_interval_s
+    except config.ConfigError:
+        interval = config.AuditSettings().denial_interval_s
+    try:
+        user = pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        user = f"uid{os.geteuid()}"
+    role = cli.identity.role if cli.identity else "not a node"
+    reason = f"runs on {scope} only; this is {role}"
+    try:
+        store = open_authority(cli.home)
+    except Exception:  # an unreadable store: the refusal itself still stands
+        return
+    try:
+        record_denial(store, f"cli:{user}", f"cli:{command}", reason, interval)
+    finally:
+        store.close()
 
 
 def scoped(group: click.Group, name: str | None = None, *, scope: Scope, **kwargs: Any) -> Any:

@@ -7,10 +7,10 @@ from typing import Any
 
 import click
 
+from letsinfer.authority.anchor import open_authority
 from letsinfer.cli import cli
 from letsinfer.cli.output import console, emit
 from letsinfer.cli.scope import CliContext, scoped
-from letsinfer.store import AuthorityStore
 from letsinfer.trust.material import presented_fingerprint
 
 
@@ -49,7 +49,7 @@ def status(ctx: CliContext, as_json: bool) -> None:
         "placement_groups": [],
     }
     if ident is not None and ident.role == "main" and ctx.home.database.exists():
-        store = AuthorityStore(ctx.home.database)
+        store = open_authority(ctx.home)
         try:
             info["placement_groups"] = [
                 {

@@ -13,11 +13,11 @@ import click
 
 from letsinfer import config
 from letsinfer.authority import retirement
+from letsinfer.authority.anchor import open_authority
 from letsinfer.authority.bootstrap import init_main
 from letsinfer.cli import cli
 from letsinfer.cli.scope import CliContext, scoped
 from letsinfer.identity import load_identity
-from letsinfer.store import AuthorityStore
 
 
 def _lock_pid_file(ctx: CliContext) -> IO[str]:
@@ -124,7 +124,7 @@ def up(
     from letsinfer.node import MainNode
 
     node = MainNode(ctx.home, settings, identity)
-    store = AuthorityStore(ctx.home.database)
+    store = open_authority(ctx.home)
     models = ", ".join(s.name for s in store.list_services()) or "none yet"
     store.close()
     click.echo(f"letsinfer main node '{identity.name}' ({identity.node_id})")
@@ -169,7 +169,6 @@ def up(
 def _run_agent(ctx: CliContext, settings: config.Settings) -> None:
     """A candidate or child: the agent plane until stopped; rebuilt after enrollment."""
     from letsinfer.agent.runtime import AgentNode
-    from letsinfer.authority.audit import handshake_refusals
     from letsinfer.planes import tls_server
 
     agent = settings.agent
@@ -194,7 +193,7 @@ def _run_agent(ctx: CliContext, settings: config.Settings) -> None:
             node.ssl_context(),
             embedded=False,
             lifespan="on",
-            on_refused=handshake_refusals(node.audit, "agent"),
+            on_refused=node.denials.tls_refusals("agent"),
             name="agent plane",
         )
         node.server = server

@@ -5,7 +5,8 @@ Who may connect is decided twice: the socket file is ``0660`` (owner and the
 ``letsinfer`` group), and every connection's peer credentials (``SO_PEERCRED``:
 the connecting process's pid, uid and gid, from the kernel) are checked before
 any route runs: root, the node's own user, or a member of the ``letsinfer``
-group. Admitted callers act as a local administrator; refusals are audited.
+group. Admitted callers act as a local administrator; refusals are audited
+(counted per caller and reason, see letsinfer.authority.denials).
 The CLI needs no key material for this: the node process holds its keys.
 """
 
@@ -27,9 +28,9 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from letsinfer.authority.denials import DenialLog
 from letsinfer.connections import PLANE_LIMITS, Tally, guarded
 from letsinfer.planes import EmbeddedServer, RunningPlane
-from letsinfer.store import AuthorityStore
 from letsinfer.trust.peer import Peer, Scope, refuse
 from letsinfer.trust.pki import CertIdentity
 
@@ -110,11 +111,12 @@ def local_peer(creds: Credentials) -> Peer:
 
 
 class LocalGate:
-    """Admit only callers whose credentials pass :func:`refusal`; audit the rest."""
+    """Admit only callers whose credentials pass :func:`refusal`; count the rest
+    into the audit chain (aggregated per caller and reason)."""
 
-    def __init__(self, app: ASGIApp, audit: AuthorityStore, node_uid: int) -> None:
+    def __init__(self, app: ASGIApp, denials: DenialLog, node_uid: int) -> None:
         self.app = app
-        self.audit = audit
+        self.denials = denials
         self.node_uid = node_uid
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
@@ -128,7 +130,7 @@ class LocalGate:
             await self.app(scope, receive, send)
             return
         who = f"local:{creds.user}" if creds else "local:unknown"
-        self.audit.append_audit(who, f"admin:{scope['path']}", "denied", detail=reason)
+        self.denials.note(who, "admin:request", reason)
         await refuse(send, reason, "local_refused")
 
 

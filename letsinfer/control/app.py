@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from letsinfer.agent.facts import FactError
 from letsinfer.authority import adoption, controllers, enrollment, lifecycle
+from letsinfer.authority.denials import DenialLog
 from letsinfer.authority.modelstore import artifact_path
 from letsinfer.control.ops import actor_of, ops_router, peer, typed_app
 from letsinfer.identity import NodeIdentity
@@ -41,6 +42,7 @@ class ControlContext:
     model_store: Path
     mirror: MirrorLayout
     release_key: str  # the cluster's release-signing public key, for new nodes
+    denials: DenialLog  # refusals, counted: never a database write per request
     # After a controller's change: the node applies it at once (key cache, routing).
     on_change: Callable[[], None] = lambda: None
 
@@ -82,11 +84,22 @@ def create_control_app(ctx: ControlContext) -> PeerGate:
         return actor_of(store, p)
 
     # -- open: one-time secrets --------------------------------------------
+    def refusals(request: Request, action: str) -> Callable[[str], None]:
+        """Refusals on an open path, counted by the address they came from."""
+        who = f"anonymous:{request.client.host if request.client else '?'}"
+        return lambda reason: ctx.denials.note(who, action, reason)
+
     @app.post("/v1/enroll/complete")
-    async def enroll_complete(body: EnrollComplete) -> dict[str, Any]:
+    async def enroll_complete(body: EnrollComplete, request: Request) -> dict[str, Any]:
         try:
             rec, cert = enrollment.complete(
-                store, ctx.ca, body.enrollment_id, body.token, body.csr, body.agent_address
+                store,
+                ctx.ca,
+                body.enrollment_id,
+                body.token,
+                body.csr,
+                body.agent_address,
+                refusals(request, "node.enroll.complete"),
             )
         except enrollment.EnrollmentRefused as exc:
             raise HTTPException(exc.status, str(exc)) from exc
@@ -106,9 +119,11 @@ def create_control_app(ctx: ControlContext) -> PeerGate:
         return {"ca": ctx.ca.pem, "main_id": ctx.identity.node_id}
 
     @app.post("/v1/pair/controller")
-    async def pair_controller(body: PairController) -> dict[str, Any]:
+    async def pair_controller(body: PairController, request: Request) -> dict[str, Any]:
         try:
-            rec, cert = controllers.pair(store, ctx.ca, body.code, body.csr)
+            rec, cert = controllers.pair(
+                store, ctx.ca, body.code, body.csr, refusals(request, "auth.controller.pair")
+            )
         except controllers.PairingRefused as exc:
             raise HTTPException(exc.status, str(exc)) from exc
         return {
@@ -127,9 +142,7 @@ def create_control_app(ctx: ControlContext) -> PeerGate:
         try:
             return ctx.on_facts(p, der, body.model_dump())
         except FactError as exc:
-            store.append_audit(
-                actor(p), "node.facts", "denied", role=p.identity.role, detail=str(exc)
-            )
+            ctx.denials.note(actor(p), "node.facts", exc.reason)
             raise HTTPException(422, f"facts refused: {exc}") from exc
 
     @app.post("/v1/agent/pause")
@@ -198,9 +211,8 @@ def create_control_app(ctx: ControlContext) -> PeerGate:
         return None if path.startswith("/v1/ops/") else "controllers may only use /v1/ops/*"
 
     def denied(scope: Scope, p: Peer | None, reason: str) -> None:
+        # Keyed by who and why, never by the path asked for (a flood could vary it).
         who = actor(p) if p is not None else f"anonymous:{(scope.get('client') or ('?',))[0]}"
-        store.append_audit(
-            who, scope["path"], "denied", role=p.identity.role if p else None, detail=reason
-        )
+        ctx.denials.note(who, "control:request", reason)
 
     return PeerGate(app, OPEN_PATHS, admit, denied)

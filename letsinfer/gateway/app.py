@@ -14,7 +14,7 @@ from starlette.types import Receive, Scope, Send
 from letsinfer.gateway.directory import StoreUnavailable
 from letsinfer.gateway.errors import GatewayError, unknown_model
 from letsinfer.gateway.gateway import Gateway
-from letsinfer.gateway.serving import ROUTES, InferenceEndpoints, authenticate
+from letsinfer.gateway.serving import ROUTES, InferenceEndpoints, authenticate, note_refusal
 
 log = logging.getLogger("letsinfer.gateway")
 
@@ -81,6 +81,7 @@ def create_app(
         try:
             policy = authenticate(gw, request.headers.get("authorization"))
         except GatewayError as err:
+            note_refusal(gw, request.scope, "-", err)
             return err.response()
         data = [
             model_card(s.name, s.created, s.aliases)
@@ -93,6 +94,10 @@ def create_app(
     async def get_model(model: str, request: Request) -> Response:
         try:
             policy = authenticate(gw, request.headers.get("authorization"))
+        except GatewayError as err:
+            note_refusal(gw, request.scope, "-", err)
+            return err.response()
+        try:
             entry = gw.directory.current().names.get(model)
             if entry is None or not policy.allows(entry.name):
                 raise unknown_model(model)

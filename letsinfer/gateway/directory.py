@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 
 from letsinfer.store import AuthorityStore
@@ -48,48 +47,29 @@ class StoreUnavailable(Exception):
 
 class Directory:
     def __init__(self, store: AuthorityStore, max_stale_s: float = 30.0) -> None:
-        self._store = store
+        self.store = store
         self.max_stale_s = max_stale_s
         self._snapshot: Snapshot | None = None
         self._loaded_at = 0.0
         self._version: int | None = None
         self.failing: str | None = None
-        # Key-use refusals, counted on the request path and written to the
-        # audit chain by the background refresh: no database write per request.
-        self._refusals: Counter[tuple[str, str, str]] = Counter()
-
-    def note_refusal(self, action: str, actor: str, detail: str) -> None:
-        self._refusals[(action, actor, detail)] += 1
-
-    def flush_refusals(self) -> None:
-        pending, self._refusals = self._refusals, Counter()
-        try:
-            for (action, actor, detail), count in pending.items():
-                self._store.append_audit(
-                    actor, action, "denied", detail=f"{detail} (x{count})" if count > 1 else detail
-                )
-        except Exception as exc:  # store down: keep them for the next round
-            self._refusals.update(pending)
-            log.error("cannot audit key refusals: %s", exc)
 
     def refresh(self, force: bool = False) -> None:
         """Reload when another process committed, and at least every third of
         the staleness bound (so a dead store is noticed). ``force``: reload now
         (this process wrote the store itself, which data_version does not see)."""
-        if self._refusals:
-            self.flush_refusals()
         try:
-            version = self._store.data_version()
+            version = self.store.data_version()
             fresh = time.monotonic() - self._loaded_at < self.max_stale_s / 3
             if not force and self._snapshot is not None and version == self._version and fresh:
                 return
             keys = {
                 k.digest: KeyPolicy(k.name, frozenset(k.models), k.concurrency)
-                for k in self._store.list_api_keys()
+                for k in self.store.list_api_keys()
             }
             services = tuple(
                 ServiceEntry(s.name, int(s.created_at), s.aliases)
-                for s in self._store.list_services()
+                for s in self.store.list_services()
             )
         except Exception as exc:  # any store failure: keep serving the last snapshot
             if self.failing is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from letsinfer.authority.denials import DenialLog
 from letsinfer.config import GatewaySettings
 from letsinfer.gateway.admission import Admission, AdmissionLimits
 from letsinfer.gateway.directory import Directory
@@ -23,6 +24,7 @@ class Gateway:
     metrics: GatewayMetrics
     upstream: Upstream
     max_body_bytes: int
+    denials: DenialLog  # refused keys, counted (written by the node's background task)
 
     @classmethod
     def build(
@@ -30,6 +32,7 @@ class Gateway:
         directory: Directory,
         routing: RoutingTable,
         settings: GatewaySettings | None = None,
+        denials: DenialLog | None = None,
     ) -> Gateway:
         s = settings or GatewaySettings()
         policy = RoutingPolicy(
@@ -51,6 +54,7 @@ class Gateway:
             metrics=metrics,
             upstream=Upstream(client, admission, metrics),
             max_body_bytes=s.max_body_bytes,
+            denials=denials or DenialLog(directory.store),
         )
 
     async def aclose(self) -> None:

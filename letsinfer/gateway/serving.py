@@ -81,6 +81,16 @@ def authenticate(gw: Gateway, header: str | None) -> KeyPolicy:
     return key
 
 
+def note_refusal(gw: Gateway, scope: Scope, key_name: str, err: GatewayError) -> None:
+    """Count a refused use of a key (never the key itself) for the audit chain:
+    by key when it was known, else by the client's address."""
+    if err.code not in _AUDITED:
+        return
+    client = scope.get("client") or ("?",)
+    who = f"key:{key_name}" if key_name != "-" else f"client:{client[0]}"
+    gw.denials.note(who, "gateway.request", err.code or "")
+
+
 def request_id_from(given: bytes | None) -> str:
     if given and _SANE_REQUEST_ID.match(given):
         return given.decode()
@@ -212,10 +222,7 @@ class InferenceEndpoints:
         except GatewayError as err:
             ex.status = err.status
             self.gw.metrics.error(err.code or "error")
-            if err.code in _AUDITED:
-                client = scope.get("client") or ("?",)
-                who = f"key:{ex.key}" if ex.key != "-" else f"client:{client[0]}"
-                self.gw.directory.note_refusal("gateway.request", who, err.code or "")
+            note_refusal(self.gw, scope, ex.key, err)
             ex.done = True
             await err.send(send, ex.request_id)
         except ClientGone:
@@ -257,9 +264,9 @@ class InferenceEndpoints:
         entry = gw.directory.current().names.get(parsed.model)
         if entry is None or not key.allows(entry.name):
             if entry is not None:  # exists, but not for this key: audited, same answer
-                gw.directory.note_refusal(
-                    "gateway.request",
+                gw.denials.note(
                     f"key:{key.name}",
+                    "gateway.request",
                     f"model {entry.name} is not in the key's allowlist",
                 )
             raise unknown_model(parsed.model)

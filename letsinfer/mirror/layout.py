@@ -10,9 +10,10 @@ Names starting with a dot are work in progress and never part of the mirror.
 from __future__ import annotations
 
 import fcntl
+import os
 import re
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,11 +55,31 @@ class MirrorLayout:
 
     @contextmanager
     def locked(self) -> Iterator[None]:
-        """Hold the mirror's lock: one import or removal at a time per home."""
-        self.lock_file.parent.mkdir(parents=True, exist_ok=True)
-        with self.lock_file.open("a") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
+        """Hold the mirror's lock: one import or removal at a time per home.
+        The lock file goes away when released (a refused import leaves nothing,
+        not even it); whoever waited on a file that is gone takes the new one."""
+        parent = self.lock_file.parent
+        made_parent = not parent.exists()
+        while True:
+            parent.mkdir(parents=True, exist_ok=True)
             try:
-                yield
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+                fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o600)
+            except FileNotFoundError:  # another holder just removed the empty folder
+                continue
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                current = os.stat(self.lock_file).st_ino
+            except FileNotFoundError:
+                current = None
+            if current == os.fstat(fd).st_ino:
+                break
+            os.close(fd)  # released and removed while we waited: lock the new one
+        try:
+            yield
+        finally:
+            with suppress(FileNotFoundError):
+                self.lock_file.unlink()  # still ours: nobody else holds it
+            os.close(fd)
+            if made_parent:
+                with suppress(OSError):
+                    parent.rmdir()  # only if empty

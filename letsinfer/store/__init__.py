@@ -1,8 +1,8 @@
 """The authority's SQLite store: the only package that writes SQL."""
 
+from letsinfer.store.audit import AuditRecord, ChainTail, Denial, HeadKeeper
 from letsinfer.store.authority import (
     ApiKeyRecord,
-    AuditRecord,
     AuthorityStore,
     ControllerRecord,
     EnrollmentRecord,
@@ -13,14 +13,18 @@ from letsinfer.store.authority import (
     ServiceRecord,
     StoreError,
     TaskSpec,
+    Witness,
 )
 
 __all__ = [
     "ApiKeyRecord",
     "AuditRecord",
     "AuthorityStore",
+    "ChainTail",
     "ControllerRecord",
+    "Denial",
     "EnrollmentRecord",
+    "HeadKeeper",
     "LinkRecord",
     "NodeRecord",
     "PgTaskRecord",
@@ -28,4 +32,5 @@ __all__ = [
     "ServiceRecord",
     "StoreError",
     "TaskSpec",
+    "Witness",
 ]

@@ -8,6 +8,7 @@ all.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sqlite3
 import time
@@ -19,8 +20,10 @@ from typing import Any
 
 import sqlite_utils
 
-from letsinfer.authority.audit import GENESIS, record_hash
+from letsinfer.store.audit import AuditTables, HeadKeeper
 from letsinfer.store.migrations import MIGRATIONS
+
+log = logging.getLogger("letsinfer.store")
 
 
 class StoreError(Exception):
@@ -41,6 +44,17 @@ class NodeRecord:
     facts: dict[str, Any] | None = None  # latest verified hardware facts
     facts_at: float | None = None
     removed_at: float | None = None
+    facts_seq: int | None = None  # the last accepted facts' sequence (refuses replays)
+    audit_head: dict[str, Any] | None = None  # its signed audit head, as witnessed
+    audit_problem: str | None = None  # what the witnessed head says is wrong
+
+
+@dataclass(frozen=True)
+class Witness:
+    """A node's signed audit head as the main last accepted it, and what is wrong."""
+
+    head: dict[str, Any] | None
+    problem: str | None
 
 
 @dataclass(frozen=True)
@@ -152,23 +166,13 @@ class ArtifactReference:
     holder: str  # its name or id
 
 
-@dataclass(frozen=True)
-class AuditRecord:
-    seq: int
-    ts: float
-    actor: str
-    role: str | None
-    action: str
-    target: str | None
-    outcome: str
-    detail: str | None
-    prev_hash: str
-    hash: str
-
-
-class AuthorityStore:
-    def __init__(self, path: Path) -> None:
+class AuthorityStore(AuditTables):
+    def __init__(self, path: Path, anchor: HeadKeeper | None = None) -> None:
+        """``anchor``: signs the audit chain's head after each commit that
+        appended to it (letsinfer.authority.anchor); None where nothing can sign."""
         self.path = path
+        self.anchor = anchor
+        self._audit_appended = False
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists():
             # Owner and the letsinfer group only: it holds the cluster's state and
@@ -203,12 +207,20 @@ class AuthorityStore:
         try:
             yield
         except BaseException:
+            self._audit_appended = False
             self.db.execute("ROLLBACK")
             raise
         else:
             self.db.execute("COMMIT")
         finally:
             self._depth = 0
+        if self._audit_appended:
+            self._audit_appended = False
+            if self.anchor is not None:
+                try:
+                    self.anchor.advance(self)
+                except Exception:  # committed already: never undo a mutation over this
+                    log.exception("could not sign the audit chain's head")
 
     def _migrate(self) -> None:
         """Runs before foreign keys are switched on (SQLite's way to rebuild a
@@ -235,6 +247,9 @@ class AuthorityStore:
         self, sql: str, params: tuple[Any, ...] | dict[str, Any] = ()
     ) -> list[dict[str, Any]]:
         return list(self.db.query(sql, params))
+
+    def _execute(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Cursor:
+        return self.db.execute(sql, params)
 
     # -- settings ---------------------------------------------------------
     def get_setting(self, key: str) -> str | None:
@@ -292,15 +307,38 @@ class AuthorityStore:
         return _node(rows[0]) if rows else None
 
     def record_node_facts(
-        self, node_id: str, facts: dict[str, Any], cert_fingerprint: str | None = None
+        self,
+        node_id: str,
+        facts: dict[str, Any],
+        cert_fingerprint: str | None = None,
+        seq: int | None = None,
+        witness: Witness | None = None,
     ) -> None:
-        """Latest verified facts; also when the node was last heard from and by
-        which certificate (the one a removal revokes)."""
+        """Latest verified facts; also when the node was last heard from, by
+        which certificate (the one a removal revokes), the facts' sequence (so a
+        replay is refused after a restart too) and its witnessed audit head.
+        One write per report."""
         now = time.time()
+        head = json.dumps(witness.head, sort_keys=True) if witness and witness.head else None
         self.db.execute(
             "UPDATE nodes SET facts = ?, facts_at = ?, last_seen = ?, "
-            "cert_fingerprint = COALESCE(?, cert_fingerprint) WHERE id = ?",
-            (json.dumps(facts, sort_keys=True), now, now, cert_fingerprint, node_id),
+            "cert_fingerprint = COALESCE(?, cert_fingerprint), "
+            "facts_seq = COALESCE(?, facts_seq), "
+            "audit_head = CASE WHEN ? THEN ? ELSE audit_head END, "
+            "audit_problem = CASE WHEN ? THEN ? ELSE audit_problem END "
+            "WHERE id = ?",
+            (
+                json.dumps(facts, sort_keys=True),
+                now,
+                now,
+                cert_fingerprint,
+                seq,
+                witness is not None,
+                head,
+                witness is not None,
+                witness.problem if witness else None,
+                node_id,
+            ),
         )
 
     def delete_placement_group(self, pg_id: str) -> None:
@@ -784,48 +822,6 @@ class AuthorityStore:
         )
         return cur.rowcount > 0
 
-    # -- audit ------------------------------------------------------------
-    def append_audit(
-        self,
-        actor: str,
-        action: str,
-        outcome: str,
-        *,
-        role: str | None = None,
-        target: str | None = None,
-        detail: str | None = None,
-    ) -> AuditRecord:
-        with self.transaction():
-            last = self._rows("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1")
-            seq = last[0]["seq"] + 1 if last else 1
-            prev = last[0]["hash"] if last else GENESIS
-            ts = time.time()
-            digest = record_hash(prev, seq, ts, actor, role, action, target, outcome, detail)
-            row = {
-                "seq": seq,
-                "ts": ts,
-                "actor": actor,
-                "role": role,
-                "action": action,
-                "target": target,
-                "outcome": outcome,
-                "detail": detail,
-                "prev_hash": prev,
-                "hash": digest,
-            }
-            self.db["audit"].insert(row)
-        return AuditRecord(**row)
-
-    def list_audit(self, limit: int | None = None) -> list[AuditRecord]:
-        if limit is None:
-            rows = self._rows("SELECT * FROM audit ORDER BY seq")
-        else:
-            rows = self._rows(
-                "SELECT * FROM (SELECT * FROM audit ORDER BY seq DESC LIMIT ?) ORDER BY seq",
-                (limit,),
-            )
-        return [AuditRecord(**r) for r in rows]
-
 
 def _node(r: dict[str, Any]) -> NodeRecord:
     return NodeRecord(
@@ -841,6 +837,9 @@ def _node(r: dict[str, Any]) -> NodeRecord:
         facts=json.loads(r["facts"]) if r.get("facts") else None,
         facts_at=r.get("facts_at"),
         removed_at=r.get("removed_at"),
+        facts_seq=r.get("facts_seq"),
+        audit_head=json.loads(r["audit_head"]) if r.get("audit_head") else None,
+        audit_problem=r.get("audit_problem"),
     )
 
 

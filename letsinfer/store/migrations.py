@@ -188,4 +188,20 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE model_services ADD COLUMN origin TEXT;
     """,
+    # 7: bounded denials (open aggregation windows), counted audit records, the
+    # last accepted facts sequence and the witnessed audit head of each node
+    """
+    ALTER TABLE audit ADD COLUMN count INTEGER;
+    CREATE TABLE denial_windows (
+        source TEXT NOT NULL,
+        action TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        opened_at REAL NOT NULL,
+        held INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (source, action, reason)
+    );
+    ALTER TABLE nodes ADD COLUMN facts_seq INTEGER;
+    ALTER TABLE nodes ADD COLUMN audit_head TEXT;
+    ALTER TABLE nodes ADD COLUMN audit_problem TEXT;
+    """,
 ]

@@ -9,9 +9,9 @@ the plane's TLS context, which raises when the handshake fails; the HTTP
 protocol (uvicorn's, via ``PeerCertProtocol``) only ever sees established TLS.
 (``start_tls`` on an accepted plain transport is not an option: uvloop may
 deliver the ClientHello to the plain protocol before it can pause reading.)
-A handshake refused over a certificate is reported to ``on_refused``; scans,
-resets and timeouts are not (they say nothing about trust, and would flood
-the chain).
+A handshake refused over a certificate is reported to ``on_refused`` (which
+counts it, see letsinfer.authority.denials); scans, resets and timeouts are
+not (they say nothing about trust).
 """
 
 from __future__ import annotations
@@ -19,17 +19,11 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
-import time
 from collections.abc import Callable
 
 from letsinfer.connections import ConnectionLimits, Listener, ProtocolFactory
 
 HANDSHAKE_TIMEOUT_S = 10.0
-# One audit record per (address, reason) per window; repeats are counted into
-# the next record so a misconfigured peer retrying every second cannot flood
-# the chain, while the first refusal is always recorded at once.
-REPEAT_WINDOW_S = 60.0
-
 # Alerts a client sends when it refuses *our* certificate (it trusts another CA).
 _CLIENT_REFUSED = frozenset(
     {
@@ -41,9 +35,6 @@ _CLIENT_REFUSED = frozenset(
     }
 )
 
-Refused = Callable[[str, str, int], None]
-"""(peer address, reason, refusals since the last record) -> None"""
-
 
 def refusal_reason(exc: BaseException) -> str | None:
     """What a failed handshake says about trust, or None when it says nothing."""
@@ -52,32 +43,6 @@ def refusal_reason(exc: BaseException) -> str | None:
     if isinstance(exc, ssl.SSLError) and exc.reason in _CLIENT_REFUSED:
         return f"the client refused this node's certificate ({exc.reason})"
     return None
-
-
-class RefusalLog:
-    """Rate-limits handshake refusals per (address, reason) before auditing."""
-
-    def __init__(
-        self,
-        audit: Refused,
-        window_s: float = REPEAT_WINDOW_S,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.audit = audit
-        self.window_s = window_s
-        self.clock = clock
-        self._last: dict[tuple[str, str], float] = {}
-        self._held: dict[tuple[str, str], int] = {}
-
-    def refused(self, address: str, reason: str) -> None:
-        key = (address, reason)
-        now = self.clock()
-        last = self._last.get(key)
-        if last is not None and now - last < self.window_s:
-            self._held[key] = self._held.get(key, 0) + 1
-            return
-        self._last[key] = now
-        self.audit(address, reason, self._held.pop(key, 0) + 1)
 
 
 class TlsListener(Listener):
