@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -17,6 +19,7 @@ from letsinfer.cli.output import console, emit
 from letsinfer.cli.scope import CliContext, scoped
 from letsinfer.engines import releases
 from letsinfer.engines.binary import BinaryError
+from letsinfer.lifecycle.door import Door
 from letsinfer.release import runtime
 from letsinfer.store import AuthorityStore, StoreError
 
@@ -124,6 +127,9 @@ def add_model(
             release=release,
             aliases=aliases,
             release_signature=runtime.sign(ctx.home, release),
+            door=Door(
+                threads=settings.engine.threads, ready_timeout_s=settings.engine.ready_timeout_s
+            ),
         )
     finally:
         store.close()
@@ -257,10 +263,74 @@ def install(
                 f"{name} already runs on {', '.join(p.node.name for p in plan.replacing)}; "
                 "pass --replace-existing to replace it. Nothing changed.",
             )
-        created = install_mod.apply(store, plan, lambda r: runtime.sign(ctx.home, r))
+
+        def sign(r: releases.Release) -> str:
+            return runtime.sign(ctx.home, r)
+
+        fresh = install_mod.InstallPlan(
+            plan.service, [p for p in plan.placements if not p.replaces]
+        )
+        created = install_mod.apply(store, fresh, sign) if fresh.placements else []
+        replaced = _replace(ctx, store, plan, sign) if plan.replacing else None
     finally:
         store.close()
-    console.print(f"{len(created)} placement group(s) created: {', '.join(created)}")
+    if created:
+        console.print(f"{len(created)} placement group(s) created: {', '.join(created)}")
+    if replaced is not None:
+        report_rollout(replaced)
+
+
+def _replace(
+    ctx: CliContext,
+    store: AuthorityStore,
+    plan: install_mod.InstallPlan,
+    sign: Callable[[releases.Release], str],
+) -> dict[str, Any] | None:
+    """Replacements go through the running node: each new group is proven
+    before the one it replaces drains and goes (see lifecycle/rollout.py).
+    With no node running nothing serves, so they are made directly."""
+    for p in plan.replacing:
+        r = p.release
+        store.ensure_release(r.id, r.engine, r.version, r.target, r.artifacts, r.launch, sign(r))
+    answer = ask_node(
+        ctx.home,
+        "POST",
+        f"/v1/ops/models/{segment(plan.service)}/replace",
+        json={
+            "replacements": [
+                {"group": p.replaces, "release": p.release.id, "gpus": list(p.gpus)}
+                for p in plan.replacing
+            ]
+        },
+        timeout=None,
+    )
+    if answer is not None:
+        return answer
+    made = install_mod.apply(store, install_mod.InstallPlan(plan.service, plan.replacing), sign)
+    console.print(f"{len(made)} placement group(s) replaced: {', '.join(made)}")
+    return None
+
+
+def report_rollout(answer: dict[str, Any]) -> None:
+    """Every group and what happened to it; exit 1 when one failed."""
+    for g in answer["placement_groups"]:
+        colour = {"upgraded": "green", "unchanged": "dim", "skipped": "yellow"}.get(
+            g["outcome"], "red"
+        )
+        moved = f" (now {g['now']})" if g["now"] != g["group"] else ""
+        detail = f": {g['detail']}" if g["detail"] else ""
+        console.print(
+            f"  {g['group']} on {g['node']}: [{colour}]{g['outcome']}[/{colour}]{moved} "
+            f"{g['from']} -> {g['to']}{detail}",
+            highlight=False,
+        )
+    if not answer["ok"]:
+        failed = [
+            g["group"] for g in answer["placement_groups"] if g["outcome"] in ("restored", "failed")
+        ]
+        raise click.ClickException(
+            f"{answer['action']} of {answer['model']} stopped: {', '.join(failed)} failed"
+        )
 
 
 def _install_parallel(
@@ -402,6 +472,7 @@ def show(ctx: CliContext, name: str, as_json: bool) -> None:
                 "restarts": pg.restarts,
                 "detail": pg.detail,
                 "paused": pg.paused_reason,
+                "generation": pg.generation,
                 "tasks": [
                     {
                         "task": t.task,
@@ -417,6 +488,16 @@ def show(ctx: CliContext, name: str, as_json: bool) -> None:
             }
             for pg in store.list_placement_groups(service=svc.name)
         ]
+        history = [
+            {
+                "release": h.release_id,
+                "node": nodes.get(h.node_id, h.node_id),
+                "placement_group": h.pg_id,
+                "event": h.event,
+                "at": h.at,
+            }
+            for h in store.release_history(svc.name)
+        ]
     finally:
         store.close()
     info = {
@@ -424,7 +505,10 @@ def show(ctx: CliContext, name: str, as_json: bool) -> None:
         "aliases": list(svc.aliases),
         "sha256": svc.artifact_digest,
         "size": svc.artifact_size,
+        "kind": svc.kind,
         "placement_groups": pgs,
+        # Releases this model ran: what `model rollback --to` may reinstall.
+        "releases": history,
     }
     if as_json:
         emit([info], [], as_json=True)
@@ -439,3 +523,9 @@ def show(ctx: CliContext, name: str, as_json: bool) -> None:
         as_json=False,
         title="placement groups",
     )
+    for p in pgs:
+        if p["state"] in ("parked", "failed") and p["detail"]:
+            console.print(f"[red]{p['id']} {p['state']}[/red]: {p['detail']}", highlight=False)
+    kept = list(dict.fromkeys(h["release"] for h in history))
+    if kept:
+        console.print(f"releases it ran (rollback targets): {', '.join(kept)}", highlight=False)

@@ -82,6 +82,7 @@ def write_llama_gguf(
     token_embd: np.ndarray,
     output: np.ndarray,
     rng: np.random.Generator,
+    architecture: str = "llama",
 ) -> Path:
     """A llama-architecture GGUF with a ChatML template; the blocks get small
     random weights (every layer really computes). Written atomically."""
@@ -95,7 +96,8 @@ def write_llama_gguf(
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".part")
-    writer = gguf.GGUFWriter(str(tmp), "llama")
+    # Another architecture name makes a file llama.cpp refuses to load (tests).
+    writer = gguf.GGUFWriter(str(tmp), architecture)
     writer.add_name(name)
     writer.add_context_length(n_ctx)
     writer.add_embedding_length(n_embd)
@@ -136,8 +138,9 @@ def write_llama_gguf(
     return path
 
 
-def write_tiny_model(path: Path) -> Path:
-    """Write the deterministic tiny model to ``path`` (same bytes every time)."""
+def write_tiny_model(path: Path, architecture: str = "llama") -> Path:
+    """Write the deterministic tiny model to ``path`` (same bytes every time);
+    under another ``architecture`` name, a well-formed GGUF no engine loads."""
     tokens, scores, types = spm_vocabulary(_SENTENCE_PIECES)
     n_vocab = len(tokens)
     rng = np.random.default_rng(_SEED)
@@ -169,4 +172,5 @@ def write_tiny_model(path: Path) -> Path:
         token_embd=embd,
         output=output,
         rng=rng,
+        architecture=architecture,
     )
