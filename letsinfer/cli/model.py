@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -311,9 +312,11 @@ def _replace(
     return None
 
 
-def report_rollout(answer: dict[str, Any]) -> None:
+def report_rollout(answer: dict[str, Any], as_json: bool = False) -> None:
     """Every group and what happened to it; exit 1 when one failed."""
-    for g in answer["placement_groups"]:
+    if as_json:
+        click.echo(json.dumps(answer, indent=2))
+    for g in [] if as_json else answer["placement_groups"]:
         colour = {"upgraded": "green", "unchanged": "dim", "skipped": "yellow"}.get(
             g["outcome"], "red"
         )
@@ -326,10 +329,13 @@ def report_rollout(answer: dict[str, Any]) -> None:
         )
     if not answer["ok"]:
         failed = [
-            g["group"] for g in answer["placement_groups"] if g["outcome"] in ("restored", "failed")
+            f"{g['group']} on {g['node']}"
+            for g in answer["placement_groups"]
+            if g["outcome"] in ("restored", "failed")
         ]
         raise click.ClickException(
-            f"{answer['action']} of {answer['model']} stopped: {', '.join(failed)} failed"
+            f"{answer['action'].removeprefix('model.')} of {answer['model']} stopped: "
+            f"{', '.join(failed)} failed"
         )
 
 

@@ -28,8 +28,11 @@ _NEEDS_NODE = (
     "makes one of a llama-server binary).",
 )
 @click.option("--node", "nodes", multiple=True, help="Only the groups on this node; repeatable.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
-def upgrade(ctx: CliContext, name: str, release_id: str, nodes: tuple[str, ...]) -> None:
+def upgrade(
+    ctx: CliContext, name: str, release_id: str, nodes: tuple[str, ...], as_json: bool
+) -> None:
     """Move a model's placement groups to another signed release, one group at a
     time: each replacement is proven (health and one answer) before the group it
     replaces drains; a failed one is removed and the group's exact prior release
@@ -43,8 +46,9 @@ def upgrade(ctx: CliContext, name: str, release_id: str, nodes: tuple[str, ...])
     )
     if answer is None:
         raise click.ClickException(_NEEDS_NODE.format(what="an upgrade"))
-    console.print(f"upgrade of {answer['model']} to {release_id}:", highlight=False)
-    report_rollout(answer)
+    if not as_json:
+        console.print(f"upgrade of {answer['model']} to {release_id}:", highlight=False)
+    report_rollout(answer, as_json)
 
 
 @scoped(model, "rollback", scope="main")
@@ -56,8 +60,11 @@ def upgrade(ctx: CliContext, name: str, release_id: str, nodes: tuple[str, ...])
     "default: each group's previous release.",
 )
 @click.option("--node", "nodes", multiple=True, help="Only the groups on this node; repeatable.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
-def rollback(ctx: CliContext, name: str, to: str | None, nodes: tuple[str, ...]) -> None:
+def rollback(
+    ctx: CliContext, name: str, to: str | None, nodes: tuple[str, ...], as_json: bool
+) -> None:
     """Reinstall a release this model ran before: the signed release record kept
     in the authority, never re-resolved. One group at a time, as an upgrade."""
     answer = ask_node(
@@ -69,8 +76,9 @@ def rollback(ctx: CliContext, name: str, to: str | None, nodes: tuple[str, ...])
     )
     if answer is None:
         raise click.ClickException(_NEEDS_NODE.format(what="a rollback"))
-    console.print(f"rollback of {answer['model']}:", highlight=False)
-    report_rollout(answer)
+    if not as_json:
+        console.print(f"rollback of {answer['model']}:", highlight=False)
+    report_rollout(answer, as_json)
 
 
 @scoped(model, "remove", scope="main")

@@ -138,9 +138,10 @@ def write_llama_gguf(
     return path
 
 
-def write_tiny_model(path: Path, architecture: str = "llama") -> Path:
+def write_tiny_model(path: Path, architecture: str = "llama", name: str = "letsinfer-tiny") -> Path:
     """Write the deterministic tiny model to ``path`` (same bytes every time);
-    under another ``architecture`` name, a well-formed GGUF no engine loads."""
+    under another ``architecture`` name, a well-formed GGUF no engine loads
+    (tests); another ``name`` gives other bytes that serve the same."""
     tokens, scores, types = spm_vocabulary(_SENTENCE_PIECES)
     n_vocab = len(tokens)
     rng = np.random.default_rng(_SEED)
@@ -163,7 +164,7 @@ def write_tiny_model(path: Path, architecture: str = "llama") -> Path:
 
     return write_llama_gguf(
         path,
-        "letsinfer-tiny",
+        name,
         n_ctx=_N_CTX,
         n_ff=_N_FF,
         n_head=_N_HEAD,
