@@ -5,10 +5,13 @@ replicas on several nodes keeps serving throughout."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from letsinfer.authority import lifecycle
 from letsinfer.lifecycle.serving import Serving, Started
+
+log = logging.getLogger("letsinfer.lifecycle")
 
 # Engines stop within their grace period once their agent hears of it.
 STOP_WAIT_S = 120.0
@@ -28,11 +31,13 @@ async def stop(sv: Serving, *, actor: str, role: str | None) -> dict[str, object
     state = lifecycle.begin_cluster_stop(sv.store, actor=actor, role=role)
     sv.apply()  # the gateway refuses new requests from here on
     groups = set(state.groups)
+    log.info("cluster stop: draining %d placement group(s)", len(groups))
     cut = await sv.drain(groups)
     lifecycle.complete_cluster_stop(sv.store, state)
     sv.apply()
     still = await sv.stopped(groups, STOP_WAIT_S)
     sv.routing.undrain(groups)
+    log.info("cluster stopped (%d request(s) cut, %d group(s) not yet stopped)", cut, len(still))
     return {
         "stopped": sorted(groups),
         "cut": cut,
@@ -43,6 +48,7 @@ async def stop(sv: Serving, *, actor: str, role: str | None) -> dict[str, object
 async def start(sv: Serving, *, actor: str, role: str | None) -> dict[str, object]:
     groups = lifecycle.start_cluster(sv.store, actor=actor, role=role)
     sv.apply()
+    log.info("cluster start: %d placement group(s)", len(groups))
     came: dict[str, Started] = {}
     for pg_id in groups:
         came[pg_id] = await sv.started(pg_id)
@@ -74,6 +80,7 @@ async def restart(sv: Serving, *, actor: str, role: str | None) -> dict[str, obj
         if not ok:
             step.groups = dict.fromkeys(sorted(groups), "not tried")
             continue
+        log.info("cluster restart: %s (%d placement group(s))", node.name, len(groups))
         step.cut = await sv.drain(groups)
         try:
             store.restart_groups(sorted(groups))

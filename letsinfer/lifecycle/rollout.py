@@ -18,6 +18,7 @@ from the authority's history: never re-resolved) and ``model install
 
 from __future__ import annotations
 
+import logging
 import uuid
 from dataclasses import dataclass, field
 
@@ -32,6 +33,8 @@ from letsinfer.store import (
     ReleaseHistoryRecord,
     StoreError,
 )
+
+log = logging.getLogger("letsinfer.lifecycle")
 
 # What happened to a group. Only "restored" and "failed" fail a rollout.
 UPGRADED = "upgraded"  # now runs the new release (maybe as a new group: `now`)
@@ -170,8 +173,10 @@ async def run(
         elif pg.release_id == change.release and change.gpus is None:
             out.outcome = UNCHANGED
         else:
+            log.info("%s %s: %s on %s -> %s", action, model, pg.id, out.node, change.release)
             await _replace(sv, pg, change, event, out)
             failed = out.outcome in (RESTORED, FAILED)
+        log.log(logging.WARNING if failed else logging.INFO, "%s %s: %s", action, model, out.line())
     store.append_audit(
         actor,
         action,
