@@ -289,3 +289,41 @@ def test_model_remove_is_refused_while_it_runs_and_frees_its_file(lab: Lab) -> N
     twin = node.cli("model", "remove", "twin")
     assert twin.returncode == 0 and "used by tiny" in twin.stdout
     assert lab.chat("tiny").status_code == 200
+
+
+def test_a_release_written_into_the_database_without_the_release_key_never_runs(
+    lab: Lab,
+) -> None:
+    """Someone who can write the authority (the letsinfer group) but holds no
+    release key adds a release of their own binary, even into the model's
+    history: neither an upgrade nor a rollback runs it, and nothing changes."""
+    import sqlite3
+
+    node, model = lab.node, "org/flaky"
+    before = lab.wait_state(model, "ready")
+    db = sqlite3.connect(node.home / "var/authority.db")
+    [signature] = db.execute(
+        "SELECT signature FROM runtime_releases WHERE id = ?", (before["release"],)
+    ).fetchone()
+    with db:
+        db.execute(
+            "INSERT INTO runtime_releases(id, engine, version, target, artifacts, launch, "
+            "signature, created_at) VALUES ('evil', 'llama-server', '1', 'cpu', '{}', ?, ?, 0)",
+            (json.dumps({"binary": str(lab.broken)}), signature),  # another release's signature
+        )
+        db.execute(
+            "INSERT INTO release_history(service, node_id, pg_id, release_id, event, at) "
+            "SELECT service, node_id, id, 'evil', 'installed', 0 FROM placement_groups "
+            "WHERE id = ?",
+            (before["id"],),
+        )
+    db.close()
+    for args in (("upgrade", model, "--release", "evil"), ("rollback", model, "--to", "evil")):
+        refused = node.cli("model", *args)
+        assert refused.returncode == 1, refused.stdout
+        assert "release evil cannot run" in refused.stderr and "Nothing changed" in refused.stderr
+    after = lab.group(model)
+    assert [after[k] for k in ("id", "release", "pid")] == [
+        before[k] for k in ("id", "release", "pid")
+    ]
+    assert lab.chat(model).status_code == 200
