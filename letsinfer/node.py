@@ -82,7 +82,12 @@ class MainNode:
             trusted=trusted,
         )
         self.lifecycle = Serving(
-            self.store, self.routing, self.apply_now, settings.lifecycle, trusted=trusted
+            self.store,
+            self.routing,
+            self.apply_now,
+            settings.lifecycle,
+            trusted=trusted,
+            stale_after_s=settings.control.node_stale_after_s,
         )
         self.ledger = FactLedger()
         self.tasks = TaskBoard()

@@ -80,6 +80,10 @@ async def restart(sv: Serving, *, actor: str, role: str | None) -> dict[str, obj
         if not ok:
             step.groups = dict.fromkeys(sorted(groups), "not tried")
             continue
+        away = sv.unreachable(node.id)
+        if away is not None:  # nothing to restart there now; its agent restarts them on return
+            step.groups = dict.fromkeys(sorted(groups), f"skipped: {away}")
+            continue
         log.info("cluster restart: %s (%d placement group(s))", node.name, len(groups))
         step.cut = await sv.drain(groups)
         try:

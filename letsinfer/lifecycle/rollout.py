@@ -167,7 +167,7 @@ async def run(
         if failed:
             out.outcome = NOT_TRIED
             continue
-        why = _cannot_take(store, pg, change.release)
+        why = _cannot_take(store, pg, change.release) or sv.unreachable(pg.node_id)
         if why is not None:
             out.outcome, out.detail = SKIPPED, why
         elif pg.release_id == change.release and change.gpus is None:

@@ -52,6 +52,7 @@ class Serving:
     apply: Callable[[], None]  # desired state and the gateway's view, applied now
     settings: LifecycleSettings
     trusted: list[PublicKey] = field(default_factory=list)  # release signers
+    stale_after_s: float = 20.0  # a child without facts this long is unreachable
     poll_s: float = 0.25
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _doing: str | None = None
@@ -67,6 +68,17 @@ class Serving:
                 yield
             finally:
                 self._doing = None
+
+    def unreachable(self, node_id: str) -> str | None:
+        """Why a group on this node cannot be changed now (None: it can)."""
+        node = self.store.get_node(node_id)
+        if node is None:
+            return "its node is gone"
+        if node.role == "main":
+            return None
+        if node.facts_at is None or time.time() - node.facts_at > self.stale_after_s:
+            return f"its node {node.name} is unreachable (no fresh facts from its agent)"
+        return None
 
     async def drain(self, pg_ids: set[str]) -> int:
         """Admit nothing new to these groups and wait (bounded) for their
