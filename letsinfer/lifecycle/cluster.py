@@ -81,7 +81,7 @@ async def restart(sv: Serving, *, actor: str, role: str | None) -> dict[str, obj
             step.groups = dict.fromkeys(sorted(groups), "not tried")
             continue
         away = sv.unreachable(node.id)
-        if away is not None:  # nothing to restart there now; its agent restarts them on return
+        if away is not None:  # cannot be restarted now; they run on as they are
             step.groups = dict.fromkeys(sorted(groups), f"skipped: {away}")
             continue
         log.info("cluster restart: %s (%d placement group(s))", node.name, len(groups))
