@@ -72,7 +72,7 @@ def add_gguf_model(
                 release_signature,
             )
             svc = store.add_service(
-                name, staged.digest, staged.size, "gguf", str(source), aliases, staged.kind
+                name, staged.digest, staged.size, "gguf", str(source), aliases, kind=staged.kind
             )
             pg = None
             if node_id is not None:  # serve it on this node right away

@@ -546,6 +546,7 @@ class AuthorityStore:
         fmt: str,
         source: str | None,
         aliases: tuple[str, ...] = (),
+        *,
         kind: str = "completion",
     ) -> ServiceRecord:
         taken = self.resolve_service(name)
