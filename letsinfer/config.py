@@ -179,6 +179,9 @@ class AgentSettings(_Section):
     restart_backoff_max_s: float = Field(30.0, gt=0)
     health_interval_s: float = Field(2.0, gt=0)
     reconcile_interval_s: float = Field(1.0, gt=0)
+    # An engine that fails to start (never healthy and proven) this many times
+    # in a row is parked: not restarted until `model start`; 0 never parks.
+    park_after_failed_starts: int = Field(5, ge=0)
 
 
 class AuditSettings(_Section):
@@ -194,6 +197,17 @@ class LinkSettings(_Section):
     probe_interval_s: float = Field(5.0, gt=0)
     probe_timeout_s: float = Field(3.0, gt=0)
     proof_ttl_s: float = Field(30.0, gt=0)  # a proof older than this proves nothing
+
+
+class LifecycleSettings(_Section):
+    """Changes to running groups (upgrade, rollback, replace, cluster stop/restart)."""
+
+    # A group leaving service admits nothing new and waits this long at most
+    # for its requests in flight to finish.
+    drain_timeout_s: float = Field(600.0, gt=0)
+    # A new or restarted group must be ready (healthy and proven) or parked
+    # within this; otherwise the change counts as failed.
+    start_timeout_s: float = Field(900.0, gt=0)
 
 
 _RELEASE_PUBLIC_KEY = re.compile(r"ed25519:[A-Za-z0-9+/]{43}=")
@@ -253,6 +267,7 @@ class Settings(_Section):
     engine: EngineSettings = EngineSettings()
     agent: AgentSettings = AgentSettings()
     links: LinkSettings = LinkSettings()
+    lifecycle: LifecycleSettings = LifecycleSettings()
     control: ControlSettings = ControlSettings()
     discovery: DiscoverySettings = DiscoverySettings()
     release: ReleaseSettings = ReleaseSettings()

@@ -44,6 +44,8 @@ from letsinfer.gateway.metrics import start_metrics_server
 from letsinfer.gateway.routing import Replica, RoutingTable
 from letsinfer.home import Home
 from letsinfer.identity import NodeIdentity, load_identity
+from letsinfer.lifecycle.routes import lifecycle_router
+from letsinfer.lifecycle.serving import Serving
 from letsinfer.mirror.layout import MirrorLayout
 from letsinfer.planes import RunningPlane, tls_server
 from letsinfer.release import runtime
@@ -74,13 +76,22 @@ class MainNode:
             self._on_engine_status,
         )
         self._engine_secret = engine_keys.ensure_secret(self.store)
+        trusted = runtime.trusted_for(home, settings.release.trusted_keys, None)
         self.placements = PlacementRunner(
             home.model_store,
             home.engine_run,
             self.supervisor,
             _ENGINE_HOST,
             self._pg_failed,
-            trusted=runtime.trusted_for(home, settings.release.trusted_keys, None),
+            trusted=trusted,
+        )
+        self.lifecycle = Serving(
+            self.store,
+            self.routing,
+            self.apply_now,
+            settings.lifecycle,
+            trusted=trusted,
+            stale_after_s=settings.control.node_stale_after_s,
         )
         self.ledger = FactLedger()
         self.tasks = TaskBoard()
@@ -160,6 +171,7 @@ class MainNode:
         admin = typed_app("letsinfer admin socket")
         admin.include_router(ops_router(self.store, self.identity, on_change=self.apply_now))
         admin.include_router(local_router(self.store, self.node_removed))
+        admin.include_router(lifecycle_router(self.lifecycle, self.home.model_store))
         planes.append(
             AdminPlane(self.home.admin_socket, LocalGate(admin, self.denials, os.geteuid()))
         )
@@ -273,7 +285,9 @@ class MainNode:
         self.routing.set_paused_nodes(paused)
 
     def _pg_failed(self, pg_id: str, why: str) -> None:
-        self.store.record_pg_observation(pg_id, state="failed", detail=why)
+        self.store.record_pg_observation(
+            pg_id, state="failed", detail=why, generation=self.placements.generations.get(pg_id)
+        )
         service = self.placements.services.get(pg_id)
         if service:
             self.routing.withdraw(service, pg_id, why)
@@ -314,6 +328,8 @@ class MainNode:
             )
         elif st.state == "stopped":
             self.routing.forget(service, st.pg_id)
+        elif st.state == "parked":
+            self.routing.park(service, st.pg_id, st.detail or "parked")
         else:
             self.routing.withdraw(service, st.pg_id, st.detail or st.state)
         try:
@@ -325,6 +341,7 @@ class MainNode:
                 capacity=self.settings.engine.parallel if st.state == "ready" else None,
                 restarts=st.restarts,
                 detail=st.detail,
+                generation=self.placements.generations.get(st.pg_id),
             )
         except Exception:  # observation is best effort; routing already updated
             log.exception("could not record state of %s", st.pg_id)
@@ -360,13 +377,23 @@ class MainNode:
         )
         self.reconcile_links()
         wanted: dict[str, PlacementGroupRecord] = {}
+        stopping: list[PlacementGroupRecord] = []
         for t in self.store.tasks_on_node(node.id):
             pg = self.store.get_placement_group(t.pg_id)
             if pg is not None and pg.desired == "running":
                 wanted[pg.id] = pg
+            elif pg is not None and pg.state != "stopped" and t.task == "0":
+                stopping.append(pg)
         for p in facts.placements:
-            self.tasks.report(p.pg_id, p.task, TaskReport(node.id, p.state, p.base_url, p.capacity))
-            seen = (p.state, p.base_url, p.pid, p.capacity, p.restarts, p.detail)
+            pg_now = wanted.get(p.pg_id)
+            if pg_now is not None and p.generation < pg_now.generation and p.state != "ready":
+                # From before the main asked for a fresh start (model start, a new
+                # release): its parked or failed engine is about to be replaced.
+                p = p.model_copy(update={"state": "starting", "detail": "starting afresh"})
+            self.tasks.report(
+                p.pg_id, p.task, TaskReport(node.id, p.state, p.base_url, p.capacity, p.detail)
+            )
+            seen = (p.state, p.base_url, p.pid, p.capacity, p.restarts, p.detail, p.generation)
             # Facts arrive every interval: write an observation only when it changed.
             if p.pg_id in wanted and self._observed.get((p.pg_id, p.task)) != seen:
                 self._observed[(p.pg_id, p.task)] = seen
@@ -380,13 +407,21 @@ class MainNode:
                         capacity=p.capacity,
                         restarts=p.restarts,
                         detail=p.detail,
+                        generation=p.generation,
                     )
+        reported = {p.pg_id for p in facts.placements}
+        for pg in stopping:  # stopped on purpose and no engine reported any more
+            if pg.id not in reported:
+                self.store.record_pg_observation(pg.id, state="stopped")
         published: set[tuple[str, str]] = set()
         for pg in wanted.values():
             if self._route(pg):
                 published.add((pg.service, pg.id))
         for service, pg_id in self._remote.get(node.id, set()) - published:
-            self.routing.withdraw(service, pg_id, "not ready on its node")
+            if self.store.get_placement_group(pg_id) is None:  # removed (replaced, model removed)
+                self.routing.forget(service, pg_id)
+            else:
+                self.routing.withdraw(service, pg_id, "not ready on its node")
         self._remote[node.id] = published
         desired = desired_for_node(self.store, node.id, self._engine_secret)
         return {
@@ -404,6 +439,12 @@ class MainNode:
         expected = {t.task for t in tasks}
         url = self.tasks.endpoint(pg.id, expected)
         names = {n.id: n.name for n in self.store.list_nodes(include_removed=True)}
+        parked = self.tasks.parked(pg.id)
+        if parked is not None:
+            if len(tasks) > 1:
+                self._observe_group(pg, None, parked.detail)
+            self.routing.park(pg.service, pg.id, parked.detail or "parked")
+            return False
         why = None
         if pg.paused_reason:
             why = f"paused: {pg.paused_reason}; run `letsinfer model resume {pg.service}`"
@@ -435,7 +476,7 @@ class MainNode:
             state = "paused"
         else:
             states = [r.state for r in self.tasks.reports.get(pg.id, {}).values()]
-            state = next((s for s in ("failed", "restarting") if s in states), "starting")
+            state = next((s for s in ("parked", "failed", "restarting") if s in states), "starting")
         head = self.tasks.head(pg.id)
         seen = (state, url, why)
         if self._observed.get((pg.id, "*")) != seen:

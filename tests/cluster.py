@@ -38,7 +38,7 @@ class Cluster:
         }
 
     def cli(
-        self, name: str, *args: str, home: str | None = None
+        self, name: str, *args: str, home: str | None = None, timeout: float = 60
     ) -> subprocess.CompletedProcess[str]:
         return self.lab.run(
             name,
@@ -49,10 +49,11 @@ class Cluster:
             str(self.home(home or name)),
             *args,
             env=self.env(name),
+            timeout=timeout,
         )
 
-    def ok(self, name: str, *args: str, home: str | None = None) -> str:
-        result = self.cli(name, *args, home=home)
+    def ok(self, name: str, *args: str, home: str | None = None, timeout: float = 60) -> str:
+        result = self.cli(name, *args, home=home, timeout=timeout)
         assert result.returncode == 0, f"{args}: {result.stderr}"
         return result.stdout
 

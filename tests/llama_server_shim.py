@@ -3,6 +3,10 @@
 It accepts the same command line the agent builds for a real ``llama-server``,
 records the environment it was given (so a test can see exactly which GPUs
 the engine was shown), then serves with the bundled llama.cpp server.
+
+It fails on purpose, as a broken build would (an error line in llama.cpp's
+format, exit 1), when ``LLAMA_SHIM_FAIL`` is set, or while the file named by
+``LLAMA_SHIM_FAIL_WHILE`` exists.
 """
 
 from __future__ import annotations
@@ -39,6 +43,16 @@ def main() -> int:
     for flag in ("--slots", "--metrics", "--embeddings"):
         ap.add_argument(flag, action="store_true")
     args = ap.parse_args()
+    told = os.environ.get("LLAMA_SHIM_FAIL")
+    flag = os.environ.get("LLAMA_SHIM_FAIL_WHILE")
+    if told or (flag and Path(flag).exists()):
+        print("0.00.000.100 I srv    load_model: loading model", flush=True)
+        print(
+            f"0.00.000.200 E llama_model_load: error loading model: shim broken on purpose "
+            f"({told or flag})",
+            flush=True,
+        )
+        return 1
     record = os.environ.get("LLAMA_SHIM_RECORD")
     if record:
         Path(record).write_text(

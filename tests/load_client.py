@@ -3,6 +3,9 @@
 python tests/load_client.py URL KEY MODEL REQUESTS THREADS  -> JSON list of statuses
 python tests/load_client.py stream URL KEY MODEL FLAG_FILE  -> reads a long stream,
     pausing after the first chunk until FLAG_FILE exists; prints JSON summary
+python tests/load_client.py streams URL KEY MODEL STOP_FILE THREADS -> streams one
+    request after another on each thread until STOP_FILE exists; prints one JSON
+    summary per request (status, whether the stream ended whole, the group)
 """
 
 from __future__ import annotations
@@ -65,8 +68,45 @@ def stream(url: str, key: str, model: str, flag: str) -> None:
     print(json.dumps({"status": resp.status_code, "chunks": chunks, "finish": finish}))
 
 
+def streams(url: str, key: str, model: str, stop: str, threads: int) -> None:
+    body = {
+        "model": model,
+        "stream": True,
+        "max_tokens": 60,
+        "ignore_eos": True,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    headers = {"authorization": f"Bearer {key}"}
+
+    def loop(_: int) -> list[dict[str, object]]:
+        done: list[dict[str, object]] = []
+        with httpx.Client(timeout=60) as client:
+            while not Path(stop).exists():
+                chunks, whole, status = 0, False, -1
+                try:
+                    with client.stream(
+                        "POST", url + "/v1/chat/completions", json=body, headers=headers
+                    ) as resp:
+                        status = resp.status_code
+                        for line in resp.iter_lines():
+                            if line == "data: [DONE]":
+                                whole = True
+                            elif line.startswith("data: "):
+                                chunks += 1
+                except httpx.HTTPError as exc:
+                    done.append({"status": -1, "whole": False, "error": repr(exc)})
+                    continue
+                done.append({"status": status, "whole": whole, "chunks": chunks})
+        return done
+
+    with ThreadPoolExecutor(threads) as pool:
+        print(json.dumps([r for rs in pool.map(loop, range(threads)) for r in rs]))
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "stream":
         stream(*sys.argv[2:6])
+    elif sys.argv[1] == "streams":
+        streams(*sys.argv[2:6], int(sys.argv[6]))
     else:
         load(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))

@@ -3,6 +3,7 @@ children, served through the main's gateway, surviving what operators see."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -14,6 +15,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -40,6 +42,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     shim = root / "llama-server"
     shim.write_text(f'#!/bin/sh\nexec {PY} {ROOT / "tests/llama_server_shim.py"} "$@"\n')
     shim.chmod(0o755)
+    broken = root / "llama-server-broken"  # a build that never starts (it answers --version)
+    broken.write_text(
+        f'#!/bin/sh\nLLAMA_SHIM_FAIL=1 exec {PY} {ROOT / "tests/llama_server_shim.py"} "$@"\n'
+    )
+    broken.chmod(0o755)
+    parking = {
+        "LETSINFER_AGENT__PARK_AFTER_FAILED_STARTS": "2",
+        "LETSINFER_AGENT__RESTART_BACKOFF_INITIAL_S": "0.2",
+    }
     (root / "gpus.json").write_text(json.dumps(GPUS))
     c.extra_env = {
         "main": {
@@ -52,8 +63,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             "LLAMA_SHIM_RECORD": str(root / "shim-env.json"),
             "LETSINFER_ENGINE__THREADS": "1",
             "LETSINFER_ENGINE__PARALLEL": "2",
+            **parking,
         },
-        "n2": {"LETSINFER_ENGINE__THREADS": "1", "LETSINFER_ENGINE__PARALLEL": "2"},
+        "n2": {"LETSINFER_ENGINE__THREADS": "1", "LETSINFER_ENGINE__PARALLEL": "2", **parking},
     }
     try:
         c.main_with_children()
@@ -104,6 +116,68 @@ def served_by(c: Cluster, model: str) -> dict[str, int]:
     ):
         counts[m.group(1)] = counts.get(m.group(1), 0) + 1
     return counts
+
+
+@contextlib.contextmanager
+def streaming(c: Cluster, model: str, threads: int = 2) -> Iterator[list[dict[str, object]]]:
+    """Clients streaming one request after another through the main's gateway
+    while the block runs; afterwards the list holds every request's summary."""
+    stop = c.root / f"streams-{time.monotonic_ns()}.stop"
+    before = sum(served_by(c, model).values())
+    client = c.lab.popen(
+        "main",
+        PY,
+        str(ROOT / "tests/load_client.py"),
+        "streams",
+        f"http://{c.lab.hosts['main']}:8000",
+        str(c.key),
+        model,
+        str(stop),
+        str(threads),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    results: list[dict[str, object]] = []
+    try:
+        c.wait(lambda: sum(served_by(c, model).values()) > before, "streams under way")
+        yield results
+    finally:
+        stop.touch()
+        out, err = client.communicate(timeout=120)
+        assert client.returncode == 0, err
+        results.extend(json.loads(out))
+
+
+def load_error(c: Cluster, model: str) -> dict[str, Any]:
+    """One chat request through the main's gateway, and /health, as a client sees them."""
+    main = c.lab.hosts["main"]
+    return json.loads(  # type: ignore[no-any-return]
+        c.py(
+            "main",
+            f"""
+import httpx, json
+r = httpx.post("http://{main}:8000/v1/chat/completions", timeout=30,
+               headers={{"authorization": "Bearer {c.key}"}},
+               json={{"model": "{model}", "messages": [{{"role": "user", "content": "hi"}}]}})
+h = httpx.get("http://{main}:8000/health")
+error = r.json().get("error") or {{}}
+print(json.dumps({{"status": r.status_code, "code": error.get("code"),
+                  "retry_after": r.headers.get("retry-after"),
+                  "health": [h.status_code, h.json()]}}))
+""",
+        )
+    )
+
+
+def release_add(c: Cluster, binary: Path, target: str = "cpu") -> str:
+    out = c.ok("main", "release", "add", "--llama-server", str(binary), "--target", target)
+    return out.split(": ", 1)[1].split()[0]
+
+
+def rollout(c: Cluster, *args: str) -> tuple[int, dict[str, Any]]:
+    done = c.cli("main", "model", *args, "--json", timeout=300)
+    assert done.stdout, done.stderr
+    return done.returncode, json.loads(done.stdout)
 
 
 def test_install_on_two_children_serves_through_both(cluster: Cluster) -> None:
@@ -250,6 +324,141 @@ def test_pause_lets_a_stream_finish_and_moves_new_requests(cluster: Cluster) -> 
     c.ok("main", "node", "resume", "n1")
     c.wait(lambda: load(c, "big", n=2, threads=1) == [200, 200], "n1 admitting again")
     assert pgs(c, "big")["n1"]["pid"] == engine_pid, "pausing never restarts engines"
+
+
+def test_cluster_stop_refuses_new_requests_and_start_restores_the_same_groups(
+    cluster: Cluster,
+) -> None:
+    c = cluster
+    wait_ready(c, "shared", {"n1", "n2"})
+    wait_ready(c, "big", {"n1"})
+    before = {m: {n: pg["id"] for n, pg in pgs(c, m).items()} for m in ("shared", "big")}
+    c.ok("main", "cluster", "stop", timeout=300)
+    refused = load_error(c, "shared")
+    assert refused["status"] == 503 and refused["code"] == "system_stopped", refused
+    assert refused["retry_after"] is None and refused["health"] == [503, {"status": "stopped"}]
+    assert load_error(c, "tiny")["code"] == "system_stopped"
+    for host in ("main", "n1", "n2"):  # every engine gone, the GPUs free
+        c.wait(lambda h=host: processes_using(c.home(h) / "var/models") == [], f"{host} idle")
+    status = json.loads(c.ok("main", "cluster", "status", "--json"))
+    assert status["stopped"] and set(status["groups"]) >= {*before["shared"].values()}
+    again = c.cli("main", "cluster", "stop")
+    assert again.returncode == 1 and "already stopped" in again.stderr
+
+    c.ok("main", "cluster", "start", timeout=300)
+    after = {m: {n: pg["id"] for n, pg in pgs(c, m).items()} for m in ("shared", "big")}
+    assert after == before
+    for m, nodes in after.items():
+        assert {pg["state"] for pg in pgs(c, m).values()} == {"ready"}, (m, nodes)
+    assert load(c, "shared", n=4) == [200] * 4
+    assert not json.loads(c.ok("main", "cluster", "status", "--json"))["stopped"]
+
+
+def test_a_rolling_cluster_restart_keeps_a_replicated_model_serving(cluster: Cluster) -> None:
+    c = cluster
+    wait_ready(c, "shared", {"n1", "n2"})
+    pids = {n: pg["pid"] for n, pg in pgs(c, "shared").items()}
+    with streaming(c, "shared") as results:
+        c.ok("main", "cluster", "restart", timeout=300)
+    assert results and all(r["status"] == 200 and r["whole"] for r in results), results
+    after = pgs(c, "shared")
+    assert all(after[n]["pid"] != pids[n] and after[n]["state"] == "ready" for n in pids)
+
+
+def test_an_upgrade_replaces_one_group_at_a_time_while_a_client_streams(
+    cluster: Cluster,
+) -> None:
+    c = cluster
+    wait_ready(c, "shared", {"n1", "n2"})
+    old = pgs(c, "shared")
+    [first] = {str(pg["release"]) for pg in old.values()}
+    new = release_add(c, c.root / "llama-server")
+    listed = {r["id"]: r for r in json.loads(c.ok("main", "release", "list", "--json"))}
+    assert (
+        listed[new]["sha256"] == hashlib.sha256((c.root / "llama-server").read_bytes()).hexdigest()
+    )
+    assert listed[first]["placement_groups"]
+
+    with streaming(c, "shared") as results:
+        code, result = rollout(c, "upgrade", "shared", "--release", new)
+    assert code == 0, result
+    assert [g["outcome"] for g in result["placement_groups"]] == ["upgraded", "upgraded"]
+    assert results and all(r["status"] == 200 and r["whole"] for r in results), results
+    after = pgs(c, "shared")
+    assert {str(pg["release"]) for pg in after.values()} == {new}
+    assert set(after) == {"n1", "n2"}
+    # Each new group started beside the old one (cpu: spare capacity) and served.
+    assert not {pg["id"] for pg in after.values()} & {pg["id"] for pg in old.values()}
+    assert load(c, "shared", n=4) == [200] * 4
+
+
+def test_a_failed_upgrade_restores_the_first_group_and_touches_no_other(cluster: Cluster) -> None:
+    c = cluster
+    wait_ready(c, "shared", {"n1", "n2"})
+    before = pgs(c, "shared")
+    broken = release_add(c, c.root / "llama-server-broken")
+    code, result = rollout(c, "upgrade", "shared", "--release", broken)
+    assert code == 1, result
+    first, second = result["placement_groups"]
+    assert first["outcome"] == "restored" and second["outcome"] == "not tried", result
+    # The reason came from the child's parked engine, through its signed facts.
+    assert "parked" in first["detail"] and "shim broken on purpose" in first["detail"]
+    after = pgs(c, "shared")
+    for node in ("n1", "n2"):  # the same group, release, engine: exactly as before
+        assert [after[node][k] for k in ("id", "release", "pid", "state")] == [
+            before[node][k] for k in ("id", "release", "pid", "state")
+        ]
+    released = json.loads(c.ok("main", "release", "list", "--json"))
+    [kept] = [r for r in released if r["id"] == before[first["node"]]["release"]]
+    assert kept["sha256"] == hashlib.sha256((c.root / "llama-server").read_bytes()).hexdigest()
+    failed = c.cli("main", "model", "upgrade", "shared", "--release", broken, timeout=300)
+    assert failed.returncode == 1 and f"{first['group']} on {first['node']}" in failed.stderr
+    assert load(c, "shared", n=4) == [200] * 4
+
+
+def test_rollback_reinstalls_the_release_the_model_ran_before(cluster: Cluster) -> None:
+    c = cluster
+    info = json.loads(c.ok("main", "model", "show", "shared", "--json"))[0]
+    ran = list(dict.fromkeys(h["release"] for h in info["releases"]))
+    assert len(ran) >= 2
+    unknown = c.cli("main", "model", "rollback", "shared", "--to", "llama.cpp-nothing")
+    assert unknown.returncode == 1 and "not one model shared ran" in unknown.stderr
+    code, result = rollout(c, "rollback", "shared")
+    assert code == 0, result
+    assert {g["to"] for g in result["placement_groups"]} == {ran[0]}
+    assert {str(pg["release"]) for pg in pgs(c, "shared").values()} == {ran[0]}
+    assert load(c, "shared", n=4) == [200] * 4
+
+
+def test_without_a_free_gpu_a_group_is_replaced_in_place_and_restored(cluster: Cluster) -> None:
+    c = cluster
+    c.ok("main", "model", "add", "gpu2", "--gguf", str(c.root / "shared.gguf"), "--no-serve")
+    c.ok("main", "model", "install", "gpu2", "--node", "n1", "--gpu", "GPU-n1-b", "--yes")
+    wait_ready(c, "gpu2", {"n1"})  # with big on GPU-n1-a, n1 has no GPU left
+    before = pgs(c, "gpu2")["n1"]
+    broken = release_add(c, c.root / "llama-server-broken", "cuda")
+    code, result = rollout(c, "upgrade", "gpu2", "--release", broken)
+    assert code == 1, result
+    [group] = result["placement_groups"]
+    assert group["outcome"] == "restored" and group["now"] == before["id"], group
+    assert "shim broken on purpose" in group["detail"]
+    after = pgs(c, "gpu2")["n1"]
+    assert (after["id"], after["release"], after["gpus"], after["state"]) == (
+        before["id"],
+        before["release"],
+        ["GPU-n1-b"],
+        "ready",
+    )
+    assert load(c, "gpu2", n=2, threads=1) == [200, 200]
+
+    # Removing it (with a group on a child) frees the GPU for the tests after this.
+    refused = c.cli("main", "model", "remove", "gpu2")
+    assert refused.returncode == 1 and "--stop" in refused.stderr
+    c.ok("main", "model", "remove", "gpu2", "--stop", timeout=120)
+    assert load(c, "gpu2", n=1, threads=1) == [404]
+    topo = json.loads(c.ok("main", "topology", "--json"))
+    [n1] = [n for n in topo if n["node"] == "n1"]
+    assert {g["uuid"]: g["placement_group"] for g in n1["gpus"]}["GPU-n1-b"] is None
 
 
 def test_forged_replayed_and_stale_facts_are_refused_and_audited(cluster: Cluster) -> None:

@@ -57,3 +57,48 @@ def test_node_killed_outright_takes_its_engines_with_it(tmp_path: Path) -> None:
     while node.engine_pids() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert node.engine_pids() == []
+
+
+def test_an_engine_that_is_healthy_but_cannot_answer_is_never_ready(tmp_path: Path) -> None:
+    """Ready means proven: /health is not enough. An engine whose one real
+    request fails never reaches routing, and is parked after N such starts."""
+    import asyncio
+
+    from letsinfer.agent.ports import free_port
+    from letsinfer.agent.supervisor import EngineStatus, EngineSupervisor, SupervisionPolicy
+    from letsinfer.engines.launch import EngineTask, LaunchPlan, plan_llamacpp
+    from letsinfer.engines.releases import xllamacpp_cpu
+    from letsinfer.engines.tinymodel import write_tiny_model
+
+    model = write_tiny_model(tmp_path / "m.gguf")
+    seen: list[EngineStatus] = []
+
+    def plan(port: int) -> LaunchPlan:
+        # Embeddings off, yet proven by an embedding: healthy, never answering.
+        task = EngineTask(
+            "pg-x",
+            "m",
+            model,
+            "127.0.0.1",
+            port,
+            "key",
+            threads=1,
+            context=256,
+            parallel=1,
+            embedding=False,
+            proof="embedding",
+        )
+        return plan_llamacpp(xllamacpp_cpu(), task, tmp_path)
+
+    async def scenario() -> None:
+        policy = SupervisionPolicy(backoff_initial_s=0.1, park_after_failed_starts=2)
+        supervisor = EngineSupervisor(tmp_path, policy, seen.append)
+        supervisor.ensure("pg-x", plan, free_port)
+        while not any(s.state == "parked" for s in seen):
+            await asyncio.sleep(0.1)
+        await supervisor.stop_all()
+
+    asyncio.run(asyncio.wait_for(scenario(), timeout=120))
+    assert "ready" not in {s.state for s in seen}
+    [parked] = [s for s in seen if s.state == "parked"]
+    assert parked.detail and "not proven" in parked.detail and "HTTP 501" in parked.detail

@@ -183,3 +183,72 @@ def test_the_authority_database_is_not_world_readable(tmp_path: Path) -> None:
     for name in ("a.db", "a.db-wal"):
         assert (tmp_path / name).stat().st_mode & 0o007 == 0, name
     store.close()
+
+
+def test_only_a_transient_gap_asks_clients_to_retry(tmp_path: Path) -> None:
+    """Which 503 a request gets, from what should run (the directory) and what
+    is ready or parked (the routing table)."""
+    from letsinfer.authority import lifecycle
+    from letsinfer.gateway.availability import Availability
+
+    store = AuthorityStore(tmp_path / "a.db")
+    store.add_node("n", "n", "main", None)
+    store.ensure_release("r", "xllamacpp", "1", "cpu", {}, {})
+    store.add_service("m", "0" * 64, 1, "gguf", None)
+    store.add_service("idle", "1" * 64, 1, "gguf", None)
+    for pg in ("a", "b"):
+        store.add_placement_group(pg, "m", "n", "r", "cpu")
+    directory, table = Directory(store), RoutingTable()
+    seen = Availability(directory, table)
+
+    def code(service: str = "m") -> tuple[str | None, str | None]:
+        directory.refresh(force=True)
+        err = seen.refusal(service, "")
+        return err.code, err.headers.get("retry-after")
+
+    assert code("idle") == ("model_not_placed", None)
+    table.withdraw("m", "a", "engine exited")
+    table.park("m", "b", "2 failed starts; last: unknown model architecture")
+    assert code() == ("no_healthy_replica", "1"), "a may come back by itself"
+    table.park("m", "a", "2 failed starts")
+    assert code() == ("model_parked", None)
+    assert "unknown model architecture" in seen.refusal("m", "").message
+    table.publish(replica("a"))  # unparked and ready again
+    assert seen.state("m") == "serving" and not table.parked("m").keys() & {"a"}
+    lifecycle.set_model_desired(store, "m", "stopped", actor="t")
+    table.forget("m", "a")
+    assert code() == ("model_stopped", None)
+    state = lifecycle.begin_cluster_stop(store, actor="t")
+    lifecycle.complete_cluster_stop(store, state)
+    assert code() == ("system_stopped", None)
+    with pytest.raises(lifecycle.Refused, match="cluster is stopped"):
+        lifecycle.set_model_desired(store, "m", "running", actor="t")
+    store.close()
+
+
+def test_draining_admits_nothing_new_and_survives_fresh_facts() -> None:
+    table = RoutingTable()
+    table.publish(replica("a"))
+    table.publish(replica("b"))
+    table.drain({"a"})
+    table.publish(replica("a", capacity=8))  # facts keep arriving while it drains
+    assert {r.pg_id for r in table.replicas("m") if not r.paused} == {"b"}
+    assert pick(table) is not None and pick(table).pg_id == "b"  # type: ignore[union-attr]
+    table.undrain({"a"})
+    assert table.ready_count("m") == 2
+
+
+def test_only_partial_imports_of_dead_processes_are_cleaned(tmp_path: Path) -> None:
+    import os
+
+    from letsinfer.authority.modelstore import clean_partials
+
+    store = tmp_path / "sha256"
+    store.mkdir()
+    dead = store / ".import-999999999-big.gguf.part"
+    alive = store / f".import-{os.getpid()}-big.gguf.part"
+    model = store / f"{'a' * 64}.gguf"
+    for path in (dead, alive, model):
+        path.write_bytes(b"GGUF")
+    assert clean_partials(tmp_path) == [dead]
+    assert not dead.exists() and alive.exists() and model.exists()

@@ -48,6 +48,7 @@ class PlacementFact(_Fact):
     restarts: int = Field(0, ge=0, le=_INT32)
     capacity: int | None = Field(None, ge=0, le=4096)
     detail: str | None = Field(None, max_length=512)
+    generation: int = Field(0, ge=0)  # of the placement this engine runs
 
 
 class LinkFact(_Fact):

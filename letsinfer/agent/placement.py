@@ -2,7 +2,9 @@
 
 The same code serves the main's own engines (desired state read from the
 authority) and a child's (desired state received from the main). Safe to run
-as often as wanted: it only starts what is missing and stops what is extra.
+as often as wanted: it only starts what is missing, stops what is extra, and
+starts afresh an engine whose placement has a new generation (unparked,
+another release, a rolling restart).
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ class DesiredPlacement:
     port: int | None = None
     group: tuple[GroupTask, ...] = ()
     group_key: str | None = None
+    generation: int = 0  # raised by the main to start the engine afresh
+    proof: str = "completion"  # what proves the engine serves (engines/proof.py)
 
     @property
     def peers(self) -> tuple[GroupTask, ...]:
@@ -68,23 +72,36 @@ class PlacementRunner:
     ports: tuple[int, int] | None = None
     services: dict[str, str] = field(default_factory=dict)  # pg id -> model service
     tasks: dict[str, str] = field(default_factory=dict)  # pg id -> the task run here
+    generations: dict[str, int] = field(default_factory=dict)  # pg id -> the one running
     # Wanted but not started, with why (reported as failed; tried again each apply).
     refused: dict[str, str] = field(default_factory=dict)
     _wanted: set[str] = field(default_factory=set)
     _background: set[asyncio.Task[None]] = field(default_factory=set)
     _verified: set[str] = field(default_factory=set)
     _fetching: set[str] = field(default_factory=set)
+    _restarting: set[str] = field(default_factory=set)
+    _latest: dict[str, DesiredPlacement] = field(default_factory=dict)
 
     def apply(self, desired: list[DesiredPlacement], fetch: Fetch | None = None) -> None:
         wanted = {d.pg_id: d for d in desired}
         self._wanted = set(wanted)
+        self._latest = wanted
         for pg_id in set(self.refused) - self._wanted:
             del self.refused[pg_id]
+        for pg_id in set(self.generations) - self._wanted - set(self.supervisor.runners):
+            del self.generations[pg_id]
         for pg_id in set(self.supervisor.runners) - set(wanted):
             self._spawn(self.supervisor.stop(pg_id))
         for d in wanted.values():
-            if d.pg_id in self.supervisor.runners:
+            if d.pg_id in self._restarting:
                 continue
+            if d.pg_id in self.supervisor.runners:
+                if self.generations.get(d.pg_id, d.generation) != d.generation:
+                    self._restarting.add(d.pg_id)
+                    self._spawn(self._restart(d.pg_id))
+                continue
+            if d.pg_id in self.refused and self.generations.get(d.pg_id) != d.generation:
+                self.refused.pop(d.pg_id)  # a new generation: say it again if it fails again
             if not artifact_path(self.model_store, d.artifact_digest).exists() and fetch:
                 if d.artifact_digest not in self._fetching:
                     self._fetching.add(d.artifact_digest)
@@ -112,6 +129,16 @@ class PlacementRunner:
             self._fetching.discard(d.artifact_digest)
         self._start(d)
 
+    async def _restart(self, pg_id: str) -> None:
+        """Stop the engine, then start it as its latest placement says."""
+        try:
+            await self.supervisor.stop(pg_id)
+        finally:
+            self._restarting.discard(pg_id)
+        d = self._latest.get(pg_id)
+        if d is not None and pg_id not in self.supervisor.runners:
+            self._start(d)
+
     def _refuse(self, pg_id: str, why: str) -> None:
         if self.refused.get(pg_id) != why:  # said once per reason, not every apply
             self.refused[pg_id] = why
@@ -121,6 +148,7 @@ class PlacementRunner:
         if d.pg_id not in self._wanted:  # gone while its model was downloading
             return
         self.tasks[d.pg_id] = d.task
+        self.generations[d.pg_id] = d.generation
         try:
             runtime.verify(d.release, d.release_signature, self.trusted)
             check_binary(d.release)
@@ -158,6 +186,7 @@ class PlacementRunner:
                 threads=d.threads,
                 context=d.context,
                 parallel=d.parallel,
+                proof=d.proof,
             )
             if d.release.engine == "parallel-command":
                 return plan_parallel_command(d.release, task, d.task, d.group, d.group_key or "")

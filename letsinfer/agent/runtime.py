@@ -320,6 +320,7 @@ class AgentNode:
                     restarts=st.restarts,
                     detail=(st.detail or "")[:500] or None,
                     capacity=engine.parallel if st.state == "ready" else None,
+                    generation=self.placements.generations.get(pg_id, 0),
                 )
             )
         for pg_id, why in self.placements.refused.items():
@@ -330,6 +331,7 @@ class AgentNode:
                         task=self.placements.tasks.get(pg_id, "0"),
                         state="failed",
                         detail=why[:500],
+                        generation=self.placements.generations.get(pg_id, 0),
                     )
                 )
         host = host_facts(self.gpus)

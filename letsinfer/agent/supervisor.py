@@ -1,9 +1,13 @@
 """Engine supervision: one child process per placement-group task.
 
-Starts the engine on a free port, waits for ``/health``, watches it (exit and
-health probes), restarts with exponential backoff after a crash, and stops it
-with SIGTERM then SIGKILL. Engines also get PR_SET_PDEATHSIG, so they never
-outlive the node even if the node itself is killed.
+Starts the engine on a free port, waits for ``/health`` and its proof (one
+real answer, engines/proof.py), watches it (exit and health probes), restarts
+with exponential backoff after a crash, and stops it with SIGTERM then
+SIGKILL. An engine that fails to start N times in a row is parked: not
+restarted again until its placement changes (``model start`` raises its
+generation), with its own last error lines as the reason. Engines also get
+PR_SET_PDEATHSIG, so they never outlive the node even if the node itself is
+killed.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ from pathlib import Path
 import httpx
 
 from letsinfer.config import Settings
+from letsinfer.engines.diagnosis import error_lines, log_since, log_size
 from letsinfer.engines.launch import LaunchPlan
+from letsinfer.engines.proof import prove
 
 log = logging.getLogger("letsinfer.agent")
 
@@ -41,7 +47,7 @@ def _engine_child_setup() -> None:  # runs in the child between fork and exec
 @dataclass(frozen=True)
 class EngineStatus:
     pg_id: str
-    state: str  # starting, ready, restarting, failed, stopped
+    state: str  # starting, ready, restarting, failed, parked, stopped
     base_url: str | None = None
     pid: int | None = None
     port: int | None = None
@@ -67,6 +73,7 @@ class SupervisionPolicy:
     backoff_max_s: float = 30.0
     health_interval_s: float = 2.0
     stop_grace_s: float = 5.0
+    park_after_failed_starts: int = 5  # 0: restart for ever
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SupervisionPolicy:
@@ -76,6 +83,7 @@ class SupervisionPolicy:
             backoff_initial_s=agent.restart_backoff_initial_s,
             backoff_max_s=agent.restart_backoff_max_s,
             health_interval_s=agent.health_interval_s,
+            park_after_failed_starts=agent.park_after_failed_starts,
         )
 
 
@@ -102,6 +110,7 @@ class EngineRunner:
         self._task: asyncio.Task[None] | None = None
         self.restarts = 0
         self.status = EngineStatus(pg_id, "starting")
+        self._ready_once = False  # this start reached ready (proven)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"engine-{self.pg_id}")
@@ -116,6 +125,7 @@ class EngineRunner:
 
     async def _run(self) -> None:
         failures = 0
+        failed_starts = 0  # in a row, never ready: parks the engine at the limit
         async with httpx.AsyncClient(timeout=2.0) as probe:
             while not self._stopping.is_set():
                 port = self._port_for()
@@ -128,12 +138,25 @@ class EngineRunner:
                     break
                 self._publish(state="starting", port=port)
                 started = time.monotonic()
+                offset = log_size(self._log_path)
+                self._ready_once = False
                 try:
                     reason = await self._run_once(plan, port, probe)
                 except Exception as exc:  # a launch error must not end supervision
                     log.exception("engine %s: launch failed", self.pg_id)
                     reason = f"launch failed: {exc}"
                 if self._stopping.is_set():
+                    break
+                failed_starts = 0 if self._ready_once else failed_starts + 1
+                limit = self._policy.park_after_failed_starts
+                if limit and failed_starts >= limit:
+                    said = error_lines(log_since(self._log_path, offset))
+                    why = f"{reason}: {said}" if said else reason
+                    log.error(
+                        "engine %s: parked after %d failed starts: %s", self.pg_id, limit, why
+                    )
+                    self._publish(state="parked", detail=f"{limit} failed starts; last: {why}")
+                    await self._stopping.wait()  # until its placement changes or goes
                     break
                 failures = 0 if time.monotonic() - started > _STABLE_AFTER_S else failures + 1
                 delay = (
@@ -169,11 +192,13 @@ class EngineRunner:
         proc = self._proc
         exited = asyncio.create_task(proc.wait())
         try:
-            if not await self._wait_ready(plan, probe, exited):
+            unready = await self._wait_ready(plan, probe, exited)
+            if unready is not None:
                 if exited.done():
                     return f"engine exited with code {proc.returncode} before it was ready"
                 await self._terminate()
-                return f"engine not ready after {self._policy.ready_timeout_s:.0f}s"
+                return unready
+            self._ready_once = True
             self._publish(state="ready", base_url=plan.base_url, pid=proc.pid, port=port)
             return await self._watch(plan, probe, exited)
         finally:
@@ -186,14 +211,19 @@ class EngineRunner:
         plan: LaunchPlan,
         probe: httpx.AsyncClient,
         exited: asyncio.Task[int],
-    ) -> bool:
+    ) -> str | None:
+        """None once healthy and proven; otherwise why not."""
         deadline = time.monotonic() + self._policy.ready_timeout_s
         while time.monotonic() < deadline and not exited.done() and not self._stopping.is_set():
             with contextlib.suppress(httpx.HTTPError):
                 if (await probe.get(plan.health_url)).status_code == 200:
-                    return True
+                    if plan.proof is None:
+                        return None
+                    left = max(deadline - time.monotonic(), 1.0)
+                    failed = await prove(probe, plan.base_url, plan.proof, left)
+                    return None if failed is None else f"engine not proven: {failed}"
             await asyncio.wait({exited}, timeout=0.1)
-        return False
+        return f"engine not ready after {self._policy.ready_timeout_s:.0f}s"
 
     async def _watch(
         self, plan: LaunchPlan, probe: httpx.AsyncClient, exited: asyncio.Task[int]

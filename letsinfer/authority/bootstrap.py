@@ -63,6 +63,7 @@ def init_main(
                     release=release,
                     actor="up",
                     release_signature=runtime.sign(home, release),
+                    known_good=True,  # generated here, same bytes every time
                 )
             issued = create_key(store, "default", actor="up")
             store.append_audit("up", "node.init", "ok", role="main", target=identity.name)

@@ -128,8 +128,8 @@ def plan(
             ]
             held = store.gpus_in_use(node.id)
             replaced = existing.get(node.id)
-            if replaced:
-                held -= set(store.pg_gpus(replaced))
+            own = set(store.pg_gpus(replaced)) if replaced else set()
+            held -= own
             if req.gpu_uuids:
                 unknown = [g for g in req.gpu_uuids if g not in known]
                 taken = [g for g in req.gpu_uuids if g in held]
@@ -146,7 +146,11 @@ def plan(
                     continue
                 gpus = req.gpu_uuids
             else:
-                free = [g for g in known if g not in held]
+                # A replacement starts beside the group it replaces when other
+                # GPUs are free; only otherwise on that group's own GPUs.
+                free = [g for g in known if g not in held and g not in own]
+                if len(free) < req.gpus and len(own) == req.gpus:
+                    free = sorted(own)
                 if len(free) < req.gpus:
                     out.skipped.append(
                         (

@@ -15,6 +15,7 @@ import logging
 from dataclasses import dataclass
 
 from letsinfer.authority.facts import FactLedger
+from letsinfer.authority.lifecycle import unpark
 from letsinfer.store import AuthorityStore, PgTaskRecord
 
 log = logging.getLogger("letsinfer.links")
@@ -153,6 +154,7 @@ def resume_model(
     paused = [pg.id for pg in store.list_placement_groups(service=svc.name) if pg.paused_reason]
     with store.transaction():
         n = store.set_service_desired(svc.name, "running")
+        unpark(store, svc.name)
         for pg_id in paused:
             store.set_pg_paused(pg_id, None)
         store.append_audit(

@@ -7,11 +7,16 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from letsinfer.authority.modelstore import import_gguf
+from letsinfer.authority.modelstore import stage_gguf
 from letsinfer.engines.releases import Release
+from letsinfer.lifecycle.door import Door, DoorRefused, prove_model_file
 from letsinfer.store import AuthorityStore, PlacementGroupRecord, ServiceRecord, StoreError
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
+
+
+class ModelRefused(StoreError):
+    """The engine could not serve the file; nothing changed."""
 
 
 def check_model_name(name: str) -> None:
@@ -33,45 +38,65 @@ def add_gguf_model(
     actor: str = "cli",
     release_signature: str | None = None,
     origin: dict[str, Any] | None = None,
+    door: Door | None = None,
+    known_good: bool = False,
 ) -> tuple[ServiceRecord, PlacementGroupRecord | None]:
-    """Check and store the file, then record the service and its first PG atomically.
-
-    ``origin`` (from ``model pull``) says where the file came from: repository,
-    commit and the sha256 the hub published for each file."""
+    """Check the file, prove it in ``release``'s engine (proof at the door: one
+    completion, or one embedding), store it, then record the service and its
+    first PG atomically. A refusal leaves the store and the authority as they
+    were. ``known_good``: letsinfer wrote the file itself (the tiny model), so
+    no trial engine runs. ``origin`` (from ``model pull``) says where the file
+    came from: repository, commit and the sha256 the hub published for each file."""
     check_model_name(name)
     for alias in aliases:
         check_model_name(alias)
     if store.resolve_service(name) is not None:
         raise StoreError(f"model {name!r} already exists")
-    artifact = import_gguf(model_store, source)
-    with store.transaction():
-        store.ensure_release(
-            release.id,
-            release.engine,
-            release.version,
-            release.target,
-            release.artifacts,
-            release.launch,
-            release_signature,
-        )
-        svc = store.add_service(
-            name,
-            artifact.digest,
-            artifact.size,
-            "gguf",
-            _source_text(source, origin),
-            aliases,
-            origin,
-        )
-        pg = None
-        if node_id is not None:  # serve it on this node right away
-            pg = store.add_placement_group(
-                f"pg-{uuid.uuid4().hex[:12]}", name, node_id, release.id, release.target
+    for alias in aliases:
+        if store.resolve_service(alias) is not None:
+            raise StoreError(f"alias {alias!r} is already taken by another model")
+    staged = stage_gguf(model_store, source)
+    try:
+        if not known_good:
+            try:
+                prove_model_file(release, staged.path, staged.kind, door or Door())
+            except DoorRefused as exc:
+                why = f"{release.id} could not serve {source}: {str(exc).rstrip('.')}"
+                store.append_audit(actor, "model.add", "denied", target=name, detail=why[:1000])
+                raise ModelRefused(f"model {name!r} refused: {why}. Nothing changed.") from exc
+        with store.transaction():
+            store.ensure_release(
+                release.id,
+                release.engine,
+                release.version,
+                release.target,
+                release.artifacts,
+                release.launch,
+                release_signature,
             )
-        detail = f"sha256:{artifact.digest}"
-        if origin is not None:
-            detail += f" from {origin['repo']}@{origin['commit']}"
-        store.append_audit(actor, "model.add", "ok", target=name, detail=detail)
+            svc = store.add_service(
+                name,
+                staged.digest,
+                staged.size,
+                "gguf",
+                _source_text(source, origin),
+                aliases,
+                origin,
+                kind=staged.kind,
+            )
+            pg = None
+            if node_id is not None:  # serve it on this node right away
+                pg = store.add_placement_group(
+                    f"pg-{uuid.uuid4().hex[:12]}", name, node_id, release.id, release.target
+                )
+            staged.commit()  # the file is in place before anyone reads the rows
+            detail = f"sha256:{staged.digest}"
+            if origin is not None:
+                detail += f" from {origin['repo']}@{origin['commit']}"
+            store.append_audit(actor, "model.add", "ok", target=name, detail=detail)
+    except BaseException:
+        staged.discard()
+        raise
     return svc, pg
 
 

@@ -1,13 +1,16 @@
 """The node's model store: GGUF files kept by content digest.
 
 A file is checked (GGUF magic and a full header/tensor parse), hashed while it
-is copied, and only then renamed into place, so a bad file leaves nothing.
+is copied under a temporary name (``.import-<pid>-<name>.part``), and only then
+renamed into place, so a bad file leaves nothing. Temporary files of a process
+that was killed midway are removed at the next node start (:func:`clean_partials`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +32,10 @@ def artifact_path(store_dir: Path, digest: str) -> Path:
     return store_dir / "sha256" / f"{digest}.gguf"
 
 
-def check_gguf(path: Path) -> None:
+def check_gguf(path: Path) -> str:
+    """Refuse a file that is not a whole GGUF; return what proves its engine
+    serves it: "embedding" when the file declares a pooling type (an
+    embedding model), else "completion"."""
     if not path.is_file():
         raise ModelFileError(f"{path}: no such file")
     with path.open("rb") as fh:
@@ -42,15 +48,47 @@ def check_gguf(path: Path) -> None:
         reader = gguf.GGUFReader(str(path))
         if not reader.tensors:
             raise ModelFileError(f"{path}: GGUF file has no tensors")
+        pooled = any(name.endswith(".pooling_type") for name in reader.fields)
     except ModelFileError:
         raise
     except Exception as exc:  # the reader raises many types on corrupt input
         raise ModelFileError(f"{path}: GGUF file is corrupt or truncated ({exc})") from exc
+    return "embedding" if pooled else "completion"
 
 
-def import_gguf(store_dir: Path, source: Path) -> Artifact:
-    """Check ``source`` and copy it into the store under its digest."""
-    check_gguf(source)
+_PARTIAL = re.compile(r"^\.import-(\d+)-.*\.part$")
+
+
+@dataclass
+class StagedFile:
+    """A checked, hashed copy under a temporary name in the store: commit it
+    (rename into place) or discard it."""
+
+    digest: str
+    size: int
+    path: Path  # the temporary file: what an engine may load to prove it
+    final: Path
+    kind: str
+    created: bool = False  # commit put a new file in place (discard removes it)
+
+    def commit(self) -> Artifact:
+        if self.final.exists():
+            self.path.unlink(missing_ok=True)
+        else:
+            self.path.replace(self.final)
+            self.created = True
+        return Artifact(self.digest, self.size, self.final)
+
+    def discard(self) -> None:
+        """Leave the store as it was before staging."""
+        self.path.unlink(missing_ok=True)
+        if self.created:
+            self.final.unlink(missing_ok=True)
+
+
+def stage_gguf(store_dir: Path, source: Path) -> StagedFile:
+    """Check ``source`` and copy it into the store under a temporary name."""
+    kind = check_gguf(source)
     target_dir = store_dir / "sha256"
     target_dir.mkdir(parents=True, exist_ok=True)
     tmp = target_dir / f".import-{os.getpid()}-{source.name}.part"
@@ -62,15 +100,24 @@ def import_gguf(store_dir: Path, source: Path) -> Artifact:
                 h.update(chunk)
                 dst.write(chunk)
                 size += len(chunk)
-        final = artifact_path(store_dir, h.hexdigest())
-        if final.exists():
-            tmp.unlink()
-        else:
-            tmp.replace(final)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    return Artifact(digest=h.hexdigest(), size=size, path=final)
+    return StagedFile(h.hexdigest(), size, tmp, artifact_path(store_dir, h.hexdigest()), kind)
+
+
+def clean_partials(store_dir: Path) -> list[Path]:
+    """Remove temporary import files whose process is gone (killed midway);
+    returns what was removed. Files of a live process (an import under way)
+    stay."""
+    removed = []
+    for path in (store_dir / "sha256").glob(".import-*.part"):
+        found = _PARTIAL.match(path.name)
+        if found is None or Path(f"/proc/{found.group(1)}").exists():
+            continue
+        path.unlink(missing_ok=True)
+        removed.append(path)
+    return removed
 
 
 def verify_artifact(store_dir: Path, digest: str) -> Path:

@@ -17,6 +17,7 @@ class TaskReport:
     state: str
     base_url: str | None
     capacity: int | None = None
+    detail: str | None = None
 
 
 @dataclass
@@ -32,6 +33,10 @@ class TaskBoard:
         for tasks in self.reports.values():
             for task in [t for t, r in tasks.items() if r.node_id == node_id]:
                 del tasks[task]
+
+    def parked(self, pg_id: str) -> TaskReport | None:
+        """A task whose engine is parked: the group cannot serve until it is unparked."""
+        return next((r for r in self.reports.get(pg_id, {}).values() if r.state == "parked"), None)
 
     def head(self, pg_id: str) -> TaskReport | None:
         return self.reports.get(pg_id, {}).get("0")

@@ -63,6 +63,8 @@ def desired_for_node(store: AuthorityStore, node_id: str, secret: bytes) -> list
                 port=task.port if group else None,
                 group=group,
                 group_key=engine_keys.derive(secret, pg.id, "group") if group else None,
+                generation=pg.generation,
+                proof=svc.kind,
             )
         )
     return out
@@ -92,4 +94,6 @@ def from_wire(data: dict[str, Any], threads: int, context: int, parallel: int) -
         port=data.get("port"),
         group=tuple(GroupTask(**t) for t in data.get("group", [])),
         group_key=data.get("group_key"),
+        generation=int(data.get("generation", 0)),
+        proof=str(data.get("proof", "completion")),
     )

@@ -17,6 +17,7 @@ from letsinfer.authority import controllers
 from letsinfer.authority.anchor import open_authority
 from letsinfer.cli import cli
 from letsinfer.cli.auth import auth
+from letsinfer.cli.local import segment
 from letsinfer.cli.output import console, emit
 from letsinfer.cli.scope import CliContext, scoped
 from letsinfer.store import StoreError
@@ -251,7 +252,7 @@ def controller_model() -> None:
 @click.pass_obj
 def model_stop(ctx: CliContext, name: str) -> None:
     """Stop a model's placement groups (operator)."""
-    data = _call(ctx, "POST", f"/v1/ops/models/{name}/stop")
+    data = _call(ctx, "POST", f"/v1/ops/models/{segment(name)}/stop")
     console.print(f"model {data['model']}: {data['placement_groups']} placement group(s) stopping")
 
 
@@ -260,7 +261,7 @@ def model_stop(ctx: CliContext, name: str) -> None:
 @click.pass_obj
 def model_start(ctx: CliContext, name: str) -> None:
     """Start a model's placement groups (operator)."""
-    data = _call(ctx, "POST", f"/v1/ops/models/{name}/start")
+    data = _call(ctx, "POST", f"/v1/ops/models/{segment(name)}/start")
     console.print(f"model {data['model']}: {data['placement_groups']} placement group(s) starting")
 
 

@@ -22,8 +22,11 @@ def segment(value: str) -> str:
     return quote(value, safe="")
 
 
-def ask_node(home: Home, method: str, path: str, json: Any = None) -> dict[str, Any] | None:
-    """The running node's answer, or None when no node runs on this home."""
+def ask_node(
+    home: Home, method: str, path: str, json: Any = None, timeout: float | None = 60
+) -> dict[str, Any] | None:
+    """The running node's answer, or None when no node runs on this home.
+    ``timeout`` None: wait as long as the operation takes (rollouts)."""
     path_ = home.admin_socket
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -38,7 +41,7 @@ def ask_node(home: Home, method: str, path: str, json: Any = None) -> dict[str, 
     finally:
         probe.close()
     transport = httpx.HTTPTransport(uds=str(path_))
-    with httpx.Client(transport=transport, base_url="http://node", timeout=60) as client:
+    with httpx.Client(transport=transport, base_url="http://node", timeout=timeout) as client:
         try:
             resp = client.request(method, path, json=json)
         except httpx.HTTPError as exc:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from letsinfer.engines import releases
 from letsinfer.engines.binary import BinaryError
 from letsinfer.fit.estimate import size_text
 from letsinfer.fit.shape import ModelShape, ShapeError, read_shape
+from letsinfer.lifecycle.door import Door
 from letsinfer.release import runtime
 from letsinfer.store import AuthorityStore, ServiceRecord, StoreError
 
@@ -158,6 +161,9 @@ def admit_gguf(
             aliases=aliases,
             release_signature=runtime.sign(ctx.home, release),
             origin=origin,
+            door=Door(
+                threads=settings.engine.threads, ready_timeout_s=settings.engine.ready_timeout_s
+            ),
         )
     finally:
         store.close()
@@ -286,10 +292,79 @@ def install(
                 f"{name} already runs on {', '.join(p.node.name for p in plan.replacing)}; "
                 "pass --replace-existing to replace it. Nothing changed.",
             )
-        created = install_mod.apply(store, plan, lambda r: runtime.sign(ctx.home, r))
+
+        def sign(r: releases.Release) -> str:
+            return runtime.sign(ctx.home, r)
+
+        fresh = install_mod.InstallPlan(
+            plan.service, [p for p in plan.placements if not p.replaces]
+        )
+        created = install_mod.apply(store, fresh, sign) if fresh.placements else []
+        replaced = _replace(ctx, store, plan, sign) if plan.replacing else None
     finally:
         store.close()
-    console.print(f"{len(created)} placement group(s) created: {', '.join(created)}")
+    if created:
+        console.print(f"{len(created)} placement group(s) created: {', '.join(created)}")
+    if replaced is not None:
+        report_rollout(replaced)
+
+
+def _replace(
+    ctx: CliContext,
+    store: AuthorityStore,
+    plan: install_mod.InstallPlan,
+    sign: Callable[[releases.Release], str],
+) -> dict[str, Any] | None:
+    """Replacements go through the running node: each new group is proven
+    before the one it replaces drains and goes (see lifecycle/rollout.py).
+    With no node running nothing serves, so they are made directly."""
+    for p in plan.replacing:
+        r = p.release
+        store.ensure_release(r.id, r.engine, r.version, r.target, r.artifacts, r.launch, sign(r))
+    answer = ask_node(
+        ctx.home,
+        "POST",
+        f"/v1/ops/models/{segment(plan.service)}/replace",
+        json={
+            "replacements": [
+                {"group": p.replaces, "release": p.release.id, "gpus": list(p.gpus)}
+                for p in plan.replacing
+            ]
+        },
+        timeout=None,
+    )
+    if answer is not None:
+        return answer
+    made = install_mod.apply(store, install_mod.InstallPlan(plan.service, plan.replacing), sign)
+    console.print(f"{len(made)} placement group(s) replaced: {', '.join(made)}")
+    return None
+
+
+def report_rollout(answer: dict[str, Any], as_json: bool = False) -> None:
+    """Every group and what happened to it; exit 1 when one failed."""
+    if as_json:
+        click.echo(json.dumps(answer, indent=2))
+    for g in [] if as_json else answer["placement_groups"]:
+        colour = {"upgraded": "green", "unchanged": "dim", "skipped": "yellow"}.get(
+            g["outcome"], "red"
+        )
+        moved = f" (now {g['now']})" if g["now"] != g["group"] else ""
+        detail = f": {g['detail']}" if g["detail"] else ""
+        console.print(
+            f"  {g['group']} on {g['node']}: [{colour}]{g['outcome']}[/{colour}]{moved} "
+            f"{g['from']} -> {g['to']}{detail}",
+            highlight=False,
+        )
+    if not answer["ok"]:
+        failed = [
+            f"{g['group']} on {g['node']}"
+            for g in answer["placement_groups"]
+            if g["outcome"] in ("restored", "failed")
+        ]
+        raise click.ClickException(
+            f"{answer['action'].removeprefix('model.')} of {answer['model']} stopped: "
+            f"{', '.join(failed)} failed"
+        )
 
 
 def model_shape(ctx: CliContext, store: AuthorityStore, name: str) -> ModelShape | None:
@@ -486,6 +561,7 @@ def show(ctx: CliContext, name: str, as_json: bool) -> None:
                 "restarts": pg.restarts,
                 "detail": pg.detail,
                 "paused": pg.paused_reason,
+                "generation": pg.generation,
                 "tasks": [
                     {
                         "task": t.task,
@@ -501,6 +577,16 @@ def show(ctx: CliContext, name: str, as_json: bool) -> None:
             }
             for pg in store.list_placement_groups(service=svc.name)
         ]
+        history = [
+            {
+                "release": h.release_id,
+                "node": nodes.get(h.node_id, h.node_id),
+                "placement_group": h.pg_id,
+                "event": h.event,
+                "at": h.at,
+            }
+            for h in store.release_history(svc.name)
+        ]
     finally:
         store.close()
     info = {
@@ -509,7 +595,10 @@ def show(ctx: CliContext, name: str, as_json: bool) -> None:
         "sha256": svc.artifact_digest,
         "size": svc.artifact_size,
         **origin_fields(svc),
+        "kind": svc.kind,
         "placement_groups": pgs,
+        # Releases this model ran: what `model rollback --to` may reinstall.
+        "releases": history,
     }
     if as_json:
         emit([info], [], as_json=True)
@@ -529,3 +618,9 @@ def show(ctx: CliContext, name: str, as_json: bool) -> None:
         as_json=False,
         title="placement groups",
     )
+    for p in pgs:
+        if p["state"] in ("parked", "failed") and p["detail"]:
+            console.print(f"[red]{p['id']} {p['state']}[/red]: {p['detail']}", highlight=False)
+    kept = list(dict.fromkeys(h["release"] for h in history))
+    if kept:
+        console.print(f"releases it ran (rollback targets): {', '.join(kept)}", highlight=False)

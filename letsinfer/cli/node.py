@@ -584,6 +584,8 @@ def topology(ctx: CliContext, as_json: bool) -> None:
                             "id": pg.id,
                             "model": pg.service,
                             "state": pg.state,
+                            "detail": pg.detail,
+                            "release": pg.release_id,
                             "gpus": store.pg_gpus(pg.id),
                             "tasks": len(store.pg_tasks(pg.id)),
                         }
@@ -619,7 +621,8 @@ def topology(ctx: CliContext, as_json: bool) -> None:
         for g in n["gpus"]:
             branch.add(f"GPU {g['uuid']} {g['name']} → {g['placement_group'] or 'free'}")
         for pg in n["placement_groups"]:
-            branch.add(escape(f"{pg['id']} {pg['model']} [{pg['state']}]"))
+            why = f": {pg['detail']}" if pg["state"] in ("parked", "failed") else ""
+            branch.add(escape(f"{pg['id']} {pg['model']} [{pg['state']}]{why}"))
         for link in n["links"]:
             branch.add(escape(f"data link → {link['peer']} [{link['state']}]"))
     console.print(tree)

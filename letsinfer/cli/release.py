@@ -10,12 +10,16 @@ from pathlib import Path
 import click
 
 from letsinfer import config
+from letsinfer.authority.anchor import open_authority
 from letsinfer.bundle.archive import BundleError
 from letsinfer.cli import cli
+from letsinfer.cli.output import emit
 from letsinfer.cli.scope import CliContext, scoped
+from letsinfer.engines import releases
+from letsinfer.engines.binary import BinaryError, identify
 from letsinfer.mirror.catalog import CatalogError
 from letsinfer.mirror.errors import MirrorError
-from letsinfer.release import keys
+from letsinfer.release import keys, runtime
 from letsinfer.release.signatures import (
     Signature,
     TrustError,
@@ -160,3 +164,96 @@ def verify(
         )
         signer = require_signer(sha256_file(file), signature, trusted, str(file))
     click.echo(f"{file}: good signature by trusted key {signer.fingerprint}")
+
+
+# -- runtime releases: what placement groups run --------------------------------
+
+
+@scoped(release, "list", scope="main")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+def list_releases(ctx: CliContext, as_json: bool) -> None:
+    """Runtime releases in the authority (signed, kept for good): the ids that
+    `model upgrade --release` and `model rollback --to` take, and what runs each."""
+    store = open_authority(ctx.home)
+    try:
+        rows = []
+        groups = store.list_placement_groups()
+        for r in store.list_releases():
+            rows.append(
+                {
+                    "id": r["id"],
+                    "engine": r["engine"],
+                    "version": r["version"],
+                    "target": r["target"],
+                    "binary": r["launch"].get("binary"),
+                    "sha256": r["artifacts"].get(releases.LLAMA_SERVER_ARTIFACT),
+                    "signed": bool(r["signature"]),
+                    "placement_groups": [
+                        f"{pg.id} ({pg.service})" for pg in groups if pg.release_id == r["id"]
+                    ],
+                }
+            )
+    finally:
+        store.close()
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    emit(
+        [{**r, "placement_groups": ", ".join(r["placement_groups"])} for r in rows],
+        ["id", "engine", "version", "target", "placement_groups"],
+        as_json=False,
+        title="runtime releases",
+    )
+
+
+@scoped(release, "add", scope="main")
+@click.option(
+    "--llama-server",
+    "binary",
+    required=True,
+    metavar="PATH",
+    help="A llama-server binary; the release is bound to its path and bytes (sha256).",
+)
+@click.option(
+    "--target",
+    type=click.Choice(["cpu", "cuda", "rocm", "metal"]),
+    default="cpu",
+    show_default=True,
+)
+@click.pass_obj
+def add_release(ctx: CliContext, binary: str, target: str) -> None:
+    """Make a signed runtime release of a llama-server binary as it is now, to
+    upgrade models to (`letsinfer model upgrade NAME --release ID`). The binary
+    must be at the same path on every node that runs the release."""
+    try:
+        made = releases.llama_server(identify(binary), target)
+    except BinaryError as exc:
+        raise click.ClickException(f"cannot release {binary}: {exc}. Nothing changed.") from exc
+    digest = made.artifacts[releases.LLAMA_SERVER_ARTIFACT]
+    store = open_authority(ctx.home)
+    try:
+        known = store.get_release(made.id) is not None
+        with store.transaction():
+            store.ensure_release(
+                made.id,
+                made.engine,
+                made.version,
+                made.target,
+                made.artifacts,
+                made.launch,
+                runtime.sign(ctx.home, made),
+            )
+            if not known:
+                store.append_audit(
+                    "cli",
+                    "release.add",
+                    "ok",
+                    target=made.id,
+                    detail=f"{made.launch['binary']} sha256:{digest}",
+                )
+    finally:
+        store.close()
+    click.echo(f"{'release exists' if known else 'release added'}: {made.id}")
+    click.echo(f"  binary {made.launch['binary']}  sha256 {digest}")
+    click.echo(f"  version {made.version}")

@@ -100,6 +100,12 @@ def up(
     from letsinfer.connections import GuardedServer, gateway_limits, raise_file_limit
 
     file_limit = raise_file_limit()  # connections are capped below it
+    from letsinfer.authority.modelstore import clean_partials
+
+    for leftover in clean_partials(ctx.home.model_store):
+        logging.getLogger("letsinfer.node").warning(
+            "removed %s: a model import killed midway left it", leftover
+        )
     if retirement.complete(ctx.home) is not None:  # a former main's move, interrupted
         ctx = CliContext(ctx.home, load_identity(ctx.home.identity_file))
     if ctx.identity is not None and ctx.identity.role != "main":

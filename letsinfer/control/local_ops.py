@@ -21,7 +21,7 @@ OnRemoved = Callable[[Removal], Awaitable[dict[str, Any]]]
 def local_router(store: AuthorityStore, on_removed: OnRemoved) -> APIRouter:
     router = APIRouter()
 
-    @router.post("/v1/local/nodes/{name}/remove")
+    @router.post("/v1/local/nodes/{name:path}/remove")
     async def node_remove(name: str, request: Request) -> dict[str, Any]:
         p = peer(request)
         actor = f"local:{p.identity.id}"

@@ -122,16 +122,18 @@ def ops_router(
             )
         except lifecycle.NotFound as exc:
             raise HTTPException(404, str(exc)) from exc
+        except lifecycle.Refused as exc:
+            raise HTTPException(409, f"{exc}. Nothing changed.") from exc
         on_change()
         return done.to_json()
 
-    @router.post("/v1/ops/models/{name}/stop")
+    @router.post("/v1/ops/models/{name:path}/stop")
     async def model_stop(
         name: str, p: Annotated[Peer, Depends(need("operator"))]
     ) -> dict[str, Any]:
         return set_desired(name, "stopped", p)
 
-    @router.post("/v1/ops/models/{name}/start")
+    @router.post("/v1/ops/models/{name:path}/start")
     async def model_start(
         name: str, p: Annotated[Peer, Depends(need("operator"))]
     ) -> dict[str, Any]:
@@ -150,7 +152,7 @@ def ops_router(
         on_change()
         return issued.to_json()
 
-    @router.post("/v1/ops/keys/{name}/revoke")
+    @router.post("/v1/ops/keys/{name:path}/revoke")
     async def key_revoke(
         name: str, p: Annotated[Peer, Depends(need("administrator"))]
     ) -> dict[str, Any]:
@@ -170,19 +172,19 @@ def ops_router(
         on_change()
         return {"node": node.name, "paused": paused}
 
-    @router.post("/v1/ops/nodes/{name}/pause")
+    @router.post("/v1/ops/nodes/{name:path}/pause")
     async def node_pause(
         name: str, p: Annotated[Peer, Depends(need("operator"))]
     ) -> dict[str, Any]:
         return pause_node(name, True, p)
 
-    @router.post("/v1/ops/nodes/{name}/resume")
+    @router.post("/v1/ops/nodes/{name:path}/resume")
     async def node_resume(
         name: str, p: Annotated[Peer, Depends(need("operator"))]
     ) -> dict[str, Any]:
         return pause_node(name, False, p)
 
-    @router.post("/v1/ops/models/{name}/resume")
+    @router.post("/v1/ops/models/{name:path}/resume")
     async def model_resume(
         name: str, p: Annotated[Peer, Depends(need("operator"))]
     ) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from letsinfer.engines.proof import ProofRequest, proof_request
 from letsinfer.engines.releases import Release
 
 ENGINE_KEY_ENV = "LETSINFER_ENGINE_KEY"
@@ -32,6 +33,7 @@ class EngineTask:
     context: int = 4096
     parallel: int = 4
     embedding: bool = True
+    proof: str | None = "completion"  # the request that proves it serves (engines/proof.py)
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,7 @@ class LaunchPlan:
     env: dict[str, str]
     base_url: str
     files: dict[Path, str] = field(default_factory=dict)  # secret files to write (0600)
+    proof: ProofRequest | None = None  # asked once healthy, before it counts as ready
 
     @property
     def health_url(self) -> str:
@@ -55,6 +58,7 @@ def plan_llamacpp(release: Release, task: EngineTask, run_dir: Path) -> LaunchPl
     """llama.cpp's server, either in-process via xllamacpp or as a binary."""
     base_url = f"http://{task.host}:{task.port}"
     env = {**_device_env(task), ENGINE_KEY_ENV: task.engine_key}
+    proof = proof_request(task.proof, task.engine_key) if task.proof else None
     if release.engine == "xllamacpp":
         spec = {
             "model": str(task.model_path),
@@ -67,7 +71,7 @@ def plan_llamacpp(release: Release, task: EngineTask, run_dir: Path) -> LaunchPl
             "embedding": task.embedding,
         }
         argv = [sys.executable, "-m", release.launch["module"], json.dumps(spec)]
-        return LaunchPlan(argv=argv, env=env, base_url=base_url)
+        return LaunchPlan(argv=argv, env=env, base_url=base_url, proof=proof)
     if release.engine == "llama-server":
         key_file = run_dir / f"{task.pg_id}.key"
         argv = [
@@ -102,5 +106,6 @@ def plan_llamacpp(release: Release, task: EngineTask, run_dir: Path) -> LaunchPl
             env=_device_env(task),
             base_url=base_url,
             files={key_file: task.engine_key + "\n"},
+            proof=proof,
         )
     raise ValueError(f"release {release.id}: engine {release.engine!r} is not a llama.cpp server")

@@ -84,6 +84,7 @@ def write_llama_gguf(
     rng: np.random.Generator,
     weights: str = "F32",
     split_max_tensors: int = 0,
+    architecture: str = "llama",
 ) -> Path:
     """A llama-architecture GGUF with a ChatML template; the blocks get small
     random weights (every layer really computes). Written atomically.
@@ -112,7 +113,8 @@ def write_llama_gguf(
     tmp = tmp_dir / path.name if split else path.with_suffix(path.suffix + ".part")
     if split:
         tmp_dir.mkdir(exist_ok=True)
-    writer = gguf.GGUFWriter(str(tmp), "llama", split_max_tensors=split_max_tensors)
+    # Another architecture name makes a file llama.cpp refuses to load (tests).
+    writer = gguf.GGUFWriter(str(tmp), architecture, split_max_tensors=split_max_tensors)
     add_tensor = writer.add_tensor
 
     def add_matrix(name: str, data: np.ndarray) -> None:
@@ -170,11 +172,19 @@ def write_llama_gguf(
     return path.parent / parts[0].name
 
 
-def write_tiny_model(path: Path, weights: str = "F32", split_max_tensors: int = 0) -> Path:
+def write_tiny_model(
+    path: Path,
+    weights: str = "F32",
+    split_max_tensors: int = 0,
+    architecture: str = "llama",
+    name: str = "letsinfer-tiny",
+) -> Path:
     """Write the deterministic tiny model to ``path`` (same bytes every time).
 
     ``weights`` F16 or Q8_0 makes the same model at another quantisation;
-    ``split_max_tensors`` makes it a split GGUF (see :func:`write_llama_gguf`)."""
+    ``split_max_tensors`` makes it a split GGUF (see :func:`write_llama_gguf`);
+    under another ``architecture`` name, a well-formed GGUF no engine loads
+    (tests); another ``name`` gives other bytes that serve the same."""
     tokens, scores, types = spm_vocabulary(_SENTENCE_PIECES)
     n_vocab = len(tokens)
     rng = np.random.default_rng(_SEED)
@@ -197,7 +207,7 @@ def write_tiny_model(path: Path, weights: str = "F32", split_max_tensors: int = 
 
     return write_llama_gguf(
         path,
-        "letsinfer-tiny",
+        name,
         n_ctx=_N_CTX,
         n_ff=_N_FF,
         n_head=_N_HEAD,
@@ -208,4 +218,5 @@ def write_tiny_model(path: Path, weights: str = "F32", split_max_tensors: int = 
         rng=rng,
         weights=weights,
         split_max_tensors=split_max_tensors,
+        architecture=architecture,
     )

@@ -17,6 +17,7 @@ import asyncio
 import collections
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from letsinfer.gateway import policy
@@ -83,9 +84,17 @@ def queue_timeout(service: str, waited_s: float, retry_after: int) -> GatewayErr
 
 class Admission:
     def __init__(
-        self, routing: RoutingTable, routing_policy: policy.RoutingPolicy, limits: AdmissionLimits
+        self,
+        routing: RoutingTable,
+        routing_policy: policy.RoutingPolicy,
+        limits: AdmissionLimits,
+        unavailable: Callable[[str, str], GatewayError] | None = None,
     ) -> None:
         self.routing = routing
+        # (model, failures so far) -> the error when no replica is usable
+        self.unavailable = unavailable or (
+            lambda service, failures: no_replica(service, failures or routing.explain(service))
+        )
         self.policy = routing_policy
         self.limits = limits
         self.retry_after = max(1, math.ceil(min(limits.max_wait_s, 5.0)))
@@ -149,7 +158,7 @@ class Admission:
             if replica is not None:
                 return replica
         if not self._any_usable(service, exclude):
-            raise no_replica(service, failures or self.routing.explain(service))
+            raise self.unavailable(service, failures)
         if self.waiting >= self.limits.max_waiting:
             raise queue_full(service, self.retry_after)
         loop = asyncio.get_running_loop()
@@ -230,7 +239,7 @@ class Admission:
             for waiter in list(waiters):
                 if not self._any_usable(service, waiter.exclude):
                     self._remove(waiter)
-                    waiter.future.set_exception(no_replica(service, self.routing.explain(service)))
+                    waiter.future.set_exception(self.unavailable(service, ""))
 
     def depth(self, service: str | None = None) -> int:
         if service is None:

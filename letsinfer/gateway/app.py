@@ -11,6 +11,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
+from letsinfer.gateway.availability import MEANT_TO_SERVE
 from letsinfer.gateway.directory import StoreUnavailable
 from letsinfer.gateway.errors import GatewayError, unknown_model
 from letsinfer.gateway.gateway import Gateway
@@ -108,24 +109,31 @@ def create_app(
     @app.get("/health")
     async def health(request: Request) -> Response:
         """Without a key: only whether the gateway serves (no model names).
-        With one: the readiness of that key's models, and the status is theirs."""
+        With one: the readiness of that key's models, and the status is theirs.
+
+        200 when every model meant to serve has a ready group. Models that
+        are stopped, parked, or not placed (``--no-serve``) do not count: a
+        load balancer must not drop the whole gateway for them. A stopped
+        cluster serves nothing: 503 ``stopped``."""
         header = request.headers.get("authorization")
         try:
-            services = gw.directory.current().services
+            snapshot = gw.directory.current()
             policy = authenticate(gw, header) if header else None
         except StoreUnavailable:
             return JSONResponse({"status": "unavailable"}, status_code=503)
         except GatewayError as err:
             return err.response()
-        ready = {
-            s.name: gw.routing.ready_count(s.name)
-            for s in services
-            if policy is None or policy.allows(s.name)
-        }
-        ok = all(ready.values())
-        body: dict[str, object] = {"status": "ok" if ok else "degraded"}
+        names = [s.name for s in snapshot.services if policy is None or policy.allows(s.name)]
+        states = {name: gw.availability.state(name) for name in names}
+        if snapshot.system_stopped:
+            status = "stopped"
+        else:
+            meant = [n for n in names if states[n] in MEANT_TO_SERVE]
+            status = "ok" if all(states[n] == "serving" for n in meant) else "degraded"
+        body: dict[str, object] = {"status": status}
         if policy is not None:
-            body["models"] = ready
-        return JSONResponse(body, status_code=200 if ok else 503)
+            body["models"] = {name: gw.routing.ready_count(name) for name in names}
+            body["states"] = states
+        return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
     return app

@@ -32,6 +32,8 @@ class ServiceEntry:
     name: str
     created: int
     aliases: tuple[str, ...]
+    groups: int = 0  # placement groups it has
+    running: frozenset[str] = frozenset()  # those an administrator wants running
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,7 @@ class Snapshot:
     keys: dict[str, KeyPolicy] = field(default_factory=dict)  # sha256 hex -> policy
     names: dict[str, ServiceEntry] = field(default_factory=dict)  # name or alias -> service
     services: tuple[ServiceEntry, ...] = ()
+    system_stopped: bool = False  # `letsinfer cluster stop`
 
 
 class StoreUnavailable(Exception):
@@ -67,10 +70,20 @@ class Directory:
                 k.digest: KeyPolicy(k.name, frozenset(k.models), k.concurrency)
                 for k in self.store.list_api_keys()
             }
+            groups: dict[str, list[tuple[str, str]]] = {}
+            for pg in self.store.list_placement_groups():
+                groups.setdefault(pg.service, []).append((pg.id, pg.desired))
             services = tuple(
-                ServiceEntry(s.name, int(s.created_at), s.aliases)
+                ServiceEntry(
+                    s.name,
+                    int(s.created_at),
+                    s.aliases,
+                    len(groups.get(s.name, [])),
+                    frozenset(pg for pg, want in groups.get(s.name, []) if want == "running"),
+                )
                 for s in self.store.list_services()
             )
+            stopped = self._store.cluster_stop() is not None
         except Exception as exc:  # any store failure: keep serving the last snapshot
             if self.failing is None:
                 log.error("authority store unreadable: %s", exc)
@@ -81,7 +94,7 @@ class Directory:
             names[svc.name] = svc
             for alias in svc.aliases:
                 names.setdefault(alias, svc)
-        self._snapshot = Snapshot(keys=keys, names=names, services=services)
+        self._snapshot = Snapshot(keys=keys, names=names, services=services, system_stopped=stopped)
         self._version = version
         self._loaded_at = time.monotonic()
         self.failing = None

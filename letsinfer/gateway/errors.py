@@ -98,3 +98,44 @@ def upstream_failed(name: str, detail: str) -> GatewayError:
         type_="server_error",
         code="upstream_error",
     )
+
+
+# Not a gap to wait out: no Retry-After, and the message says what ends it.
+def model_parked(name: str, reasons: dict[str, str]) -> GatewayError:
+    why = "; ".join(f"{pg}: {reason}" for pg, reason in reasons.items())
+    return GatewayError(
+        503,
+        f"Model '{name}' is parked: its engine kept failing to start and is not "
+        f"restarted ({why}). An administrator must fix it and run "
+        f"`letsinfer model start {name}`.",
+        type_="service_unavailable",
+        code="model_parked",
+    )
+
+
+def model_stopped(name: str) -> GatewayError:
+    return GatewayError(
+        503,
+        f"Model '{name}' is stopped by an administrator (`letsinfer model start {name}` "
+        "starts it).",
+        type_="service_unavailable",
+        code="model_stopped",
+    )
+
+
+def model_not_placed(name: str) -> GatewayError:
+    return GatewayError(
+        503,
+        f"Model '{name}' is not placed on any node yet (`letsinfer model install {name}`).",
+        type_="service_unavailable",
+        code="model_not_placed",
+    )
+
+
+def system_stopped() -> GatewayError:
+    return GatewayError(
+        503,
+        "The cluster is stopped by an administrator (`letsinfer cluster start` starts it).",
+        type_="service_unavailable",
+        code="system_stopped",
+    )

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from letsinfer.authority.denials import DenialLog
 from letsinfer.config import GatewaySettings
 from letsinfer.gateway.admission import Admission, AdmissionLimits
+from letsinfer.gateway.availability import Availability
 from letsinfer.gateway.directory import Directory
 from letsinfer.gateway.engine_client import EngineClient
 from letsinfer.gateway.metrics import GatewayMetrics
@@ -19,6 +20,7 @@ from letsinfer.gateway.upstream import Upstream
 class Gateway:
     directory: Directory
     routing: RoutingTable
+    availability: Availability
     policy: RoutingPolicy
     admission: Admission
     metrics: GatewayMetrics
@@ -41,14 +43,19 @@ class Gateway:
             load_bound=s.affinity_load_bound,
             fact_max_age_s=s.fact_max_age_s,
         )
+        availability = Availability(directory, routing)
         admission = Admission(
-            routing, policy, AdmissionLimits(s.queue_max_waiting, s.queue_max_wait_s)
+            routing,
+            policy,
+            AdmissionLimits(s.queue_max_waiting, s.queue_max_wait_s),
+            availability.refusal,
         )
         metrics = GatewayMetrics(routing, admission)
         client = EngineClient(s.upstream_connect_timeout_s, s.upstream_timeout_s)
         return cls(
             directory=directory,
             routing=routing,
+            availability=availability,
             policy=policy,
             admission=admission,
             metrics=metrics,

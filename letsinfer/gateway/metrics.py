@@ -57,14 +57,24 @@ class _LiveCollector(Collector):
             "Requests a placement group may run at once.",
             labels=["model", "pg"],
         )
+        parked = GaugeMetricFamily(
+            "letsinfer_placement_group_parked",
+            "1 for a placement group whose engine kept failing to start and is not "
+            "restarted until `letsinfer model start`; reason: the engine's last error.",
+            labels=["model", "pg", "reason"],
+        )
         for service in self.routing.services():
             depth.add_metric([service], self.admission.depth(service))
             for r in self.routing.replicas(service):
                 in_flight.add_metric([service, r.pg_id], r.in_flight)
                 capacity.add_metric([service, r.pg_id], r.capacity)
+        for service, groups in self.routing.all_parked().items():
+            for pg_id, reason in groups.items():
+                parked.add_metric([service, pg_id, reason[:200]], 1)
         yield depth
         yield in_flight
         yield capacity
+        yield parked
 
 
 class GatewayMetrics:

@@ -1,7 +1,10 @@
 """The replicas (placement groups) that can serve each model, as plain data.
 
-Replicas appear when their engine reports ready and disappear the moment it
-stops being ready. Which one serves a request is decided by
+Replicas appear when their engine reports ready (healthy and proven) and
+disappear the moment it stops being ready. A group whose engine kept failing
+to start is parked, with its reason: the gateway refuses its model at once
+instead of asking clients to retry. A draining group admits nothing new while
+its requests in flight finish (lifecycle changes). Which one serves a request is decided by
 :mod:`letsinfer.gateway.policy`; waiting for a free one by
 :mod:`letsinfer.gateway.admission`. Listeners hear about every change, so
 requests waiting for capacity learn at once that a replica appeared or that
@@ -48,6 +51,10 @@ class RoutingTable:
     _by_service: dict[str, dict[str, Replica]] = field(default_factory=dict)
     # Groups that exist but are not ready, with why: explains a 503.
     _not_ready: dict[str, dict[str, str]] = field(default_factory=dict)
+    # Groups whose engine is parked (not restarted), with the reason.
+    _parked: dict[str, dict[str, str]] = field(default_factory=dict)
+    # Groups admitting nothing new while their requests in flight finish.
+    _draining: set[str] = field(default_factory=set)
     _listeners: list[Listener] = field(default_factory=list)
     # Read by the policy on every request: rebuilt on change, not per request.
     _lists: dict[str, tuple[Replica, ...]] = field(default_factory=dict)
@@ -70,7 +77,7 @@ class RoutingTable:
         self._paused_nodes = frozen
         for service, replicas in self._by_service.items():
             for r in replicas.values():
-                r.paused = r.node_id in frozen
+                r.paused = r.node_id in frozen or r.pg_id in self._draining
             self._changed(service)
 
     def publish(self, replica: Replica) -> None:
@@ -78,7 +85,8 @@ class RoutingTable:
         place: requests in flight hold that object and give their slot back to
         it, so replacing it would leak their count."""
         self._not_ready.get(replica.service, {}).pop(replica.pg_id, None)
-        if replica.node_id in self._paused_nodes:
+        self._parked.get(replica.service, {}).pop(replica.pg_id, None)
+        if replica.node_id in self._paused_nodes or replica.pg_id in self._draining:
             replica.paused = True
         current = self._by_service.setdefault(replica.service, {}).get(replica.pg_id)
         if current is None:
@@ -91,13 +99,65 @@ class RoutingTable:
 
     def withdraw(self, service: str, pg_id: str, reason: str) -> None:
         self._by_service.get(service, {}).pop(pg_id, None)
+        self._parked.get(service, {}).pop(pg_id, None)
         self._not_ready.setdefault(service, {})[pg_id] = reason
+        self._changed(service)
+
+    def park(self, service: str, pg_id: str, reason: str) -> None:
+        """The group's engine is parked: not ready, and not coming back by itself."""
+        self._by_service.get(service, {}).pop(pg_id, None)
+        self._not_ready.get(service, {}).pop(pg_id, None)
+        self._parked.setdefault(service, {})[pg_id] = reason
         self._changed(service)
 
     def forget(self, service: str, pg_id: str) -> None:
         self._by_service.get(service, {}).pop(pg_id, None)
         self._not_ready.get(service, {}).pop(pg_id, None)
+        self._parked.get(service, {}).pop(pg_id, None)
         self._changed(service)
+
+    def knows(self, service: str) -> bool:
+        """Whether any group of ``service`` was ever reported (and not forgotten)."""
+        return bool(
+            self._by_service.get(service)
+            or self._not_ready.get(service)
+            or self._parked.get(service)
+        )
+
+    def parked(self, service: str) -> dict[str, str]:
+        """Parked groups of ``service`` and why."""
+        return self._parked.get(service, {})
+
+    def all_parked(self) -> dict[str, dict[str, str]]:
+        return self._parked
+
+    def drain(self, pg_ids: set[str]) -> None:
+        """Admit nothing new to these groups; their requests in flight finish."""
+        self._draining |= pg_ids
+        self._mark_draining()
+
+    def undrain(self, pg_ids: set[str]) -> None:
+        self._draining -= pg_ids
+        self._mark_draining()
+
+    def _mark_draining(self) -> None:
+        for service, replicas in self._by_service.items():
+            changed = False
+            for r in replicas.values():
+                paused = r.node_id in self._paused_nodes or r.pg_id in self._draining
+                if r.paused != paused:
+                    r.paused, changed = paused, True
+            if changed:
+                self._changed(service)
+
+    def in_flight(self, pg_ids: set[str]) -> int:
+        """Requests the gateway has at these groups now."""
+        return sum(
+            r.in_flight
+            for replicas in self._by_service.values()
+            for r in replicas.values()
+            if r.pg_id in pg_ids
+        )
 
     def set_paused(self, service: str, pg_id: str, paused: bool) -> None:
         replica = self._by_service.get(service, {}).get(pg_id)
@@ -115,7 +175,10 @@ class RoutingTable:
         return list(self._lists)
 
     def explain(self, service: str) -> str:
-        waiting = self._not_ready.get(service, {})
+        waiting = {
+            **{pg: f"parked: {why}" for pg, why in self._parked.get(service, {}).items()},
+            **self._not_ready.get(service, {}),
+        }
         if waiting:
             return "; ".join(f"{pg}: {why}" for pg, why in waiting.items())
         if self._by_service.get(service):

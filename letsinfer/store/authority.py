@@ -24,6 +24,7 @@ from letsinfer.store.audit import AuditTables, HeadKeeper
 from letsinfer.store.migrations import MIGRATIONS
 
 log = logging.getLogger("letsinfer.store")
+CLUSTER_STOPPED = "cluster.stopped"  # the settings key `cluster stop` writes
 
 
 class StoreError(Exception):
@@ -95,6 +96,7 @@ class ServiceRecord:
     aliases: tuple[str, ...]
     created_at: float
     origin: dict[str, Any] | None = None  # repo, revision, commit, files (model pull)
+    kind: str = "completion"  # what proves its engine: a completion or an embedding
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,23 @@ class PlacementGroupRecord:
     created_at: float
     updated_at: float
     paused_reason: str | None = None  # set when a data link its plan needs was lost
+    # Raised to make the group's agent start its engine afresh; the observation
+    # (state, endpoint...) belongs to observed_generation.
+    generation: int = 0
+    observed_generation: int | None = None
+
+
+@dataclass(frozen=True)
+class ReleaseHistoryRecord:
+    """One release a group ran (kept after the group is gone)."""
+
+    seq: int
+    service: str
+    node_id: str
+    pg_id: str
+    release_id: str
+    event: str  # installed, upgraded, restored, rolled back
+    at: float
 
 
 @dataclass(frozen=True)
@@ -262,6 +281,18 @@ class AuthorityStore(AuditTables):
             "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
             (key, value),
         )
+
+    # -- the whole cluster stopped (`letsinfer cluster stop`) ---------------
+    def cluster_stop(self) -> dict[str, Any] | None:
+        """When the cluster was stopped and which groups it stopped; None: it runs."""
+        raw = self.get_setting(CLUSTER_STOPPED)
+        return json.loads(raw) if raw is not None else None
+
+    def set_cluster_stop(self, record: dict[str, Any] | None) -> None:
+        if record is None:
+            self.db.execute("DELETE FROM settings WHERE key = ?", (CLUSTER_STOPPED,))
+        else:
+            self.set_setting(CLUSTER_STOPPED, json.dumps(record, sort_keys=True))
 
     # -- nodes ------------------------------------------------------------
     def add_node(
@@ -527,6 +558,13 @@ class AuthorityStore(AuditTables):
         row["launch"] = json.loads(row["launch"])
         return row
 
+    def list_releases(self) -> list[dict[str, Any]]:
+        rows = self._rows("SELECT * FROM runtime_releases ORDER BY created_at, id")
+        for row in rows:
+            row["artifacts"] = json.loads(row["artifacts"])
+            row["launch"] = json.loads(row["launch"])
+        return rows
+
     def list_artifact_references(self) -> list[ArtifactReference]:
         """Every artifact digest a model service or a runtime release needs."""
         rows = self._rows(
@@ -547,6 +585,8 @@ class AuthorityStore(AuditTables):
         source: str | None,
         aliases: tuple[str, ...] = (),
         origin: dict[str, Any] | None = None,
+        *,
+        kind: str = "completion",
     ) -> ServiceRecord:
         taken = self.resolve_service(name)
         if taken is not None:
@@ -564,6 +604,7 @@ class AuthorityStore(AuditTables):
                 "aliases": json.dumps(list(aliases)),
                 "created_at": time.time(),
                 "origin": json.dumps(origin, sort_keys=True) if origin is not None else None,
+                "kind": kind,
             }
         )
         svc = self.get_service(name)
@@ -593,10 +634,16 @@ class AuthorityStore(AuditTables):
         release_id: str,
         target: str,
         gpu_uuids: tuple[str, ...] = (),
+        event: str | None = "installed",
     ) -> PlacementGroupRecord:
         """A single-task group: its one task runs on ``node_id``."""
         return self.add_parallel_placement_group(
-            pg_id, service, release_id, target, [TaskSpec("0", node_id, gpu_uuids=gpu_uuids)]
+            pg_id,
+            service,
+            release_id,
+            target,
+            [TaskSpec("0", node_id, gpu_uuids=gpu_uuids)],
+            event,
         )
 
     def add_parallel_placement_group(
@@ -606,9 +653,11 @@ class AuthorityStore(AuditTables):
         release_id: str,
         target: str,
         tasks: list[TaskSpec],
+        event: str | None = "installed",
     ) -> PlacementGroupRecord:
         """A group and all its tasks and GPUs, or nothing (one transaction).
-        The group's ``node_id`` is its head's (task "0")."""
+        The group's ``node_id`` is its head's (task "0"); ``event`` names why
+        in its release history (None: the caller records it once it serves)."""
         if not tasks or tasks[0].task != "0":
             raise StoreError("a placement group needs task 0 (its head) first")
         now = time.time()
@@ -653,6 +702,8 @@ class AuthorityStore(AuditTables):
                         raise StoreError(
                             f"GPU {uuid} already belongs to an active placement group"
                         ) from exc
+            if event is not None:
+                self.add_release_history(service, tasks[0].node_id, pg_id, release_id, event)
         pg = self.get_placement_group(pg_id)
         assert pg is not None
         return pg
@@ -749,6 +800,60 @@ class AuthorityStore(AuditTables):
         )
         return cur.rowcount
 
+    def set_groups_desired(self, pg_ids: list[str], desired: str) -> None:
+        for pg_id in pg_ids:
+            self.db.execute(
+                "UPDATE placement_groups SET desired = ?, updated_at = ? WHERE id = ?",
+                (desired, time.time(), pg_id),
+            )
+
+    def restart_groups(self, pg_ids: list[str]) -> None:
+        """A new generation: each group's agent starts its engine afresh."""
+        for pg_id in pg_ids:
+            self.db.execute(
+                "UPDATE placement_groups SET generation = generation + 1, updated_at = ? "
+                "WHERE id = ?",
+                (time.time(), pg_id),
+            )
+
+    def set_pg_release(self, pg_id: str, release_id: str) -> None:
+        """The group runs another release from its next generation (the caller
+        raises it, and records the release history once it serves)."""
+        if self.get_release(release_id) is None:
+            raise StoreError(f"no runtime release {release_id!r}")
+        self.db.execute(
+            "UPDATE placement_groups SET release_id = ?, updated_at = ? WHERE id = ?",
+            (release_id, time.time(), pg_id),
+        )
+
+    def add_release_history(
+        self, service: str, node_id: str, pg_id: str, release_id: str, event: str
+    ) -> None:
+        self.db.execute(
+            "INSERT INTO release_history(service, node_id, pg_id, release_id, event, at) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (service, node_id, pg_id, release_id, event, time.time()),
+        )
+
+    def release_history(self, service: str) -> list[ReleaseHistoryRecord]:
+        rows = self._rows(
+            "SELECT * FROM release_history WHERE service = ? ORDER BY seq", (service,)
+        )
+        return [ReleaseHistoryRecord(**r) for r in rows]
+
+    def delete_service(self, name: str) -> None:
+        """The model and its placement groups (cascade), and its release history."""
+        with self.transaction():
+            self.db.execute("DELETE FROM placement_groups WHERE service = ?", (name,))
+            self.db.execute("DELETE FROM release_history WHERE service = ?", (name,))
+            self.db.execute("DELETE FROM model_services WHERE name = ?", (name,))
+
+    def services_using(self, digest: str) -> list[str]:
+        rows = self._rows(
+            "SELECT name FROM model_services WHERE artifact_digest = ? ORDER BY name", (digest,)
+        )
+        return [r["name"] for r in rows]
+
     def record_pg_observation(
         self,
         pg_id: str,
@@ -759,8 +864,10 @@ class AuthorityStore(AuditTables):
         capacity: int | None = None,
         restarts: int | None = None,
         detail: str | None = None,
+        generation: int | None = None,
     ) -> None:
-        """What the agent saw; desired state is never touched here."""
+        """What the agent saw (of ``generation``, when it says); desired state is
+        never touched here."""
         fields: dict[str, Any] = {
             "state": state,
             "endpoint": endpoint,
@@ -771,6 +878,8 @@ class AuthorityStore(AuditTables):
         }
         if restarts is not None:
             fields["restarts"] = restarts
+        if generation is not None:
+            fields["observed_generation"] = generation
         sets = ", ".join(f"{k} = :{k}" for k in fields)
         self.db.execute(
             f"UPDATE placement_groups SET {sets} WHERE id = :id", {**fields, "id": pg_id}
@@ -853,6 +962,7 @@ def _service(r: dict[str, Any]) -> ServiceRecord:
         aliases=tuple(json.loads(r["aliases"])),
         created_at=r["created_at"],
         origin=json.loads(r["origin"]) if r.get("origin") else None,
+        kind=r.get("kind") or "completion",
     )
 
 

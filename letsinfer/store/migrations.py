@@ -204,4 +204,28 @@ MIGRATIONS: list[str] = [
     ALTER TABLE nodes ADD COLUMN audit_head TEXT;
     ALTER TABLE nodes ADD COLUMN audit_problem TEXT;
     """,
+    # 8: lifecycle. A group's generation: raised to make its agent start its
+    # engine afresh (unpark, in-place release change, rolling restart); the
+    # generation an observation belongs to. What a model's engine must answer to
+    # be proven (a completion, or an embedding). Every release each group ran,
+    # kept after the group is gone: rollback reinstalls one of these, never
+    # "latest".
+    """
+    ALTER TABLE placement_groups ADD COLUMN generation INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE placement_groups ADD COLUMN observed_generation INTEGER;
+    ALTER TABLE model_services ADD COLUMN kind TEXT NOT NULL DEFAULT 'completion'
+        CHECK (kind IN ('completion', 'embedding'));
+    CREATE TABLE release_history (
+        seq INTEGER PRIMARY KEY,
+        service TEXT NOT NULL,
+        node_id TEXT NOT NULL,
+        pg_id TEXT NOT NULL,
+        release_id TEXT NOT NULL REFERENCES runtime_releases(id),
+        event TEXT NOT NULL,
+        at REAL NOT NULL
+    );
+    CREATE INDEX release_history_service ON release_history(service, node_id);
+    INSERT INTO release_history(service, node_id, pg_id, release_id, event, at)
+        SELECT service, node_id, id, release_id, 'installed', created_at FROM placement_groups;
+    """,
 ]

@@ -13,8 +13,10 @@ version_added: "1.0.0"
 description:
   - Runs on the main node. Compares the model services listed by
     C(letsinfer model list --json) with the wanted one and adds it with
-    C(letsinfer model add) when it is missing. The file is checked, hashed
-    and copied into the node's model store by letsinfer itself.
+    C(letsinfer model add) when it is missing. The file is checked, hashed,
+    proven in its engine (one real answer) and copied into the node's model
+    store by letsinfer itself; a file the engine cannot serve fails the task
+    with the engine's own error, and nothing is added.
   - A model that exists with other aliases is reported as an error, not
     changed, since letsinfer has no command to change aliases yet.
 extends_documentation_fragment:

@@ -1,0 +1,138 @@
+"""``letsinfer cluster``: the whole cluster at once, from the main."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+import click
+
+from letsinfer.authority import lifecycle
+from letsinfer.authority.anchor import open_authority
+from letsinfer.cli import cli
+from letsinfer.cli.local import ask_node
+from letsinfer.cli.output import console, emit
+from letsinfer.cli.scope import CliContext, scoped
+
+
+@cli.group()
+def cluster() -> None:
+    """Stop, start, restart (rolling) the whole cluster, or show its state."""
+
+
+def _ask(ctx: CliContext, verb: str) -> dict[str, Any] | None:
+    return ask_node(ctx.home, "POST", f"/v1/ops/cluster/{verb}", timeout=None)
+
+
+@scoped(cluster, "stop", scope="main")
+@click.pass_obj
+def stop(ctx: CliContext) -> None:
+    """Refuse new requests (503 system_stopped), let those in flight finish,
+    then stop every placement group (their engines end, GPUs are free). The
+    groups are remembered for `cluster start`."""
+    answer = _ask(ctx, "stop")
+    if answer is None:  # no node runs here: nothing serves; record it directly
+        store = open_authority(ctx.home)
+        try:
+            state = lifecycle.begin_cluster_stop(store, actor="cli", role="main")
+            lifecycle.complete_cluster_stop(store, state)
+        finally:
+            store.close()
+        answer = {"stopped": state.groups, "cut": 0, "still_running": []}
+    console.print(f"cluster stopped: {len(answer['stopped'])} placement group(s) stopped")
+    if answer["cut"]:
+        console.print(f"[yellow]{answer['cut']} request(s) still in flight were cut[/yellow]")
+    if answer["still_running"]:
+        raise click.ClickException(
+            "these groups' engines did not report stopping yet: "
+            + ", ".join(answer["still_running"])
+        )
+
+
+@scoped(cluster, "start", scope="main")
+@click.pass_obj
+def start(ctx: CliContext) -> None:
+    """Start exactly the placement groups `cluster stop` stopped, and wait until
+    each is ready (or says why not)."""
+    answer = _ask(ctx, "start")
+    if answer is None:
+        store = open_authority(ctx.home)
+        try:
+            groups = lifecycle.start_cluster(store, actor="cli", role="main")
+        finally:
+            store.close()
+        console.print(f"cluster started: {len(groups)} placement group(s) will run")
+        return
+    for pg, how in answer["placement_groups"].items():
+        console.print(f"  {pg}: {how}", highlight=False)
+    console.print(f"cluster started: {len(answer['started'])} placement group(s)")
+    if not answer["ok"]:
+        raise click.ClickException("some placement groups are not ready (above)")
+
+
+@scoped(cluster, "restart", scope="main")
+@click.pass_obj
+def restart(ctx: CliContext) -> None:
+    """Restart every engine, node by node: a node's groups drain, start afresh and
+    are proven before the next node's; a model with replicas on several nodes
+    keeps serving throughout."""
+    answer = _ask(ctx, "restart")
+    if answer is None:
+        raise click.ClickException(
+            "no node runs on this home: a rolling restart needs the running main"
+        )
+    for step in answer["nodes"]:
+        groups = ", ".join(f"{pg} {how}" for pg, how in step["placement_groups"].items())
+        console.print(f"  {step['node']}: {groups}", highlight=False)
+    if not answer["ok"]:
+        raise click.ClickException("the restart stopped at a group that did not come back")
+    console.print("cluster restarted")
+
+
+@scoped(cluster, "status", scope="main")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+def status(ctx: CliContext, as_json: bool) -> None:
+    """Whether the cluster runs or is stopped, and every node's placement groups."""
+    store = open_authority(ctx.home)
+    try:
+        state = lifecycle.cluster_state(store)
+        nodes = []
+        for n in store.list_nodes():
+            groups = [
+                {"id": pg.id, "model": pg.service, "desired": pg.desired, "state": pg.state}
+                for pg in store.list_placement_groups(node_id=n.id)
+            ]
+            nodes.append(
+                {"node": n.name, "role": n.role, "paused": n.paused, "placement_groups": groups}
+            )
+    finally:
+        store.close()
+    info = {**state.to_json(), "nodes": nodes}
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    if state.stopped and state.stopped_at is not None:
+        when = dt.datetime.fromtimestamp(state.stopped_at, dt.UTC).isoformat(timespec="seconds")
+        console.print(
+            f"cluster [red]stopped[/red] since {when}; `letsinfer cluster start` restores "
+            f"{len(state.groups)} placement group(s)"
+        )
+    else:
+        console.print("cluster [green]running[/green]")
+    emit(
+        [
+            {
+                "node": n["node"],
+                "role": n["role"],
+                "groups": ", ".join(
+                    f"{g['id']} {g['model']} [{g['state']}]" for g in n["placement_groups"]
+                ),
+            }
+            for n in nodes
+        ],
+        ["node", "role", "groups"],
+        as_json=False,
+        title="nodes",
+    )

@@ -1,0 +1,121 @@
+"""``letsinfer model upgrade|rollback|remove``: changing what runs a model, or
+removing it, without taking away what serves before its replacement is proven."""
+
+from __future__ import annotations
+
+import click
+
+from letsinfer.authority import lifecycle
+from letsinfer.authority.anchor import open_authority
+from letsinfer.cli.local import ask_node, segment
+from letsinfer.cli.model import model, report_rollout
+from letsinfer.cli.output import console
+from letsinfer.cli.scope import CliContext, scoped
+
+_NEEDS_NODE = (
+    "no node runs on this home: {what} drains and proves placement groups through the "
+    "running main. Start it (`letsinfer up`, or `letsinfer service start`) and run this again"
+)
+
+
+@scoped(model, "upgrade", scope="main")
+@click.argument("name")
+@click.option(
+    "--release",
+    "release_id",
+    required=True,
+    help="The runtime release to run (`letsinfer release list`; `letsinfer release add` "
+    "makes one of a llama-server binary).",
+)
+@click.option("--node", "nodes", multiple=True, help="Only the groups on this node; repeatable.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+def upgrade(
+    ctx: CliContext, name: str, release_id: str, nodes: tuple[str, ...], as_json: bool
+) -> None:
+    """Move a model's placement groups to another signed release, one group at a
+    time: each replacement is proven (health and one answer) before the group it
+    replaces drains; a failed one is removed and the group's exact prior release
+    restored, and the upgrade stops. Exits 1 naming the group that failed."""
+    answer = ask_node(
+        ctx.home,
+        "POST",
+        f"/v1/ops/models/{segment(name)}/upgrade",
+        json={"release": release_id, "nodes": list(nodes)},
+        timeout=None,
+    )
+    if answer is None:
+        raise click.ClickException(_NEEDS_NODE.format(what="an upgrade"))
+    if not as_json:
+        console.print(f"upgrade of {answer['model']} to {release_id}:", highlight=False)
+    report_rollout(answer, as_json)
+
+
+@scoped(model, "rollback", scope="main")
+@click.argument("name")
+@click.option(
+    "--to",
+    "to",
+    help="A release this model ran before (`letsinfer model show NAME` lists them); "
+    "default: each group's previous release.",
+)
+@click.option("--node", "nodes", multiple=True, help="Only the groups on this node; repeatable.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+def rollback(
+    ctx: CliContext, name: str, to: str | None, nodes: tuple[str, ...], as_json: bool
+) -> None:
+    """Reinstall a release this model ran before: the signed release record kept
+    in the authority, never re-resolved. One group at a time, as an upgrade."""
+    answer = ask_node(
+        ctx.home,
+        "POST",
+        f"/v1/ops/models/{segment(name)}/rollback",
+        json={"to": to, "nodes": list(nodes)},
+        timeout=None,
+    )
+    if answer is None:
+        raise click.ClickException(_NEEDS_NODE.format(what="a rollback"))
+    if not as_json:
+        console.print(f"rollback of {answer['model']}:", highlight=False)
+    report_rollout(answer, as_json)
+
+
+@scoped(model, "remove", scope="main")
+@click.argument("name")
+@click.option(
+    "--stop",
+    is_flag=True,
+    help="Also when its placement groups run: they drain and stop first.",
+)
+@click.pass_obj
+def remove(ctx: CliContext, name: str, stop: bool) -> None:
+    """Remove a model: its placement groups, its release history, and its file in
+    the model store when no other model uses those bytes. Refused while its
+    groups should run, unless --stop."""
+    answer = ask_node(
+        ctx.home,
+        "POST",
+        f"/v1/ops/models/{segment(name)}/remove",
+        json={"stop": stop},
+        timeout=None,
+    )
+    if answer is None:  # no node runs: nothing serves it
+        store = open_authority(ctx.home)
+        try:
+            answer = lifecycle.remove_model(
+                store, ctx.home.model_store, name, stop=stop, actor="cli"
+            ).to_json()
+        finally:
+            store.close()
+    groups = answer["placement_groups"]
+    if answer["freed"]:
+        freed = f"; freed {answer['freed']}"
+    elif answer["shared"]:
+        freed = f"; its file stays (used by {', '.join(answer['shared'])})"
+    else:
+        freed = ""
+    console.print(
+        f"removed model {answer['model']}: {len(groups)} placement group(s) removed{freed}",
+        highlight=False,
+    )

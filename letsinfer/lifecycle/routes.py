@@ -1,0 +1,181 @@
+"""Lifecycle operations a running main performs itself (they drain through its
+gateway and wait on its agents): on the admin socket, for the CLI on the
+main's machine. Each answers when the operation has finished."""
+
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from letsinfer.authority import controllers, lifecycle
+from letsinfer.control.ops import actor_of, peer
+from letsinfer.lifecycle import cluster, rollout
+from letsinfer.lifecycle.serving import Busy, Serving
+from letsinfer.trust.peer import Peer
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Upgrade(_Body):
+    release: str = Field(max_length=200)
+    nodes: list[str] = Field(default_factory=list, max_length=256)
+
+
+class Rollback(_Body):
+    to: str | None = Field(None, max_length=200)
+    nodes: list[str] = Field(default_factory=list, max_length=256)
+
+
+class Replacement(_Body):
+    group: str = Field(max_length=64)
+    release: str = Field(max_length=200)
+    gpus: list[str] = Field(default_factory=list, max_length=64)
+
+
+class Replace(_Body):
+    replacements: list[Replacement] = Field(max_length=256)
+
+
+class Remove(_Body):
+    stop: bool = False
+
+
+def lifecycle_router(sv: Serving, model_store: Path) -> APIRouter:
+    router = APIRouter()
+    store = sv.store
+
+    def need(role: str) -> Callable[[Request], Awaitable[Peer]]:
+        async def check(request: Request) -> Peer:
+            p = peer(request)
+            if not controllers.allows(p.identity.role, role):
+                store.append_audit(
+                    actor_of(store, p), request.url.path, "denied", detail=f"needs {role}"
+                )
+                raise HTTPException(403, f"this operation needs the {role} role")
+            return p
+
+        return check
+
+    Operator = Annotated[Peer, Depends(need("operator"))]
+    Administrator = Annotated[Peer, Depends(need("administrator"))]
+
+    async def exclusive(what: str, work: Callable[[], Awaitable[Any]]) -> Any:
+        try:
+            async with sv.exclusive(what):
+                return await work()
+        except Busy as exc:
+            raise HTTPException(409, str(exc)) from exc
+        except rollout.RolloutRefused as exc:
+            raise HTTPException(exc.status, f"{exc}. Nothing changed.") from exc
+        except lifecycle.NotFound as exc:
+            raise HTTPException(404, f"{exc}. Nothing changed.") from exc
+        except lifecycle.Refused as exc:
+            raise HTTPException(409, f"{exc}. Nothing changed.") from exc
+
+    @router.post("/v1/ops/models/{name:path}/upgrade")
+    async def upgrade(name: str, body: Upgrade, p: Operator) -> dict[str, Any]:
+        async def work() -> dict[str, Any]:
+            model, changes = rollout.upgrade_changes(sv, name, body.release, body.nodes)
+            result = await rollout.run(
+                sv,
+                model,
+                "model.upgrade",
+                "upgraded",
+                changes,
+                actor=actor_of(store, p),
+                role=p.identity.role,
+            )
+            return result.to_json()
+
+        return await exclusive(f"upgrade of {name}", work)  # type: ignore[no-any-return]
+
+    @router.post("/v1/ops/models/{name:path}/rollback")
+    async def rollback(name: str, body: Rollback, p: Operator) -> dict[str, Any]:
+        async def work() -> dict[str, Any]:
+            model, changes, skipped = rollout.rollback_changes(sv, name, body.to, body.nodes)
+            result = await rollout.run(
+                sv,
+                model,
+                "model.rollback",
+                "rolled back",
+                changes,
+                actor=actor_of(store, p),
+                role=p.identity.role,
+                skipped=skipped,
+            )
+            return result.to_json()
+
+        return await exclusive(f"rollback of {name}", work)  # type: ignore[no-any-return]
+
+    @router.post("/v1/ops/models/{name:path}/replace")
+    async def replace(name: str, body: Replace, p: Operator) -> dict[str, Any]:
+        async def work() -> dict[str, Any]:
+            changes = []
+            for r in body.replacements:
+                pg = store.get_placement_group(r.group)
+                if pg is None or store.resolve_service(name) is None:
+                    raise rollout.RolloutRefused(f"no placement group {r.group} of {name}", 404)
+                rollout.check_release(sv, r.release)
+                changes.append(rollout.Change(pg, r.release, tuple(r.gpus)))
+            model = changes[0].group.service if changes else name
+            result = await rollout.run(
+                sv,
+                model,
+                "model.install",
+                "replaced",
+                changes,
+                actor=actor_of(store, p),
+                role=p.identity.role,
+            )
+            return result.to_json()
+
+        return await exclusive(f"replacement in {name}", work)  # type: ignore[no-any-return]
+
+    @router.post("/v1/ops/models/{name:path}/remove")
+    async def remove(name: str, body: Remove, p: Administrator) -> dict[str, Any]:
+        async def work() -> dict[str, Any]:
+            svc = store.resolve_service(name)
+            running = set(lifecycle.running_groups(store, svc.name)) if svc else set()
+            cut = await sv.drain(running) if body.stop and running else 0
+            try:
+                done = lifecycle.remove_model(
+                    store,
+                    model_store,
+                    name,
+                    stop=body.stop,
+                    actor=actor_of(store, p),
+                    role=p.identity.role,
+                )
+            finally:
+                sv.apply()
+                sv.routing.undrain(running)
+            return {**done.to_json(), "cut": cut}
+
+        return await exclusive(f"removal of {name}", work)  # type: ignore[no-any-return]
+
+    @router.post("/v1/ops/cluster/stop")
+    async def cluster_stop(p: Operator) -> dict[str, Any]:
+        return await exclusive(  # type: ignore[no-any-return]
+            "cluster stop",
+            lambda: cluster.stop(sv, actor=actor_of(store, p), role=p.identity.role),
+        )
+
+    @router.post("/v1/ops/cluster/start")
+    async def cluster_start(p: Operator) -> dict[str, Any]:
+        return await exclusive(  # type: ignore[no-any-return]
+            "cluster start",
+            lambda: cluster.start(sv, actor=actor_of(store, p), role=p.identity.role),
+        )
+
+    @router.post("/v1/ops/cluster/restart")
+    async def cluster_restart(p: Operator) -> dict[str, Any]:
+        return await exclusive(  # type: ignore[no-any-return]
+            "cluster restart",
+            lambda: cluster.restart(sv, actor=actor_of(store, p), role=p.identity.role),
+        )
+
+    return router
