@@ -83,7 +83,7 @@ class Directory:
                 )
                 for s in self.store.list_services()
             )
-            stopped = self._store.cluster_stop() is not None
+            stopped = self.store.cluster_stop() is not None
         except Exception as exc:  # any store failure: keep serving the last snapshot
             if self.failing is None:
                 log.error("authority store unreadable: %s", exc)
