@@ -22,7 +22,12 @@ from letsinfer.agent.api import create_agent_app
 from letsinfer.agent.facts import FactError
 from letsinfer.agent.hardware import gpu_probe, host_facts
 from letsinfer.agent.placement import PlacementRunner
-from letsinfer.agent.runtime import advertise_address, advertiser_for, instance_name
+from letsinfer.agent.runtime import (
+    advertise_address,
+    advertiser_for,
+    instance_name,
+    stop_engines,
+)
 from letsinfer.agent.supervisor import EngineStatus, EngineSupervisor, SupervisionPolicy
 from letsinfer.authority import engine_keys
 from letsinfer.authority.audit import handshake_refusals
@@ -66,6 +71,7 @@ class MainNode:
         self.gateway = Gateway.build(self.directory, self.routing, settings.gateway)
         self.supervisor = EngineSupervisor(
             home.engine_logs,
+            home.engine_run,
             SupervisionPolicy.from_settings(settings),
             self._on_engine_status,
         )
@@ -203,6 +209,7 @@ class MainNode:
     async def _lifespan(self, app: FastAPI) -> AsyncIterator[None]:
         self.directory.refresh()
         self.record_own_facts()
+        await self.placements.adopt_running()  # engines a previous run left serving
         self.reconcile()
         planes = await self._start_planes()
         adv = None
@@ -232,7 +239,7 @@ class MainNode:
                 await adv.stop()
             for plane in planes:
                 await plane.stop()
-            await self.placements.stop_all()
+            await stop_engines(self.home, self.placements)
             await self.gateway.aclose()
             self.store.close()
 

@@ -3,18 +3,26 @@
 The same code serves the main's own engines (desired state read from the
 authority) and a child's (desired state received from the main). Safe to run
 as often as wanted: it only starts what is missing and stops what is extra.
+At start it first adopts the engines a previous run of this node left
+running (see agent/reattach.py); an adopted engine whose placement is no
+longer wanted, or changed, is stopped like any other.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import httpx
+
+from letsinfer.agent import reattach
 from letsinfer.agent.ports import free_port
-from letsinfer.agent.supervisor import EngineSupervisor, LaunchRefused
+from letsinfer.agent.supervisor import EngineIdentity, EngineSupervisor, LaunchRefused
 from letsinfer.authority.modelstore import ModelFileError, artifact_path, verify_artifact
 from letsinfer.engines.binary import BinaryError
 from letsinfer.engines.launch import EngineTask, LaunchPlan, plan_llamacpp
@@ -54,6 +62,16 @@ class DesiredPlacement:
         """The group's other tasks: the data links this task needs."""
         return tuple(t for t in self.group if t.task != self.task)
 
+    def fingerprint(self) -> str:
+        """Everything an engine is launched from: an adopted engine launched for
+        another fingerprint (a new release, other GPUs, other sizing) is replaced."""
+        data = asdict(self)
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+    def serves_api(self) -> bool:
+        """Task 0 answers the API (with the engine key); other tasks only /health."""
+        return self.task == "0"
+
 
 @dataclass
 class PlacementRunner:
@@ -71,19 +89,70 @@ class PlacementRunner:
     # Wanted but not started, with why (reported as failed; tried again each apply).
     refused: dict[str, str] = field(default_factory=dict)
     _wanted: set[str] = field(default_factory=set)
+    _desired: list[DesiredPlacement] = field(default_factory=list)
     _background: set[asyncio.Task[None]] = field(default_factory=set)
     _verified: set[str] = field(default_factory=set)
     _fetching: set[str] = field(default_factory=set)
 
+    async def adopt_running(self) -> int:
+        """Adopt the engines a previous run of this node left running, those it
+        proves are its own; drop every other record. Returns how many it adopted."""
+        adopted = 0
+        async with httpx.AsyncClient(timeout=5.0) as client:
+            for found in reattach.read_records(self.run_dir):
+                record = found.record
+                if record is None:
+                    log.warning("not adopting from %s: %s", found.path.name, found.problem)
+                    found.path.unlink(missing_ok=True)
+                    continue
+                proven = await reattach.prove(record, client)
+                if isinstance(proven, str):
+                    # The lease goes too: an engine of ours that cannot be proven
+                    # stops by itself; a process that is not ours is never signalled.
+                    log.warning(
+                        "not adopting the engine of %s (pid %d): %s; it gets a new engine",
+                        record.pg_id,
+                        record.pid,
+                        proven,
+                    )
+                    reattach.remove(self.run_dir, record.pg_id, record.task)
+                    continue
+                log.info(
+                    "adopted the running engine of %s (pid %d) at %s",
+                    record.pg_id,
+                    record.pid,
+                    record.base_url,
+                )
+                self.services[record.pg_id] = record.service
+                self.tasks[record.pg_id] = record.task
+                self.supervisor.adopt(record, proven)
+                adopted += 1
+        return adopted
+
+    async def hand_over(self) -> int:
+        """The node restarts: leave ready engines running for the next start."""
+        kept = await self.supervisor.hand_over()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        return kept
+
     def apply(self, desired: list[DesiredPlacement], fetch: Fetch | None = None) -> None:
         wanted = {d.pg_id: d for d in desired}
         self._wanted = set(wanted)
+        self._desired = list(desired)
         for pg_id in set(self.refused) - self._wanted:
             del self.refused[pg_id]
         for pg_id in set(self.supervisor.runners) - set(wanted):
             self._spawn(self.supervisor.stop(pg_id))
         for d in wanted.values():
-            if d.pg_id in self.supervisor.runners:
+            runner = self.supervisor.runners.get(d.pg_id)
+            if runner is not None and not runner.planned:  # adopted, its placement now known
+                if runner.identity.placement == d.fingerprint():
+                    self._start(d, adopted=True)
+                else:
+                    log.info("the adopted engine of %s runs another placement: replacing", d.pg_id)
+                    self._spawn(self._replace(d, fetch))
+                continue
+            if runner is not None:
                 continue
             if not artifact_path(self.model_store, d.artifact_digest).exists() and fetch:
                 if d.artifact_digest not in self._fetching:
@@ -117,7 +186,12 @@ class PlacementRunner:
             self.refused[pg_id] = why
             self.on_failed(pg_id, why)
 
-    def _start(self, d: DesiredPlacement) -> None:
+    async def _replace(self, d: DesiredPlacement, fetch: Fetch | None) -> None:
+        await self.supervisor.stop(d.pg_id)
+        if d.pg_id in self._wanted and d.pg_id not in self.supervisor.runners:
+            self.apply([x for x in self._desired if x.pg_id in self._wanted], fetch)
+
+    def _start(self, d: DesiredPlacement, adopted: bool = False) -> None:
         if d.pg_id not in self._wanted:  # gone while its model was downloading
             return
         self.tasks[d.pg_id] = d.task
@@ -128,7 +202,8 @@ class PlacementRunner:
             self._refuse(d.pg_id, f"refused to run: {exc}")
             return
         try:
-            if d.artifact_digest not in self._verified:
+            # An adopted engine runs the file its launch verified: no rehash at restart.
+            if d.artifact_digest not in self._verified and not adopted:
                 verify_artifact(self.model_store, d.artifact_digest)
                 self._verified.add(d.artifact_digest)
         except ModelFileError as exc:
@@ -167,7 +242,14 @@ class PlacementRunner:
         self.refused.pop(d.pg_id, None)
         fixed = d.port
         self.supervisor.ensure(
-            d.pg_id,
+            EngineIdentity(
+                d.pg_id,
+                d.task,
+                d.service,
+                d.fingerprint(),
+                d.release.id,
+                d.engine_key if d.serves_api() else None,
+            ),
             make_plan,
             (lambda: fixed) if fixed else (lambda: free_port(self.host, self.ports)),
         )

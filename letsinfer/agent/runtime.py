@@ -39,6 +39,7 @@ from letsinfer.identity import NodeIdentity, load_identity
 from letsinfer.links.prober import LinkProber
 from letsinfer.mirror.fetching import fetch_artifact
 from letsinfer.release import runtime
+from letsinfer.service import handover
 from letsinfer.store import AuthorityStore
 from letsinfer.trust import pki
 from letsinfer.trust.client import ClusterClient, PeerMismatch, error_code, error_message
@@ -75,6 +76,16 @@ def advertiser_for(
     )
 
 
+async def stop_engines(home: Home, placements: PlacementRunner) -> None:
+    """When the node process ends: for a restart (`service restart`), leave the
+    ready engines serving for the next start to adopt; otherwise stop them."""
+    if handover.take(home):
+        kept = await placements.hand_over()
+        log.info("restarting: %d engine(s) left serving for the next start to adopt", kept)
+    else:
+        await placements.stop_all()
+
+
 class LocalPause(BaseModel):
     model_config = ConfigDict(extra="forbid")
     paused: bool
@@ -95,6 +106,7 @@ class AgentNode:
         agent = settings.agent
         self.supervisor = EngineSupervisor(
             home.engine_logs,
+            home.engine_run,
             SupervisionPolicy.from_settings(settings),
             lambda status: None,  # reported to the main with the next facts
         )
@@ -200,6 +212,8 @@ class AgentNode:
             self.home.admin_socket, LocalGate(self._admin_app(), self.audit, os.geteuid())
         )
         await admin.start()
+        # Engines a previous run left serving, reported ready with the first facts.
+        await self.placements.adopt_running()
         tasks = [asyncio.create_task(self._watch_identity())]
         if self.identity.role == "child":
             tasks.append(asyncio.create_task(self._report()))
@@ -223,7 +237,7 @@ class AgentNode:
             if adv is not None:
                 await adv.stop()
             await admin.stop()
-            await self.placements.stop_all()
+            await stop_engines(self.home, self.placements)
             self.audit.close()
 
     def _admin_app(self) -> Any:
