@@ -250,6 +250,33 @@ def test_pause_lets_a_stream_finish_and_moves_new_requests(cluster: Cluster) -> 
     assert pgs(c, "big")["n1"]["pid"] == engine_pid, "pausing never restarts engines"
 
 
+def test_restarting_a_child_keeps_its_engines_serving_a_stream(cluster: Cluster) -> None:
+    c = cluster
+    wait_ready(c, "big", {"n1"})
+    engine_pid = pgs(c, "big")["n1"]["pid"]
+    flag = c.root / "restart.flag"
+    url = f"http://{c.lab.hosts['main']}:8000"
+    stream = c.lab.popen(
+        "main",
+        *(PY, str(ROOT / "tests/load_client.py"), "stream", url, c.key, "big", str(flag)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert stream.stdout is not None
+    assert stream.stdout.readline().strip() == "STARTED"
+    old = c.procs["n1"].pid
+    out = " ".join(c.restart("n1").split())
+    assert f"restarted (pid {old} -> " in out and "kept serving" in out and "replaced" not in out
+    flag.touch()  # the stream (main gateway -> n1's engine) goes on
+    out, err = stream.communicate(timeout=60)
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["status"] == 200 and summary["finish"] == "length", err
+    assert summary["chunks"] > 100
+    assert pgs(c, "big")["n1"]["pid"] == engine_pid, "the engine was never restarted"
+    assert load(c, "big", n=2, threads=1) == [200, 200]
+    assert "adopted the running engine" in (c.home("n1") / "var/logs/node.log").read_text()
+
+
 def test_forged_replayed_and_stale_facts_are_refused_and_audited(cluster: Cluster) -> None:
     c = cluster
     home = c.home("n1")
@@ -380,7 +407,7 @@ print(r.status_code, r.text)
 
     out = c.ok("main", "node", "remove", "n1")
     assert all(pg in out for pg in on_n1.values()), out
-    assert f"stopped {len(engines)} engine(s)" in out, out
+    assert f"stopped {len(on_n1)} engine(s)" in out, out  # a binary's keeper is one more process
     # At once: no route, no placement group (nor its GPU claims), no engine.
     assert load(c, "big", n=2, threads=1) == [503, 503]
     for model in on_n1:
