@@ -33,6 +33,7 @@ from letsinfer.authority import engine_keys
 from letsinfer.authority.audit import handshake_refusals
 from letsinfer.authority.facts import FactLedger
 from letsinfer.authority.links import LinkBook, link_label, needed_links
+from letsinfer.authority.modelstore import present_digests
 from letsinfer.authority.parallel import TaskBoard, TaskReport
 from letsinfer.authority.placements import desired_for_node, to_wire
 from letsinfer.authority.removal import Removal
@@ -51,6 +52,8 @@ from letsinfer.identity import NodeIdentity, load_identity
 from letsinfer.mirror.layout import MirrorLayout
 from letsinfer.planes import RunningPlane, tls_server
 from letsinfer.release import runtime
+from letsinfer.storage.routes import storage_router
+from letsinfer.storage.uses import groups_for_child, main_uses
 from letsinfer.store import AuthorityStore, PlacementGroupRecord
 from letsinfer.trust.material import ClusterCA, presented_fingerprint, tls_files
 from letsinfer.trust.peer import Peer, server_context
@@ -160,6 +163,15 @@ class MainNode:
         admin = typed_app("letsinfer admin socket")
         admin.include_router(ops_router(self.store, self.identity, on_change=self.apply_now))
         admin.include_router(local_router(self.store, self.node_removed))
+        admin.include_router(
+            storage_router(
+                self.home,
+                lambda: self.identity.name,
+                lambda: main_uses(self.store, self.identity.node_id, self._engine_groups()),
+                self.store,
+                self._facts_changed,
+            )
+        )
         planes.append(
             AdminPlane(self.home.admin_socket, LocalGate(admin, self.store, os.geteuid()))
         )
@@ -261,7 +273,14 @@ class MainNode:
 
     # -- this node's own engines ---------------------------------------------
     def record_own_facts(self) -> None:
-        self.store.record_node_facts(self.identity.node_id, _hardware(host_facts(self.gpus)))
+        facts = {**host_facts(self.gpus), "artifacts": present_digests(self.home.model_store)}
+        self.store.record_node_facts(self.identity.node_id, _hardware(facts))
+
+    async def _facts_changed(self) -> None:
+        self.record_own_facts()
+
+    def _engine_groups(self) -> set[str]:
+        return {pg for pg, r in self.supervisor.runners.items() if r.pid is not None}
 
     def reconcile(self) -> None:
         self.placements.apply(
@@ -376,6 +395,8 @@ class MainNode:
             "interval_s": self.settings.control.heartbeat_interval_s,
             # Children refuse these on their agent plane (link challenges).
             "revoked": self.store.revoked_fingerprints(),
+            # Every group placed there, stopped ones too (what `node cleanup` may free).
+            "groups": groups_for_child(self.store, node.id),
         }
 
     def _route(self, pg: PlacementGroupRecord) -> bool:
@@ -453,4 +474,5 @@ class MainNode:
 
 def _hardware(facts: dict[str, Any]) -> dict[str, Any]:
     """What placement needs from a node's facts."""
-    return {k: facts[k] for k in ("cpus", "memory_bytes", "targets", "gpus") if k in facts}
+    keys = ("cpus", "memory_bytes", "targets", "gpus", "artifacts")
+    return {k: facts[k] for k in keys if k in facts}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import Any
+from typing import Annotated, Any
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
@@ -69,6 +69,11 @@ class Facts(_Fact):
     links: list[LinkFact] = Field(default_factory=list, max_length=64)
     version: str = Field(max_length=32)
     paused: bool = False
+    # Digests of the model files the node holds: the main names the nodes that
+    # download a model again when its groups start (see storage/refetch.py).
+    artifacts: list[Annotated[str, Field(max_length=64)]] = Field(
+        default_factory=list, max_length=256
+    )
 
     def canonical(self) -> bytes:
         return json.dumps(

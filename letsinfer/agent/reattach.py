@@ -140,6 +140,15 @@ def _read(path: Path) -> Found:
     return Found(path, record)
 
 
+def running(run_dir: Path) -> list[tuple[str, int]]:
+    """(placement group, pid) of each recorded engine whose process still runs."""
+    return [
+        (f.record.pg_id, f.record.pid)
+        for f in read_records(run_dir)
+        if f.record is not None and start_ticks(f.record.pid) == f.record.start_ticks
+    ]
+
+
 # -- the proof -----------------------------------------------------------------
 
 

@@ -29,7 +29,7 @@ from letsinfer.agent.hardware import gpu_probe, host_facts
 from letsinfer.agent.placement import DesiredPlacement, Fetch, PlacementRunner
 from letsinfer.agent.supervisor import EngineSupervisor, SupervisionPolicy
 from letsinfer.authority.adoption import ChildWork
-from letsinfer.authority.modelstore import artifact_path
+from letsinfer.authority.modelstore import artifact_path, present_digests
 from letsinfer.authority.placements import from_wire
 from letsinfer.config import Settings
 from letsinfer.control.admin_socket import AdminPlane, LocalGate
@@ -40,6 +40,8 @@ from letsinfer.links.prober import LinkProber
 from letsinfer.mirror.fetching import fetch_artifact
 from letsinfer.release import runtime
 from letsinfer.service import handover
+from letsinfer.storage.routes import storage_router
+from letsinfer.storage.uses import child_uses, save_groups
 from letsinfer.store import AuthorityStore
 from letsinfer.trust import pki
 from letsinfer.trust.client import ClusterClient, PeerMismatch, error_code, error_message
@@ -138,6 +140,10 @@ class AgentNode:
         self._mtime = home.identity_file.stat().st_mtime_ns
         self.revoked = self._load_revoked()
         self.removed_by: str | None = None  # set when the main said it removed this node
+        # Every group the main placed here, running or stopped (its last word).
+        self.groups: list[dict[str, Any]] | None = None
+        self._report_now = asyncio.Event()
+        self._reported = asyncio.Event()
 
     def app(self) -> Any:
         return create_agent_app(
@@ -179,6 +185,16 @@ class AgentNode:
             for pg_id, runner in self.supervisor.runners.items()
             if runner.status.state in ("starting", "ready", "restarting")
         ]
+
+    def _engine_groups(self) -> set[str]:
+        return {pg for pg, r in self.supervisor.runners.items() if r.pid is not None}
+
+    async def report_soon(self, timeout: float = 10.0) -> None:
+        """Send facts now (not at the next interval) and wait until the main has them."""
+        self._reported.clear()
+        self._report_now.set()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._reported.wait(), timeout)
 
     def _load_revoked(self) -> frozenset[str]:
         """What the main last said it revoked: kept across restarts, so a removed
@@ -274,6 +290,16 @@ class AgentNode:
             )
             return {"node": ident.name, "paused": body.paused, "main": ident.main_address}
 
+        app.include_router(
+            storage_router(
+                self.home,
+                lambda: self.identity.name,
+                lambda: child_uses(self.home, self.groups, self._engine_groups()),
+                self.audit,
+                self.report_soon,
+            )
+        )
+
         @app.get("/v1/local/work")
         async def work() -> dict[str, Any]:
             """This node's work before a move: the main's word and the live engines."""
@@ -349,6 +375,7 @@ class AgentNode:
             placements=placements,
             links=self.links.facts() if self.links else [],
             version=__version__,
+            artifacts=present_digests(self.home.model_store),
         )
 
     async def _prove_links(self) -> None:
@@ -390,6 +417,10 @@ class AgentNode:
                     ]
                     self.desired = desired
                     self._set_revoked(resp.json().get("revoked", []))
+                    groups = resp.json().get("groups")
+                    if isinstance(groups, list):
+                        self.groups = groups
+                        save_groups(self.home, groups)
                     self.placements.apply(desired, fetch=self._fetcher(client, url))
                     await self._renew_if_due(client, url)
                 else:
@@ -400,8 +431,13 @@ class AgentNode:
                     refused = True
             except (httpx.HTTPError, PeerMismatch, OSError) as exc:
                 log.warning("reporting to the main at %s failed: %s", ident.main_address, exc)
+            self._reported.set()
             # A refused node keeps asking, slowly: the main audits every refusal.
-            await asyncio.sleep(interval * 20 if refused else interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._report_now.wait(), interval * 20 if refused else interval
+                )
+            self._report_now.clear()
 
     def _fetcher(self, client: ClusterClient, url: str) -> Fetch:
         async def fetch(digest: str) -> None:

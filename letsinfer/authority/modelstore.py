@@ -29,6 +29,16 @@ def artifact_path(store_dir: Path, digest: str) -> Path:
     return store_dir / "sha256" / f"{digest}.gguf"
 
 
+def present_digests(store_dir: Path, limit: int = 256) -> list[str]:
+    """Digests of the artifacts this store holds (a node reports them with its facts)."""
+    try:
+        names = sorted(os.listdir(store_dir / "sha256"))
+    except OSError:
+        return []
+    found = [n[:-5] for n in names if n.endswith(".gguf") and len(n) == 69]
+    return found[:limit]
+
+
 def check_gguf(path: Path) -> None:
     if not path.is_file():
         raise ModelFileError(f"{path}: no such file")

@@ -53,6 +53,7 @@ def main() -> None:
         release,
         service,
         status,
+        storage,
         up,
     )
 

@@ -18,6 +18,7 @@ from letsinfer.cli.scope import CliContext, scoped
 from letsinfer.engines import releases
 from letsinfer.engines.binary import BinaryError
 from letsinfer.release import runtime
+from letsinfer.storage import refetch
 from letsinfer.store import AuthorityStore, StoreError
 
 
@@ -330,10 +331,18 @@ def _set_desired(ctx: CliContext, name: str, desired: str) -> None:
         store = AuthorityStore(ctx.home.database)
         try:
             answer = lifecycle.set_model_desired(store, name, desired, actor="cli").to_json()
+            if desired == "running":
+                answer["downloads"] = refetch.downloads(store, answer["model"])
         finally:
             store.close()
     n = answer["placement_groups"]
     console.print(f"model {answer['model']}: {n} placement group(s) {desired}")
+    for d in answer.get("downloads", []):  # its file was released there (`node cleanup`)
+        console.print(
+            f"{d['node']} downloads sha256:{d['artifact']} again and verifies it "
+            "before its placement group serves",
+            soft_wrap=True,
+        )
 
 
 @scoped(model, "stop", scope="main")

@@ -240,5 +240,6 @@ def restart(
     replaced = f", {done.replaced} replaced" if done.replaced else ""
     console.print(
         f"restarted (pid {done.old_pid} -> {done.state.pid}, {done.via}); "
-        f"{done.engines} engine(s) kept serving{replaced}; log {done.state.log}"
+        f"{done.engines} engine(s) kept serving{replaced}; log {done.state.log}",
+        soft_wrap=True,
     )

@@ -268,12 +268,7 @@ def systemd_unit(pid: int) -> str | None:
 def _live_engines(home: Home) -> set[tuple[str, int]]:
     from letsinfer.agent import reattach
 
-    live = set()
-    for found in reattach.read_records(home.engine_run):
-        r = found.record
-        if r is not None and reattach.start_ticks(r.pid) == r.start_ticks:
-            live.add((r.pg_id, r.pid))
-    return live
+    return set(reattach.running(home.engine_run))
 
 
 def restart(
