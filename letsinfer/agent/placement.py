@@ -182,6 +182,9 @@ class PlacementRunner:
         self._start(d)
 
     def _refuse(self, pg_id: str, why: str) -> None:
+        runner = self.supervisor.runners.get(pg_id)
+        if runner is not None and not runner.planned:  # an adopted engine it would not launch
+            self._spawn(self.supervisor.stop(pg_id))
         if self.refused.get(pg_id) != why:  # said once per reason, not every apply
             self.refused[pg_id] = why
             self.on_failed(pg_id, why)
