@@ -253,16 +253,28 @@ def _letsinfer_args(pid: int) -> list[str] | None:
 
 
 def systemd_unit(pid: int) -> str | None:
-    """The systemd service running ``pid``, from its cgroup, or None."""
+    """The systemd service whose main process is ``pid``, or None. Its cgroup
+    names the candidate; systemd must confirm the pid is that unit's own main
+    process (a node started by hand inside some other service is not it)."""
     try:
         lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
     except OSError:
         return None
-    for line in lines:
-        name = line.rsplit("/", 1)[-1]
-        if name.endswith(".service"):
-            return name
-    return None
+    unit = next(
+        (n for n in (ln.rsplit("/", 1)[-1] for ln in lines) if n.endswith(".service")), None
+    )
+    if unit is None:
+        return None
+    try:
+        main = subprocess.run(
+            ["systemctl", "show", "--property=MainPID", "--value", unit],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return unit if main == str(pid) else None
 
 
 def _live_engines(home: Home) -> set[tuple[str, int]]:
