@@ -65,6 +65,9 @@ class GatewaySettings(_Section):
     max_connections_per_client: int = Field(1_000, ge=1)
     header_timeout_s: float = Field(10.0, gt=0, le=300)
     idle_timeout_s: float = Field(5.0, gt=0, le=3600)
+    # When the node stops or restarts, the gateway stops accepting at once and
+    # lets requests in flight (streams too) finish for up to this long.
+    drain_timeout_s: float = Field(30.0, ge=0, le=3600)
     # Prometheus metrics on their own port (0 disables), loopback only unless
     # metrics_host exposes them: then only loopback and the networks in
     # metrics_allow get an answer (the node closes any other connection; the
@@ -179,6 +182,10 @@ class AgentSettings(_Section):
     restart_backoff_max_s: float = Field(30.0, gt=0)
     health_interval_s: float = Field(2.0, gt=0)
     reconcile_interval_s: float = Field(1.0, gt=0)
+    # Engines outlive a restart of the node's letsinfer process and are adopted
+    # again; one that no node re-adopts within this many seconds (the node was
+    # killed, or stopped for good) stops by itself.
+    orphan_grace_s: float = Field(60.0, ge=2, le=3600)
     # An engine that fails to start (never healthy and proven) this many times
     # in a row is parked: not restarted until `model start`; 0 never parks.
     park_after_failed_starts: int = Field(5, ge=0)

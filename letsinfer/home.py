@@ -126,6 +126,11 @@ class Home:
     def pid_file(self) -> Path:
         return self.run / "node.pid"
 
+    @property
+    def handover_request(self) -> Path:
+        """Written by `service restart`: the node it names leaves its engines running."""
+        return self.run / "handover.json"
+
     def ensure(self) -> None:
         """Create the directories with owner-only modes where secrets live."""
         for path, mode in (

@@ -22,13 +22,19 @@ from letsinfer.agent.api import create_agent_app
 from letsinfer.agent.facts import FactError
 from letsinfer.agent.hardware import gpu_probe, host_facts
 from letsinfer.agent.placement import PlacementRunner
-from letsinfer.agent.runtime import advertise_address, advertiser_for, instance_name
+from letsinfer.agent.runtime import (
+    advertise_address,
+    advertiser_for,
+    instance_name,
+    stop_engines,
+)
 from letsinfer.agent.supervisor import EngineStatus, EngineSupervisor, SupervisionPolicy
 from letsinfer.authority import engine_keys
 from letsinfer.authority.anchor import SignedHead, open_authority, witness
 from letsinfer.authority.denials import DenialLog
 from letsinfer.authority.facts import FactLedger
 from letsinfer.authority.links import LinkBook, link_label, needed_links
+from letsinfer.authority.modelstore import present_digests
 from letsinfer.authority.parallel import TaskBoard, TaskReport
 from letsinfer.authority.placements import desired_for_node, to_wire
 from letsinfer.authority.removal import Removal
@@ -49,6 +55,8 @@ from letsinfer.lifecycle.serving import Serving
 from letsinfer.mirror.layout import MirrorLayout
 from letsinfer.planes import RunningPlane, tls_server
 from letsinfer.release import runtime
+from letsinfer.storage.routes import storage_router
+from letsinfer.storage.uses import groups_for_child, main_uses
 from letsinfer.store import PlacementGroupRecord
 from letsinfer.trust.material import ClusterCA, presented_fingerprint, tls_files
 from letsinfer.trust.peer import Peer, server_context
@@ -72,6 +80,7 @@ class MainNode:
         )
         self.supervisor = EngineSupervisor(
             home.engine_logs,
+            home.engine_run,
             SupervisionPolicy.from_settings(settings),
             self._on_engine_status,
         )
@@ -172,6 +181,15 @@ class MainNode:
         admin.include_router(ops_router(self.store, self.identity, on_change=self.apply_now))
         admin.include_router(local_router(self.store, self.node_removed))
         admin.include_router(lifecycle_router(self.lifecycle, self.home.model_store))
+        admin.include_router(
+            storage_router(
+                self.home,
+                lambda: self.identity.name,
+                lambda: main_uses(self.store, self.identity.node_id, self._engine_groups()),
+                self.store,
+                self._facts_changed,
+            )
+        )
         planes.append(
             AdminPlane(self.home.admin_socket, LocalGate(admin, self.denials, os.geteuid()))
         )
@@ -223,6 +241,7 @@ class MainNode:
             self.store.anchor.advance(self.store)
         self.directory.refresh()
         self.record_own_facts()
+        await self.placements.adopt_running()  # engines a previous run left serving
         self.reconcile()
         planes = await self._start_planes()
         adv = None
@@ -253,7 +272,7 @@ class MainNode:
                 await adv.stop()
             for plane in planes:
                 await plane.stop()
-            await self.placements.stop_all()
+            await stop_engines(self.home, self.placements)
             await self.gateway.aclose()
             self.store.close()
 
@@ -275,7 +294,14 @@ class MainNode:
 
     # -- this node's own engines ---------------------------------------------
     def record_own_facts(self) -> None:
-        self.store.record_node_facts(self.identity.node_id, _hardware(host_facts(self.gpus)))
+        facts = {**host_facts(self.gpus), "artifacts": present_digests(self.home.model_store)}
+        self.store.record_node_facts(self.identity.node_id, _hardware(facts))
+
+    async def _facts_changed(self) -> None:
+        self.record_own_facts()
+
+    def _engine_groups(self) -> set[str]:
+        return {pg for pg, r in self.supervisor.runners.items() if r.pid is not None}
 
     def reconcile(self) -> None:
         self.placements.apply(
@@ -430,6 +456,8 @@ class MainNode:
             "interval_s": self.settings.control.heartbeat_interval_s,
             # Children refuse these on their agent plane (link challenges).
             "revoked": self.store.revoked_fingerprints(),
+            # Every group placed there, stopped ones too (what `node cleanup` may free).
+            "groups": groups_for_child(self.store, node.id),
         }
 
     def _route(self, pg: PlacementGroupRecord) -> bool:
@@ -513,5 +541,5 @@ class MainNode:
 
 def _hardware(facts: dict[str, Any]) -> dict[str, Any]:
     """What placement needs from a node's facts."""
-    keys = ("cpus", "memory_bytes", "memory_available", "targets", "gpus")
+    keys = ("cpus", "memory_bytes", "memory_available", "targets", "gpus", "artifacts")
     return {k: facts[k] for k in keys if k in facts}

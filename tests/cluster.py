@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import resource
 import signal
 import subprocess
@@ -15,11 +17,45 @@ from tests.netlab import NetLab
 PY = sys.executable
 
 
+class Detached:
+    """A node process this test did not start itself (`service restart` did),
+    handled like the Popen of one it did."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        try:
+            state = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            state = "X"
+        if state in ("Z", "X"):
+            self.returncode = 0
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
+        while self.poll() is None:
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0)
+            time.sleep(0.05)
+        return 0
+
+
 class Cluster:
     def __init__(self, lab: NetLab, root: Path) -> None:
         self.lab = lab
         self.root = root
-        self.procs: dict[str, subprocess.Popen[str]] = {}
+        self.procs: dict[str, subprocess.Popen[str] | Detached] = {}
         self.extra_env: dict[str, dict[str, str]] = {}
         self.key: str | None = None  # the main's first API key (main_with_children)
 
@@ -98,6 +134,14 @@ class Cluster:
                 logs = {p.name: p.read_text()[-2000:] for p in self.root.glob("*.log")}
                 raise AssertionError(f"timed out waiting for {what}; logs: {logs}")
             time.sleep(0.2)
+
+    def restart(self, name: str) -> str:
+        """`letsinfer service restart` on a running node; the new process is
+        handled as this cluster's from then on."""
+        out = self.ok(name, "service", "restart")
+        pid = json.loads(self.ok(name, "status", "--json"))[0]["pid"]
+        self.procs[name] = Detached(int(pid))
+        return out
 
     def audit(self, name: str) -> list[dict[str, object]]:
         return json.loads(self.ok(name, "audit", "list", "--json"))

@@ -72,6 +72,8 @@ class RunningNode:
     log_path: Path
     key: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+    # Engines still running when the node process had exited (see stop()).
+    outlived: list[int] = field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -117,7 +119,8 @@ class RunningNode:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        for pid in self.engine_pids():  # never leave engines behind, even on failure
+        self.outlived = self.engine_pids()
+        for pid in self.outlived:  # never leave engines behind, even on failure
             os.kill(pid, signal.SIGKILL)
         return self.proc.returncode
 

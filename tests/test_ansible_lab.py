@@ -149,6 +149,41 @@ def letsinfer_processes(lab: Lab, host: str) -> list[str]:
     return found
 
 
+# Chat requests against the main's gateway from the LAN, four at a time (so that
+# both of tiny's placement groups get some), until FLAG exists: the statuses.
+CLIENT = """
+import json, sys, time, pathlib, httpx
+from concurrent.futures import ThreadPoolExecutor
+url, key, flag = sys.argv[1:]
+def ask(_):
+    statuses = []
+    with httpx.Client(timeout=30) as c:
+        while not pathlib.Path(flag).exists() or not statuses:
+            body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+            try:
+                r = c.post(url, json=body, headers={"authorization": "Bearer " + key})
+                statuses.append(r.status_code)
+            except httpx.HTTPError:
+                statuses.append(-1)
+            time.sleep(0.05)
+    return statuses
+with ThreadPoolExecutor(4) as pool:
+    print(json.dumps([s for part in pool.map(ask, range(4)) for s in part]))
+"""
+
+
+def tiny_on(lab: Lab, node: str) -> dict[str, object]:
+    """The tiny model's placement group on ``node``, as the main shows it."""
+    cli = "/opt/letsinfer/current/bin/letsinfer"
+    shown = json.loads(sh(lab, "main", f"{cli} model show tiny --json"))
+    return next(pg for pg in shown[0]["placement_groups"] if pg["node"] == node)
+
+
+def served_by(lab: Lab, pg_id: object) -> int:
+    log = "/var/lib/letsinfer/logs/node.log"
+    return int(sh(lab, "main", f"grep -c 'pg={pg_id} status=200' {log} || true"))
+
+
 def test_onboarding_one_machine_over_ssh_serves_and_is_idempotent(lab: Lab, wheels: Path) -> None:
     n2 = lab.hosts["n2"]
     settings = OnboardSettings(version="0.1.0", wheelhouse=wheels, engine_threads=1)
@@ -210,9 +245,31 @@ def test_upgrade_to_a_good_build_keeps_the_previous_release_and_runs_once(
     args = ("--limit", "n1", "-e", "upgrade_version=0.1.2", "-e", f"upgrade_wheelhouse={good}")
     assert node_status(lab, "n1")["role"] == "child"  # enrolled by site.yml: no gateway
 
+    # The tiny model also runs on n1 (main_placements): it serves on through the
+    # upgrade, from the very same engine.
+    engine = tiny_on(lab, "n1")
+    assert engine["state"] == "ready" and engine["pid"]
+    served_before = served_by(lab, engine["id"])
+    key = Path(f"/tmp/letsinfer-lab-{lab.prefix}/api-key").read_text().strip()
+    flag = tmp_path / "upgraded"
+    url = f"http://{lab.hosts['main'].address}:8000/v1/chat/completions"
+    client = subprocess.Popen(
+        lab.in_ctl(sys.executable, "-c", CLIENT, url, key, str(flag)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
     began = time.time() - 1
     first = playbook(lab, wheels, "upgrade.yml", *args)
+    flag.touch()
+    out, err = client.communicate(timeout=60)
     assert first.returncode == 0, first.stdout
+    statuses = json.loads(out)
+    assert statuses and set(statuses) == {200}, (statuses, err)
+    after = tiny_on(lab, "n1")
+    assert after["pid"] == engine["pid"] and after["state"] == "ready", after
+    assert served_by(lab, engine["id"]) > served_before, "n1's engine served during the upgrade"
     assert sh(lab, "n1", "readlink /opt/letsinfer/current") == "/opt/letsinfer/releases/0.1.2"
     assert sh(lab, "n1", "readlink /opt/letsinfer/previous") == "/opt/letsinfer/releases/0.1.0"
     assert sh(lab, "n1", "/opt/letsinfer/current/bin/letsinfer --version").endswith("0.1.2")

@@ -68,6 +68,10 @@ class FakeNode:
         if args[:2] == ["service", "stop"]:
             self.state["running"] = False
             return 0, "{}", ""
+        if args[:3] == ["service", "restart", "--json"]:
+            was = self.state["running"]
+            self.state["running"] = True
+            return 0, json.dumps({"restarted": was, "engines_kept": 2 if was else 0}), ""
         if args[:2] == ["model", "add"]:
             if args[2] == "broken":
                 return 1, "", "Error: not a GGUF file"
@@ -115,6 +119,21 @@ def test_node_started_starts_once_and_reports_unchanged_after(exe: str) -> None:
     second = node(fake, exe).ensure("started")
     assert second["changed"] is False
     assert [c[:2] for c in fake.calls] == [["service", "start"]]
+
+
+def test_node_restarted_keeps_engines_through_service_restart(exe: str) -> None:
+    fake = FakeNode(initialised=True, role="main", running=True)
+    done = node(fake, exe).ensure("restarted", timeout=90)
+    assert done["changed"] is True and done["restart"]["engines_kept"] == 2
+    assert fake.calls == [
+        ["service", "restart", "--json", "--timeout", "90", "--stop-timeout", "90"]
+    ], "never a stop then a start, which would stop the engines"
+    stopped = FakeNode(initialised=True, role="main")
+    node(stopped, exe).ensure("restarted", unit="letsinfer")
+    assert stopped.calls[0][-2:] == ["--unit", "letsinfer"]
+    fresh = FakeNode(initialised=True, role="main")
+    node(fresh, exe).ensure("restarted")
+    assert [c[:2] for c in fresh.calls] == [["service", "start"]]
 
 
 def test_node_check_mode_predicts_without_acting(exe: str) -> None:

@@ -461,6 +461,99 @@ def test_without_a_free_gpu_a_group_is_replaced_in_place_and_restored(cluster: C
     assert {g["uuid"]: g["placement_group"] for g in n1["gpus"]}["GPU-n1-b"] is None
 
 
+def test_restarting_a_child_keeps_its_engines_serving_a_stream(cluster: Cluster) -> None:
+    c = cluster
+    wait_ready(c, "big", {"n1"})
+    engine_pid = pgs(c, "big")["n1"]["pid"]
+    flag = c.root / "restart.flag"
+    url = f"http://{c.lab.hosts['main']}:8000"
+    stream = c.lab.popen(
+        "main",
+        *(PY, str(ROOT / "tests/load_client.py"), "stream", url, c.key, "big", str(flag)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert stream.stdout is not None
+    assert stream.stdout.readline().strip() == "STARTED"
+    old = c.procs["n1"].pid
+    out = " ".join(c.restart("n1").split())
+    assert f"restarted (pid {old} -> " in out and "kept serving" in out and "replaced" not in out
+    flag.touch()  # the stream (main gateway -> n1's engine) goes on
+    out, err = stream.communicate(timeout=60)
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["status"] == 200 and summary["finish"] == "length", err
+    assert summary["chunks"] > 100
+    assert pgs(c, "big")["n1"]["pid"] == engine_pid, "the engine was never restarted"
+    assert load(c, "big", n=2, threads=1) == [200, 200]
+    assert "adopted the running engine" in (c.home("n1") / "var/logs/node.log").read_text()
+
+
+def test_cleanup_frees_only_a_stopped_groups_model_and_start_fetches_it_again(
+    cluster: Cluster,
+) -> None:
+    c = cluster
+    spare = c.root / "spare.gguf"  # a model of its own bytes (another name inside)
+    spare.write_bytes((c.root / "shared.gguf").read_bytes().replace(b"-tiny", b"-spar", 1))
+    digest = hashlib.sha256(spare.read_bytes()).hexdigest()
+    c.ok("main", "model", "add", "spare", "--gguf", str(spare), "--no-serve")
+    c.ok("main", "model", "install", "spare", "--node", "n2", "--target", "cpu", "--yes")
+    wait_ready(c, "spare", {"n2"})
+    models = c.home("n2") / "var/models/sha256"
+    stored = models / f"{digest}.gguf"
+    kept = {p.name: p.read_bytes() for p in models.glob("*.gguf")}
+    assert stored.name in kept and len(kept) == 2  # spare's and shared's (running there)
+    c.ok("main", "model", "stop", "spare")
+    c.wait(lambda: processes_using(stored) == [], "spare's engine to stop")
+    # Links inside n2's home to files outside it: listed, never followed.
+    outside = c.root / "outside"
+    outside.mkdir()
+    (outside / "precious.gguf").write_bytes(b"GGUF" + b"\0" * 4096)
+    (models / f"{'0' * 64}.gguf").symlink_to(outside / "precious.gguf")
+    (c.home("n2") / "var/elsewhere").symlink_to(outside)
+
+    def spare_stopped_on_n2() -> dict[str, object]:
+        usage = json.loads(c.ok("n2", "node", "usage", "--json"))
+        return next(m for m in usage["models"] if m["digest"] == digest)
+
+    c.wait(lambda: not spare_stopped_on_n2()["in_use"], "n2 to hear spare stopped")
+    usage = json.loads(c.ok("n2", "node", "usage", "--json"))
+    by_digest = {m["digest"]: m for m in usage["models"]}
+    assert set(by_digest) == {p.removesuffix(".gguf") for p in kept}
+    assert "stopped" in by_digest[digest]["why"] and "model start spare" in by_digest[digest]["why"]
+    [running] = [m for d, m in by_digest.items() if d != digest]
+    assert running["in_use"] and "running" in running["why"]
+    links = {link["path"]: link["points_to"] for link in usage["symlinks"]}
+    assert links[f"var/models/sha256/{'0' * 64}.gguf"] == str(outside / "precious.gguf")
+    assert links["var/elsewhere"] == str(outside)
+    # On the main, a model's source file is never free to go: nodes fetch it there.
+    main_usage = json.loads(c.ok("main", "node", "usage", "--json"))
+    [source] = [m for m in main_usage["models"] if m["digest"] == digest]
+    assert source["in_use"] and not source["releasable"] and "source" in source["why"]
+
+    review = " ".join(c.ok("n2", "node", "cleanup").split())
+    assert f"var/models/sha256/{digest}.gguf" in review and "--yes" in review
+    assert stored.exists(), "without --yes nothing is freed"
+    done = json.loads(c.ok("n2", "node", "cleanup", "--yes", "--json"))
+    assert [r["path"] for r in done["freed"]] == [f"var/models/sha256/{digest}.gguf"]
+    assert not stored.exists()
+    assert {p.name: p.read_bytes() for p in models.glob("*.gguf") if not p.is_symlink()} == {
+        n: b for n, b in kept.items() if n != stored.name
+    }
+    assert (outside / "precious.gguf").read_bytes() == b"GGUF" + b"\0" * 4096
+    assert (models / f"{'0' * 64}.gguf").is_symlink() and (
+        c.home("n2") / "var/elsewhere"
+    ).is_symlink()
+    assert ("node.cleanup", "ok") in [(r["action"], r["outcome"]) for r in c.audit("n2")]
+
+    # Started again: n2 downloads the exact file again, verifies it, then serves.
+    started = " ".join(c.ok("main", "model", "start", "spare").split())
+    assert f"n2 downloads sha256:{digest} again" in started, started
+    wait_ready(c, "spare", {"n2"})
+    assert hashlib.sha256(stored.read_bytes()).hexdigest() == digest
+    assert load(c, "spare", n=2, threads=1) == [200, 200]
+    c.ok("main", "model", "stop", "spare")
+
+
 def test_forged_replayed_and_stale_facts_are_refused_and_audited(cluster: Cluster) -> None:
     c = cluster
     home = c.home("n1")
@@ -643,7 +736,7 @@ print(r.status_code, r.text)
 
     out = c.ok("main", "node", "remove", "n1")
     assert all(pg in out for pg in on_n1.values()), out
-    assert f"stopped {len(engines)} engine(s)" in out, out
+    assert f"stopped {len(on_n1)} engine(s)" in out, out  # a binary's keeper is one more process
     # At once: no route, no placement group (nor its GPU claims), no engine.
     assert load(c, "big", n=2, threads=1) == [503, 503]
     for model in on_n1:

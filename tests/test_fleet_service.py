@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
 
 from letsinfer.engines.tinymodel import SENTENCE
 from tests.nodes import free_port, letsinfer, loopback_env, processes_using
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_service_start_detaches_a_serving_node_and_stop_ends_it(tmp_path: Path) -> None:
@@ -43,6 +47,49 @@ def test_service_start_detaches_a_serving_node_and_stop_ends_it(tmp_path: Path) 
             timeout=120,
         )
         assert reply.json()["choices"][0]["message"]["content"] == SENTENCE
+
+        # `service restart` during a stream: the old process lets the stream
+        # finish, leaves its engine serving, and the new one adopts it.
+        [engine] = processes_using(home / "var/models")
+        flag = tmp_path / "finish"
+        stream = subprocess.Popen(
+            [
+                *(sys.executable, str(ROOT / "tests/load_client.py"), "stream"),
+                *(f"http://127.0.0.1:{port}", info["api_key"], "tiny", str(flag)),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert stream.stdout is not None and stream.stdout.readline().strip() == "STARTED"
+        restart = subprocess.Popen(
+            [sys.executable, "-m", "letsinfer", "--home", str(home), "service", "restart"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **env},
+        )
+        node_log = home / "var/logs/node.log"
+        deadline = time.monotonic() + 60
+        while "Waiting for connections to close" not in node_log.read_text():
+            assert time.monotonic() < deadline and restart.poll() is None, node_log.read_text()
+            time.sleep(0.1)
+        flag.touch()
+        out, err = stream.communicate(timeout=60)
+        summary = json.loads(out.strip().splitlines()[-1])
+        assert summary["status"] == 200 and summary["finish"] == "length", err
+        assert summary["chunks"] > 100
+        out, err = restart.communicate(timeout=120)
+        assert restart.returncode == 0, err
+        assert f"restarted (pid {info['pid']} -> " in out and "1 engine(s) kept serving" in out
+        assert processes_using(home / "var/models") == [engine], "the engine was never restarted"
+        again = httpx.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            headers={"Authorization": f"Bearer {info['api_key']}"},
+            json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}]},
+            timeout=120,
+        )
+        assert again.json()["choices"][0]["message"]["content"] == SENTENCE
 
         stopped = letsinfer(home, "service", "stop", "--json", env=env, timeout=60)
         assert stopped.returncode == 0 and json.loads(stopped.stdout)["stopped"] is True

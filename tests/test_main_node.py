@@ -62,7 +62,7 @@ def test_openai_client_end_to_end(tmp_path: Path) -> None:
     # uvicorn re-raises the signal after a clean shutdown, as daemons should.
     assert code in (0, -signal.SIGTERM), node.log()
     assert "Application shutdown complete" in node.log()
-    assert node.engine_pids() == [], "engines must not outlive the node"
+    assert node.outlived == [], "engines must not outlive a node that stops"
 
 
 def test_bad_input_is_refused_and_the_node_keeps_serving(main_node) -> None:  # type: ignore[no-untyped-def]

@@ -87,6 +87,11 @@ class Facts(_Fact):
     version: str = Field(max_length=32)
     paused: bool = False
     audit: AuditHeadFact | None = None
+    # Digests of the model files the node holds: the main names the nodes that
+    # download a model again when its groups start (see storage/refetch.py).
+    artifacts: list[Annotated[str, Field(max_length=64)]] = Field(
+        default_factory=list, max_length=256
+    )
 
     def canonical(self) -> bytes:
         return json.dumps(

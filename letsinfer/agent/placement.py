@@ -4,19 +4,27 @@ The same code serves the main's own engines (desired state read from the
 authority) and a child's (desired state received from the main). Safe to run
 as often as wanted: it only starts what is missing, stops what is extra, and
 starts afresh an engine whose placement has a new generation (unparked,
-another release, a rolling restart).
+another release, a rolling restart). At start it first adopts the engines a
+previous run of this node left running (see agent/reattach.py); an adopted
+engine whose placement is no longer wanted, or changed, is stopped like any
+other.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import httpx
+
+from letsinfer.agent import reattach
 from letsinfer.agent.ports import free_port
-from letsinfer.agent.supervisor import EngineSupervisor, LaunchRefused
+from letsinfer.agent.supervisor import EngineIdentity, EngineSupervisor, LaunchRefused
 from letsinfer.authority.modelstore import ModelFileError, artifact_path, verify_artifact
 from letsinfer.engines.binary import BinaryError
 from letsinfer.engines.launch import EngineTask, LaunchPlan, plan_llamacpp
@@ -58,6 +66,16 @@ class DesiredPlacement:
         """The group's other tasks: the data links this task needs."""
         return tuple(t for t in self.group if t.task != self.task)
 
+    def fingerprint(self) -> str:
+        """Everything an engine is launched from: an adopted engine launched for
+        another fingerprint (a new release, other GPUs, other sizing) is replaced."""
+        data = asdict(self)
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+    def serves_api(self) -> bool:
+        """Task 0 answers the API (with the engine key); other tasks only /health."""
+        return self.task == "0"
+
 
 @dataclass
 class PlacementRunner:
@@ -82,6 +100,47 @@ class PlacementRunner:
     _restarting: set[str] = field(default_factory=set)
     _latest: dict[str, DesiredPlacement] = field(default_factory=dict)
 
+    async def adopt_running(self) -> int:
+        """Adopt the engines a previous run of this node left running, those it
+        proves are its own; drop every other record. Returns how many it adopted."""
+        adopted = 0
+        async with httpx.AsyncClient(timeout=5.0) as client:
+            for found in reattach.read_records(self.run_dir):
+                record = found.record
+                if record is None:
+                    log.warning("not adopting from %s: %s", found.path.name, found.problem)
+                    found.path.unlink(missing_ok=True)
+                    continue
+                proven = await reattach.prove(record, client)
+                if isinstance(proven, str):
+                    # The lease goes too: an engine of ours that cannot be proven
+                    # stops by itself; a process that is not ours is never signalled.
+                    log.warning(
+                        "not adopting the engine of %s (pid %d): %s; it gets a new engine",
+                        record.pg_id,
+                        record.pid,
+                        proven,
+                    )
+                    reattach.remove(self.run_dir, record.pg_id, record.task)
+                    continue
+                log.info(
+                    "adopted the running engine of %s (pid %d) at %s",
+                    record.pg_id,
+                    record.pid,
+                    record.base_url,
+                )
+                self.services[record.pg_id] = record.service
+                self.tasks[record.pg_id] = record.task
+                self.supervisor.adopt(record, proven)
+                adopted += 1
+        return adopted
+
+    async def hand_over(self) -> int:
+        """The node restarts: leave ready engines running for the next start."""
+        kept = await self.supervisor.hand_over()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        return kept
+
     def apply(self, desired: list[DesiredPlacement], fetch: Fetch | None = None) -> None:
         wanted = {d.pg_id: d for d in desired}
         self._wanted = set(wanted)
@@ -95,10 +154,19 @@ class PlacementRunner:
         for d in wanted.values():
             if d.pg_id in self._restarting:
                 continue
-            if d.pg_id in self.supervisor.runners:
+            runner = self.supervisor.runners.get(d.pg_id)
+            if runner is not None and not runner.planned:  # adopted, its placement now known
+                if runner.identity.placement == d.fingerprint():
+                    self._start(d, adopted=True)
+                else:
+                    log.info("the adopted engine of %s runs another placement: replacing", d.pg_id)
+                    self._restarting.add(d.pg_id)
+                    self._spawn(self._restart(d.pg_id, fetch))
+                continue
+            if runner is not None:
                 if self.generations.get(d.pg_id, d.generation) != d.generation:
                     self._restarting.add(d.pg_id)
-                    self._spawn(self._restart(d.pg_id))
+                    self._spawn(self._restart(d.pg_id, fetch))
                 continue
             if d.pg_id in self.refused and self.generations.get(d.pg_id) != d.generation:
                 self.refused.pop(d.pg_id)  # a new generation: say it again if it fails again
@@ -129,22 +197,24 @@ class PlacementRunner:
             self._fetching.discard(d.artifact_digest)
         self._start(d)
 
-    async def _restart(self, pg_id: str) -> None:
+    async def _restart(self, pg_id: str, fetch: Fetch | None) -> None:
         """Stop the engine, then start it as its latest placement says."""
         try:
             await self.supervisor.stop(pg_id)
         finally:
             self._restarting.discard(pg_id)
-        d = self._latest.get(pg_id)
-        if d is not None and pg_id not in self.supervisor.runners:
-            self._start(d)
+        if pg_id in self._wanted and pg_id not in self.supervisor.runners:
+            self.apply(list(self._latest.values()), fetch)
 
     def _refuse(self, pg_id: str, why: str) -> None:
+        runner = self.supervisor.runners.get(pg_id)
+        if runner is not None and not runner.planned:  # an adopted engine it would not launch
+            self._spawn(self.supervisor.stop(pg_id))
         if self.refused.get(pg_id) != why:  # said once per reason, not every apply
             self.refused[pg_id] = why
             self.on_failed(pg_id, why)
 
-    def _start(self, d: DesiredPlacement) -> None:
+    def _start(self, d: DesiredPlacement, adopted: bool = False) -> None:
         if d.pg_id not in self._wanted:  # gone while its model was downloading
             return
         self.tasks[d.pg_id] = d.task
@@ -156,7 +226,8 @@ class PlacementRunner:
             self._refuse(d.pg_id, f"refused to run: {exc}")
             return
         try:
-            if d.artifact_digest not in self._verified:
+            # An adopted engine runs the file its launch verified: no rehash at restart.
+            if d.artifact_digest not in self._verified and not adopted:
                 verify_artifact(self.model_store, d.artifact_digest)
                 self._verified.add(d.artifact_digest)
         except ModelFileError as exc:
@@ -196,7 +267,14 @@ class PlacementRunner:
         self.refused.pop(d.pg_id, None)
         fixed = d.port
         self.supervisor.ensure(
-            d.pg_id,
+            EngineIdentity(
+                d.pg_id,
+                d.task,
+                d.service,
+                d.fingerprint(),
+                d.release.id,
+                d.engine_key if d.serves_api() else None,
+            ),
             make_plan,
             (lambda: fixed) if fixed else (lambda: free_port(self.host, self.ports)),
         )

@@ -31,7 +31,7 @@ from letsinfer.agent.supervisor import EngineSupervisor, SupervisionPolicy
 from letsinfer.authority.adoption import ChildWork
 from letsinfer.authority.anchor import HeadAnchor, head_report
 from letsinfer.authority.denials import DenialLog
-from letsinfer.authority.modelstore import artifact_path
+from letsinfer.authority.modelstore import artifact_path, present_digests
 from letsinfer.authority.placements import from_wire
 from letsinfer.config import Settings
 from letsinfer.control.admin_socket import AdminPlane, LocalGate
@@ -41,6 +41,9 @@ from letsinfer.identity import NodeIdentity, load_identity
 from letsinfer.links.prober import LinkProber
 from letsinfer.mirror.fetching import fetch_artifact
 from letsinfer.release import runtime
+from letsinfer.service import handover
+from letsinfer.storage.routes import storage_router
+from letsinfer.storage.uses import child_uses, save_groups
 from letsinfer.store import AuthorityStore
 from letsinfer.trust import pki
 from letsinfer.trust.client import ClusterClient, PeerMismatch, error_code, error_message
@@ -77,6 +80,16 @@ def advertiser_for(
     )
 
 
+async def stop_engines(home: Home, placements: PlacementRunner) -> None:
+    """When the node process ends: for a restart (`service restart`), leave the
+    ready engines serving for the next start to adopt; otherwise stop them."""
+    if handover.take(home):
+        kept = await placements.hand_over()
+        log.info("restarting: %d engine(s) left serving for the next start to adopt", kept)
+    else:
+        await placements.stop_all()
+
+
 class LocalPause(BaseModel):
     model_config = ConfigDict(extra="forbid")
     paused: bool
@@ -99,6 +112,7 @@ class AgentNode:
         agent = settings.agent
         self.supervisor = EngineSupervisor(
             home.engine_logs,
+            home.engine_run,
             SupervisionPolicy.from_settings(settings),
             lambda status: None,  # reported to the main with the next facts
         )
@@ -130,6 +144,10 @@ class AgentNode:
         self._mtime = home.identity_file.stat().st_mtime_ns
         self.revoked = self._load_revoked()
         self.removed_by: str | None = None  # set when the main said it removed this node
+        # Every group the main placed here, running or stopped (its last word).
+        self.groups: list[dict[str, Any]] | None = None
+        self._report_now = asyncio.Event()
+        self._reported = asyncio.Event()
 
     def app(self) -> Any:
         return create_agent_app(
@@ -173,6 +191,16 @@ class AgentNode:
             if runner.status.state in ("starting", "ready", "restarting")
         ]
 
+    def _engine_groups(self) -> set[str]:
+        return {pg for pg, r in self.supervisor.runners.items() if r.pid is not None}
+
+    async def report_soon(self, timeout: float = 10.0) -> None:
+        """Send facts now (not at the next interval) and wait until the main has them."""
+        self._reported.clear()
+        self._report_now.set()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._reported.wait(), timeout)
+
     def _load_revoked(self) -> frozenset[str]:
         """What the main last said it revoked: kept across restarts, so a removed
         node is refused even before this node reaches the main again."""
@@ -206,6 +234,8 @@ class AgentNode:
         )
         await admin.start()
         self.anchor.advance(self.audit)  # records appended without the key
+        # Engines a previous run left serving, reported ready with the first facts.
+        await self.placements.adopt_running()
         tasks = [
             asyncio.create_task(self._watch_identity()),
             asyncio.create_task(self.denials.run()),
@@ -232,7 +262,7 @@ class AgentNode:
             if adv is not None:
                 await adv.stop()
             await admin.stop()
-            await self.placements.stop_all()
+            await stop_engines(self.home, self.placements)
             self.audit.close()
 
     def _admin_app(self) -> Any:
@@ -268,6 +298,16 @@ class AgentNode:
                 detail=f"asked the main at {ident.main_address}",
             )
             return {"node": ident.name, "paused": body.paused, "main": ident.main_address}
+
+        app.include_router(
+            storage_router(
+                self.home,
+                lambda: self.identity.name,
+                lambda: child_uses(self.home, self.groups, self._engine_groups()),
+                self.audit,
+                self.report_soon,
+            )
+        )
 
         @app.get("/v1/local/work")
         async def work() -> dict[str, Any]:
@@ -348,6 +388,7 @@ class AgentNode:
             links=self.links.facts() if self.links else [],
             version=__version__,
             audit=self._audit_head(),
+            artifacts=present_digests(self.home.model_store),
         )
 
     def _audit_head(self) -> AuditHeadFact | None:
@@ -403,6 +444,10 @@ class AgentNode:
                     ]
                     self.desired = desired
                     self._set_revoked(resp.json().get("revoked", []))
+                    groups = resp.json().get("groups")
+                    if isinstance(groups, list):
+                        self.groups = groups
+                        save_groups(self.home, groups)
                     self.placements.apply(desired, fetch=self._fetcher(client, url))
                     await self._renew_if_due(client, url)
                 else:
@@ -413,8 +458,13 @@ class AgentNode:
                     refused = True
             except (httpx.HTTPError, PeerMismatch, OSError) as exc:
                 log.warning("reporting to the main at %s failed: %s", ident.main_address, exc)
+            self._reported.set()
             # A refused node keeps asking, slowly: the main audits every refusal.
-            await asyncio.sleep(interval * 20 if refused else interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._report_now.wait(), interval * 20 if refused else interval
+                )
+            self._report_now.clear()
 
     def _fetcher(self, client: ClusterClient, url: str) -> Fetch:
         async def fetch(digest: str) -> None:

@@ -32,6 +32,16 @@ def artifact_path(store_dir: Path, digest: str) -> Path:
     return store_dir / "sha256" / f"{digest}.gguf"
 
 
+def present_digests(store_dir: Path, limit: int = 256) -> list[str]:
+    """Digests of the artifacts this store holds (a node reports them with its facts)."""
+    try:
+        names = sorted(os.listdir(store_dir / "sha256"))
+    except OSError:
+        return []
+    found = [n[:-5] for n in names if n.endswith(".gguf") and len(n) == 69]
+    return found[:limit]
+
+
 def check_gguf(path: Path) -> str:
     """Refuse a file that is not a whole GGUF; return what proves its engine
     serves it: "embedding" when the file declares a pooling type (an

@@ -57,6 +57,7 @@ def main() -> None:
         release,
         service,
         status,
+        storage,
         up,
     )
 

@@ -27,6 +27,7 @@ from letsinfer.fit.estimate import size_text
 from letsinfer.fit.shape import ModelShape, ShapeError, read_shape
 from letsinfer.lifecycle.door import Door
 from letsinfer.release import runtime
+from letsinfer.storage import refetch
 from letsinfer.store import AuthorityStore, ServiceRecord, StoreError
 
 
@@ -489,10 +490,18 @@ def _set_desired(ctx: CliContext, name: str, desired: str) -> None:
         store = open_authority(ctx.home)
         try:
             answer = lifecycle.set_model_desired(store, name, desired, actor="cli").to_json()
+            if desired == "running":
+                answer["downloads"] = refetch.downloads(store, answer["model"])
         finally:
             store.close()
     n = answer["placement_groups"]
     console.print(f"model {answer['model']}: {n} placement group(s) {desired}")
+    for d in answer.get("downloads", []):  # its file was released there (`node cleanup`)
+        console.print(
+            f"{d['node']} downloads sha256:{d['artifact']} again and verifies it "
+            "before its placement group serves",
+            soft_wrap=True,
+        )
 
 
 @scoped(model, "stop", scope="main")

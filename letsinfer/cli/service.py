@@ -2,7 +2,8 @@
 
 Where systemd runs, use its unit (the Ansible ``node`` role installs one); on
 machines without it this is letsinfer's own supervisor: a detached
-``letsinfer up`` with its output in ``<var>/logs/node.log``.
+``letsinfer up`` with its output in ``<var>/logs/node.log``. ``service
+restart`` works with both: it keeps the node's engines serving.
 """
 
 from __future__ import annotations
@@ -143,8 +144,8 @@ def start(
 
 @scoped(service_group, "stop", scope="all")
 @click.option(
-    "--timeout", type=click.FloatRange(min=1), default=30.0, show_default=True,
-    help="Seconds to wait after SIGTERM before SIGKILL.",
+    "--timeout", type=click.FloatRange(min=1), default=60.0, show_default=True,
+    help="Seconds to wait after SIGTERM (requests in flight finish first) before SIGKILL.",
 )  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
@@ -173,3 +174,72 @@ def service_status(ctx: CliContext, as_json: bool) -> None:
         console.print(f"running (pid {state.pid})" if state.running else "not running")
     if not state.running:
         raise SystemExit(3)
+
+
+@scoped(service_group, "restart", scope="all")
+@click.option(
+    "--unit",
+    metavar="NAME",
+    help="Restart through this systemd unit (default: the unit found running the node, if any).",
+)
+@click.option(
+    "--stop-timeout", type=click.FloatRange(min=1), default=60.0, show_default=True,
+    help="Seconds the old process has to finish requests in flight before SIGKILL.",
+)  # fmt: skip
+@click.option(
+    "--timeout", type=click.FloatRange(min=1), default=60.0, show_default=True,
+    help="Seconds to wait for the new process to answer.",
+)  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+def restart(
+    ctx: CliContext, unit: str | None, stop_timeout: float, timeout: float, as_json: bool
+) -> None:
+    """Restart this node's letsinfer process; its engines keep serving.
+
+    The running process lets requests in flight finish, leaves its ready
+    engines running and exits; the new one (this installation's letsinfer, so
+    this is how an upgrade takes effect) adopts every engine it proves is its
+    own. A node that is not running is started.
+    """
+    identity = ctx.identity
+    if identity is None:
+        raise click.ClickException(
+            f"no letsinfer node in {ctx.home.etc.parent}: start one with `letsinfer service start`"
+        )
+    settings = config.load(ctx.home.config_file)
+    is_main = identity.role == "main"
+    try:
+        done = service.restart(
+            ctx.home,
+            gateway=(settings.gateway.host, settings.gateway.port) if is_main else None,
+            agent=None if is_main else (settings.agent.api_host, settings.agent.api_port),
+            home_option=_home_option(),
+            unit=unit,
+            stop_timeout=stop_timeout,
+            timeout=timeout,
+        )
+    except service.ServiceError as exc:
+        _raise(exc)
+        return
+    info = {
+        "restarted": done.old_pid is not None,
+        "old_pid": done.old_pid,
+        "pid": done.state.pid,
+        "via": done.via,
+        "engines_kept": done.engines,
+        "engines_replaced": done.replaced,
+        "log": str(done.state.log),
+    }
+    if as_json:
+        click.echo(json.dumps(info))
+        return
+    if done.old_pid is None:
+        console.print(f"was not running; started (pid {done.state.pid}); log {done.state.log}")
+        return
+    replaced = f", {done.replaced} replaced" if done.replaced else ""
+    console.print(
+        f"restarted (pid {done.old_pid} -> {done.state.pid}, {done.via}); "
+        f"{done.engines} engine(s) kept serving{replaced}; log {done.state.log}",
+        soft_wrap=True,
+    )

@@ -150,7 +150,7 @@ def up(
             log_config=None,
             access_log=False,
             lifespan="on",
-            timeout_graceful_shutdown=10,
+            timeout_graceful_shutdown=int(gw.drain_timeout_s),
         ),
         gateway_limits(
             gw.max_connections,

@@ -20,6 +20,7 @@ from letsinfer.authority.apikeys import create_key, revoke_key
 from letsinfer.authority.links import ResumeRefused, resume_model
 from letsinfer.identity import NodeIdentity
 from letsinfer.jsondepth import JsonDepthLimit
+from letsinfer.storage import refetch
 from letsinfer.store import AuthorityStore, StoreError
 from letsinfer.trust.peer import Peer
 
@@ -137,7 +138,8 @@ def ops_router(
     async def model_start(
         name: str, p: Annotated[Peer, Depends(need("operator"))]
     ) -> dict[str, Any]:
-        return set_desired(name, "running", p)
+        answer = set_desired(name, "running", p)
+        return {**answer, "downloads": refetch.downloads(store, answer["model"])}
 
     @router.post("/v1/ops/keys")
     async def key_create(

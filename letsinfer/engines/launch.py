@@ -43,6 +43,9 @@ class LaunchPlan:
     base_url: str
     files: dict[Path, str] = field(default_factory=dict)  # secret files to write (0600)
     proof: ProofRequest | None = None  # asked once healthy, before it counts as ready
+    # Whether the process watches its own lease (our launcher does, see
+    # engines/lease.py); any other runs under engines/keeper.py.
+    own_lease: bool = False
 
     @property
     def health_url(self) -> str:
@@ -71,7 +74,7 @@ def plan_llamacpp(release: Release, task: EngineTask, run_dir: Path) -> LaunchPl
             "embedding": task.embedding,
         }
         argv = [sys.executable, "-m", release.launch["module"], json.dumps(spec)]
-        return LaunchPlan(argv=argv, env=env, base_url=base_url, proof=proof)
+        return LaunchPlan(argv=argv, env=env, base_url=base_url, proof=proof, own_lease=True)
     if release.engine == "llama-server":
         key_file = run_dir / f"{task.pg_id}.key"
         argv = [

@@ -2,7 +2,8 @@
 
 The agent starts one of these per placement group:
 ``python -m letsinfer.engines.llamacpp_launcher SPEC_JSON`` with the engine key
-in ``LETSINFER_ENGINE_KEY``. It serves until SIGTERM/SIGINT, then exits 0.
+in ``LETSINFER_ENGINE_KEY``. It serves until SIGTERM/SIGINT, then exits 0, or
+until its agent stops renewing its lease (see engines/lease.py), then exits 3.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ import signal
 import sys
 
 from letsinfer.engines.launch import ENGINE_KEY_ENV
+from letsinfer.engines.lease import LeaseWatch
+
+LEASE_LOST = 3  # exit status when no agent owns this engine any more
 
 
 def main(argv: list[str]) -> int:
@@ -20,6 +24,7 @@ def main(argv: list[str]) -> int:
         print("usage: python -m letsinfer.engines.llamacpp_launcher SPEC_JSON", file=sys.stderr)
         return 2
     spec = json.loads(argv[1])
+    lease = LeaseWatch.from_environment()
     # Block the stop signals before the server's threads start, so they inherit
     # the mask and only sigwait below sees them.
     stop = {signal.SIGTERM, signal.SIGINT}
@@ -50,7 +55,14 @@ def main(argv: list[str]) -> int:
         print(f"letsinfer: engine failed to start: {exc}", file=sys.stderr, flush=True)
         return 1
     print(f"letsinfer: engine listening on {server.listening_address}", flush=True)
-    signal.sigwait(stop)
+    while signal.sigtimedwait(stop, 1.0) is None:
+        if lease.lost():
+            print(
+                f"letsinfer: no agent renewed this engine's lease for {lease.grace_s:g}s; stopping",
+                flush=True,
+            )
+            del server
+            return LEASE_LOST
     print("letsinfer: engine stopping", flush=True)
     del server
     return 0

@@ -6,7 +6,9 @@
 node itself writes and locks ``<run>/node.pid``; a held lock is what
 "running" means (a stale file from a killed node does not count). ``stop``
 sends SIGTERM (the node stops its engines in order) and SIGKILL after a
-grace period.
+grace period. ``restart`` asks the node to leave its engines serving
+(service/handover.py), stops it, and starts it again (through systemd when
+systemd runs it); the new process adopts the engines.
 """
 
 from __future__ import annotations
@@ -19,13 +21,14 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
 from letsinfer.home import Home
+from letsinfer.service import handover
 
 
 class ServiceError(Exception):
@@ -103,6 +106,17 @@ def _probe_host(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "") else host
 
 
+def _readiness(
+    gateway: tuple[str, int] | None, agent: tuple[str, int] | None
+) -> tuple[str, int, Callable[[str, int], bool]]:
+    if (gateway is None) == (agent is None):
+        raise ValueError("give exactly one of gateway (a main) or agent (a candidate or child)")
+    if gateway is not None:
+        return _probe_host(gateway[0]), gateway[1], _gateway_answers
+    assert agent is not None
+    return _probe_host(agent[0]), agent[1], _agent_answers
+
+
 def start(
     home: Home,
     up_args: Sequence[str],
@@ -117,18 +131,26 @@ def start(
     gateway is given, the ``agent`` port completes a TLS handshake (a candidate
     or child, which run no gateway). Raises ServiceError (with the log's tail)
     if the node exits or does not come up within ``timeout`` seconds."""
-    if (gateway is None) == (agent is None):
-        raise ValueError("give exactly one of gateway (a main) or agent (a candidate or child)")
+    _readiness(gateway, agent)
     current = status(home)
     if current.running:
         return current
+    args = ["--home", home_option] if home_option else []
+    return _launch(home, [*args, "up", *up_args], gateway, agent, timeout)
+
+
+def _launch(
+    home: Home,
+    args: Sequence[str],
+    gateway: tuple[str, int] | None,
+    agent: tuple[str, int] | None,
+    timeout: float,
+) -> ServiceState:
+    probe, port, ready = _readiness(gateway, agent)
     home.var.mkdir(parents=True, exist_ok=True)
     log = log_file(home)
     log.parent.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "letsinfer"]
-    if home_option:
-        argv += ["--home", home_option]
-    argv += ["up", *up_args]
+    argv = [sys.executable, "-m", "letsinfer", *args]
     offset = log.stat().st_size if log.exists() else 0
     with open(os.devnull, "rb") as devnull, log.open("ab") as out:
         os.chmod(log, 0o640)
@@ -141,13 +163,6 @@ def start(
             close_fds=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
-    if gateway is not None:
-        probe, port = _probe_host(gateway[0]), gateway[1]
-        ready = _gateway_answers
-    else:
-        assert agent is not None
-        probe, port = _probe_host(agent[0]), agent[1]
-        ready = _agent_answers
     deadline = time.monotonic() + timeout
     while True:
         code = proc.poll()
@@ -210,3 +225,123 @@ def _wait_gone(pid: int, timeout: float) -> None:
         except ProcessLookupError:
             return
         time.sleep(0.05)
+
+
+@dataclass(frozen=True)
+class Restarted:
+    old_pid: int | None  # None: it was not running, so this started it
+    state: ServiceState
+    via: str  # "letsinfer" (its own supervisor) or "systemd:<unit>"
+    engines: int  # engines that ran before and still run, adopted by the new process
+    replaced: int  # engines that ran before and did not survive the restart
+
+
+def _letsinfer_args(pid: int) -> list[str] | None:
+    """The arguments a running node was started with, after the program itself
+    (``python -m letsinfer ARGS`` or ``.../bin/letsinfer ARGS``)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+    except OSError:
+        return None
+    words = [a.decode(errors="replace") for a in argv]
+    for i, word in enumerate(words):
+        if word == "-m" and i + 1 < len(words) and words[i + 1] == "letsinfer":
+            return words[i + 2 :]
+        if i and Path(word).name == "letsinfer":  # a console script, run by its Python
+            return words[i + 1 :]
+    return None
+
+
+def systemd_unit(pid: int) -> str | None:
+    """The systemd service whose main process is ``pid``, or None. Its cgroup
+    names the candidate; systemd must confirm the pid is that unit's own main
+    process (a node started by hand inside some other service is not it)."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    unit = next(
+        (n for n in (ln.rsplit("/", 1)[-1] for ln in lines) if n.endswith(".service")), None
+    )
+    if unit is None:
+        return None
+    try:
+        main = subprocess.run(
+            ["systemctl", "show", "--property=MainPID", "--value", unit],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return unit if main == str(pid) else None
+
+
+def _live_engines(home: Home) -> set[tuple[str, int]]:
+    from letsinfer.agent import reattach
+
+    return set(reattach.running(home.engine_run))
+
+
+def restart(
+    home: Home,
+    *,
+    gateway: tuple[str, int] | None = None,
+    agent: tuple[str, int] | None = None,
+    home_option: str | None = None,
+    unit: str | None = None,
+    stop_timeout: float = 60.0,
+    timeout: float = 60.0,
+) -> Restarted:
+    """Restart the node so that its ready engines keep serving: the running
+    process is asked to hand them over, stopped (``stop_timeout``, then
+    SIGKILL: its engines still wait for the new process), and started again
+    with the arguments it had, by this Python (a new release's, after an
+    upgrade). Through ``unit`` (or the systemd service found running it) it is
+    ``systemctl restart``. A node that was not running is started."""
+    probe, port, ready = _readiness(gateway, agent)
+    pid = running_pid(home)
+    if pid is not None and pid <= 0:
+        raise ServiceError(f"{home.pid_file} is locked but holds no pid; stop that process by hand")
+    unit = unit or (systemd_unit(pid) if pid else None)
+    before = _live_engines(home)
+    if pid is not None:
+        handover.request(home, pid)
+    if unit is not None:
+        done = subprocess.run(
+            ["systemctl", "restart", unit], capture_output=True, text=True, timeout=stop_timeout
+        )
+        if done.returncode != 0:
+            handover.cancel(home)
+            raise ServiceError(f"systemctl restart {unit} failed: {done.stderr.strip()}")
+        state = _wait_running(home, pid, probe, port, ready, timeout)
+        via = f"systemd:{unit}"
+    else:
+        args = _letsinfer_args(pid) if pid else None
+        if args is None:
+            args = [*(["--home", home_option] if home_option else []), "up"]
+        if pid is not None:
+            stop(home, stop_timeout)
+        state = _launch(home, args, gateway, agent, timeout)
+        via = "letsinfer"
+    handover.cancel(home)  # a request the old process never took must not outlive it
+    after = _live_engines(home)
+    return Restarted(pid, state, via, len(before & after), len(before - after))
+
+
+def _wait_running(
+    home: Home,
+    old: int | None,
+    probe: str,
+    port: int,
+    ready: Callable[[str, int], bool],
+    timeout: float,
+) -> ServiceState:
+    deadline = time.monotonic() + timeout
+    while True:
+        pid = running_pid(home)
+        if pid is not None and pid != old and ready(probe, port):
+            return ServiceState(running=True, pid=pid, log=log_file(home))
+        if time.monotonic() > deadline:
+            raise ServiceError(f"the node did not answer on {probe}:{port} within {timeout:.0f}s")
+        time.sleep(0.1)

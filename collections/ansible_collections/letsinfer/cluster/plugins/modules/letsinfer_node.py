@@ -16,9 +16,12 @@ description:
     replace that transport later.
   - O(state=info) only reads; the other states compare the node with the wanted
     state and act only when they differ.
-  - O(state=started) and O(state=restarted) use letsinfer's own supervisor
-    (C(letsinfer service start)), for hosts where systemd does not run. Where
-    systemd runs, manage the C(letsinfer) unit with M(ansible.builtin.systemd_service).
+  - O(state=started) uses letsinfer's own supervisor (C(letsinfer service start)),
+    for hosts where systemd does not run. Where systemd runs, manage the
+    C(letsinfer) unit with M(ansible.builtin.systemd_service).
+  - O(state=restarted) is C(letsinfer service restart), with either manager (give
+    O(unit) where systemd runs the node); the node's engines keep serving and
+    the new process adopts them.
 extends_documentation_fragment:
   - action_common_attributes
 attributes:
@@ -41,7 +44,8 @@ options:
         or child, which runs no gateway, once its agent port answers.
       - V(stopped) stops it and ends any process left from this installation
         (command line mentioning one of O(sweep_paths)) in this mount namespace.
-      - V(restarted) stops then starts it.
+      - V(restarted) restarts it so that its engines keep serving (C(letsinfer service
+        restart)), or starts it if it is not running.
     type: str
     choices: [info, initialised, started, stopped, restarted]
     default: info
@@ -66,6 +70,11 @@ options:
     type: str
     choices: [main, candidate]
     default: main
+  unit:
+    description:
+      - With O(state=restarted), the systemd unit that runs the node (C(systemctl
+        restart) through it); empty where letsinfer's own supervisor runs it.
+    type: str
   timeout:
     description: Seconds to wait for the node to start or stop.
     type: int
@@ -138,6 +147,11 @@ api_key:
   description: The first API key of a main initialised by this call; shown only once.
   returned: when this call initialised the main and O(return_api_key) is true
   type: str
+restart:
+  description: What C(letsinfer service restart --json) said (old and new pid, engines kept).
+  returned: when O(state=restarted) restarted a running node, or went through O(unit)
+  type: dict
+  sample: {"restarted": true, "old_pid": 812, "pid": 907, "engines_kept": 2}
 swept:
   description: PIDs of leftover processes that O(state=stopped) ended.
   returned: when O(state=stopped)
@@ -170,7 +184,7 @@ class Node:
             return {**_EMPTY}
         return self.cli.status()
 
-    def ensure(self, state, name=None, timeout=60, sweep_paths=(), role="main"):
+    def ensure(self, state, name=None, timeout=60, sweep_paths=(), role="main", unit=None):
         before = self.facts()
         if role not in ("main", "candidate"):
             raise ValueError(f"unknown role {role!r}")
@@ -215,11 +229,14 @@ class Node:
             self._need_cli("restart the node")
             result["changed"] = True
             if not self.check_mode:
-                if before.get("running"):
-                    self.cli.run("service", "stop", "--json", "--timeout", str(timeout))
-                if role == "candidate" and not before.get("initialised"):
-                    self._init(name, role)
-                result["api_key"] = self._start(name, timeout)
+                if before.get("running") or unit:
+                    limit = ["--timeout", str(timeout), "--stop-timeout", str(timeout)]
+                    via = ["--unit", unit] if unit else []
+                    result["restart"] = self.cli.json("service", "restart", "--json", *limit, *via)
+                else:
+                    if role == "candidate" and not before.get("initialised"):
+                        self._init(name, role)
+                    result["api_key"] = self._start(name, timeout)
         else:
             raise ValueError(f"unknown state {state!r}")
         if result.get("api_key") is None:
@@ -278,6 +295,7 @@ def main():
             "name": {"type": "str"},
             "role": {"type": "str", "default": "main", "choices": ["main", "candidate"]},
             "timeout": {"type": "int", "default": 60},
+            "unit": {"type": "str"},
             "sweep_paths": {"type": "list", "elements": "path", "default": []},
             "return_api_key": {"type": "bool", "default": True},
         },
@@ -289,7 +307,9 @@ def main():
     )
     node = Node(cli, check_mode=module.check_mode)
     try:
-        result = node.ensure(p["state"], p["name"], p["timeout"], p["sweep_paths"], role=p["role"])
+        result = node.ensure(
+            p["state"], p["name"], p["timeout"], p["sweep_paths"], role=p["role"], unit=p["unit"]
+        )
     except CliError as exc:
         module.fail_json(msg=str(exc), rc=exc.rc, stdout=exc.stdout, stderr=exc.stderr)
     if not p["return_api_key"]:

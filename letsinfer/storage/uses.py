@@ -1,0 +1,112 @@
+"""What uses the data in this node's home: its placement groups and, on the
+main, the models whose source file the model store holds.
+
+On the main this comes from the authority; on a child from its main's last
+word (the groups placed on it, running or stopped, sent with every answer to
+its facts and kept in ``<var>/groups.json`` for when the node is not running).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from letsinfer.home import Home
+from letsinfer.store import AuthorityStore
+
+
+@dataclass(frozen=True)
+class GroupUse:
+    pg_id: str
+    model: str
+    digest: str  # the model's artifact
+    desired: str  # running or stopped: the authority's word
+    engine: bool = False  # an engine of it runs on this node now
+
+
+@dataclass(frozen=True)
+class NodeUses:
+    role: str  # main or child
+    groups: list[GroupUse]  # the placement groups on this node
+    # Main only: digest -> models whose source is this store (children fetch it from here).
+    origins: dict[str, list[str]] = field(default_factory=dict)
+    known: bool = True  # False: a child that never heard its main's word
+
+    def running_digests(self) -> set[str]:
+        return {g.digest for g in self.groups if g.desired == "running" or g.engine}
+
+
+def groups_file(home: Home) -> Path:
+    return home.var / "groups.json"
+
+
+def save_groups(home: Home, groups: list[dict[str, Any]]) -> None:
+    """Keep the main's word on this child's groups (written only when it changed)."""
+    path = groups_file(home)
+    text = json.dumps(groups, sort_keys=True)
+    try:
+        if path.read_text() == text:
+            return
+    except OSError:
+        pass
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def child_uses(home: Home, groups: list[dict[str, Any]] | None, engines: set[str]) -> NodeUses:
+    """A child's uses: ``groups`` as its main last said (None: read the kept copy),
+    ``engines`` the placement groups with an engine running here now."""
+    if groups is None:
+        try:
+            groups = json.loads(groups_file(home).read_text())
+        except (OSError, ValueError):
+            return NodeUses("child", [], known=False)
+    assert groups is not None
+    return NodeUses(
+        "child",
+        [
+            GroupUse(
+                g["pg_id"], g["service"], g["artifact_digest"], g["desired"], g["pg_id"] in engines
+            )
+            for g in groups
+        ],
+    )
+
+
+def main_uses(store: AuthorityStore, node_id: str, engines: set[str]) -> NodeUses:
+    services = {s.name: s for s in store.list_services()}
+    origins: dict[str, list[str]] = {}
+    for s in services.values():
+        origins.setdefault(s.artifact_digest, []).append(s.name)
+    groups = []
+    for pg in store.list_placement_groups():
+        if node_id not in {t.node_id for t in store.pg_tasks(pg.id)} and pg.node_id != node_id:
+            continue
+        svc = services.get(pg.service)
+        if svc is not None:
+            groups.append(
+                GroupUse(pg.id, pg.service, svc.artifact_digest, pg.desired, pg.id in engines)
+            )
+    return NodeUses("main", groups, origins)
+
+
+def groups_for_child(store: AuthorityStore, node_id: str) -> list[dict[str, Any]]:
+    """What the main tells a child about every group placed on it (see child_uses)."""
+    out = []
+    for task in store.tasks_on_node(node_id):
+        pg = store.get_placement_group(task.pg_id)
+        svc = store.get_service(pg.service) if pg is not None else None
+        if pg is not None and svc is not None:
+            out.append(
+                {
+                    "pg_id": pg.id,
+                    "service": svc.name,
+                    "artifact_digest": svc.artifact_digest,
+                    "desired": pg.desired,
+                }
+            )
+    return out
