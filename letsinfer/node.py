@@ -19,7 +19,6 @@ from typing import Any
 from fastapi import FastAPI
 
 from letsinfer.agent.api import create_agent_app
-from letsinfer.agent.facts import FactError
 from letsinfer.agent.hardware import gpu_probe, host_facts
 from letsinfer.agent.placement import PlacementRunner
 from letsinfer.agent.runtime import advertise_address, advertiser_for, instance_name
@@ -30,14 +29,17 @@ from letsinfer.authority.denials import DenialLog
 from letsinfer.authority.facts import FactLedger
 from letsinfer.authority.links import LinkBook, link_label, needed_links
 from letsinfer.authority.parallel import TaskBoard, TaskReport
-from letsinfer.authority.placements import desired_for_node, to_wire
+from letsinfer.authority.placements import desired_for_node
 from letsinfer.authority.removal import Removal
 from letsinfer.config import Settings
+from letsinfer.contracts.facts import FactError
+from letsinfer.contracts.placement import to_wire
 from letsinfer.control.admin_socket import AdminPlane, LocalGate
 from letsinfer.control.app import ControlContext, create_control_app
 from letsinfer.control.local_ops import local_router
-from letsinfer.control.ops import ops_router, typed_app
+from letsinfer.control.ops import ops_router
 from letsinfer.control.removal_notice import tell_removed
+from letsinfer.control.typed_app import typed_app
 from letsinfer.gateway.app import Gateway, create_app
 from letsinfer.gateway.directory import Directory
 from letsinfer.gateway.metrics import start_metrics_server

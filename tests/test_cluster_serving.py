@@ -261,7 +261,7 @@ def test_forged_replayed_and_stale_facts_are_refused_and_audited(cluster: Cluste
 import base64, time, httpx
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
-from letsinfer.agent.facts import Facts, sign
+from letsinfer.contracts.facts import Facts, sign
 def facts(seq, ts):
     return Facts(node_id=node_id, seq=seq, ts=ts, cpus=1, memory_bytes=1, targets=["cpu"],
                  version="x")
@@ -478,7 +478,7 @@ print(r.status_code, r.text)
         as_node(old)
         + f"""
 import time, httpx
-from letsinfer.agent.facts import Facts, sign
+from letsinfer.contracts.facts import Facts, sign
 facts = Facts(node_id=node_id, seq=int(time.time() * 1000), ts=time.time(), cpus=1,
               memory_bytes=1, targets=["cpu"], version="x")
 r = httpx.post("https://{c.lab.hosts["main"]}:8443/v1/agent/facts", json=sign(facts, key),
@@ -547,7 +547,7 @@ def test_a_captured_facts_envelope_is_refused_after_the_main_restarts(cluster: C
         as_node(c.home("n2"))
         + f"""
 import time, httpx
-from letsinfer.agent.facts import Facts, sign
+from letsinfer.contracts.facts import Facts, sign
 facts = Facts(node_id=node_id, seq=int(time.time() * 1000), ts=time.time(), cpus=1,
               memory_bytes=1, targets=["cpu"], version="x")
 envelope = sign(facts, key)

@@ -15,11 +15,12 @@ from pathlib import Path
 
 from letsinfer.agent.ports import free_port
 from letsinfer.agent.supervisor import EngineSupervisor, LaunchRefused
-from letsinfer.authority.modelstore import ModelFileError, artifact_path, verify_artifact
+from letsinfer.contracts.artifacts import ModelFileError, artifact_path, verify_artifact
+from letsinfer.contracts.placement import DesiredPlacement
 from letsinfer.engines.binary import BinaryError
 from letsinfer.engines.launch import EngineTask, LaunchPlan, plan_llamacpp
-from letsinfer.engines.parallel_command import GroupTask, plan_parallel_command
-from letsinfer.engines.releases import Release, check_binary
+from letsinfer.engines.parallel_command import plan_parallel_command
+from letsinfer.engines.releases import check_binary
 from letsinfer.release import runtime
 from letsinfer.release.keys import PublicKey
 from letsinfer.release.signatures import TrustError
@@ -27,32 +28,6 @@ from letsinfer.release.signatures import TrustError
 log = logging.getLogger("letsinfer.agent")
 
 Fetch = Callable[[str], Awaitable[None]]  # digest -> places the verified artifact
-
-
-@dataclass(frozen=True)
-class DesiredPlacement:
-    pg_id: str
-    service: str
-    artifact_digest: str
-    release: Release
-    engine_key: str
-    gpu_uuids: tuple[str, ...] = ()
-    threads: int = 2
-    context: int = 4096
-    parallel: int = 4
-    release_signature: str | None = None
-    # Parallel groups: which task this node runs, on which fixed port, the whole
-    # group (head first) and the group's shared secret. A single-task group has
-    # task "0", no fixed port, no group.
-    task: str = "0"
-    port: int | None = None
-    group: tuple[GroupTask, ...] = ()
-    group_key: str | None = None
-
-    @property
-    def peers(self) -> tuple[GroupTask, ...]:
-        """The group's other tasks: the data links this task needs."""
-        return tuple(t for t in self.group if t.task != self.task)
 
 
 @dataclass

@@ -24,18 +24,18 @@ from pydantic import BaseModel, ConfigDict
 
 from letsinfer import __version__
 from letsinfer.agent.api import create_agent_app
-from letsinfer.agent.facts import AuditHeadFact, Facts, GpuFact, PlacementFact, sign
 from letsinfer.agent.hardware import gpu_probe, host_facts
-from letsinfer.agent.placement import DesiredPlacement, Fetch, PlacementRunner
+from letsinfer.agent.placement import Fetch, PlacementRunner
 from letsinfer.agent.supervisor import EngineSupervisor, SupervisionPolicy
-from letsinfer.authority.adoption import ChildWork
 from letsinfer.authority.anchor import HeadAnchor, head_report
 from letsinfer.authority.denials import DenialLog
-from letsinfer.authority.modelstore import artifact_path
-from letsinfer.authority.placements import from_wire
 from letsinfer.config import Settings
+from letsinfer.contracts.artifacts import artifact_path
+from letsinfer.contracts.facts import AuditHeadFact, Facts, GpuFact, PlacementFact, sign
+from letsinfer.contracts.placement import DesiredPlacement, from_wire
+from letsinfer.contracts.work import ChildWork
 from letsinfer.control.admin_socket import AdminPlane, LocalGate
-from letsinfer.control.ops import typed_app
+from letsinfer.control.typed_app import typed_app
 from letsinfer.home import Home
 from letsinfer.identity import NodeIdentity, load_identity
 from letsinfer.links.prober import LinkProber

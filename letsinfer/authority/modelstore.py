@@ -11,11 +11,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from letsinfer.contracts.artifacts import ModelFileError, artifact_path
+
 GGUF_MAGIC = b"GGUF"
-
-
-class ModelFileError(Exception):
-    """The file is not a usable model; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -23,10 +21,6 @@ class Artifact:
     digest: str  # sha256 hex
     size: int
     path: Path
-
-
-def artifact_path(store_dir: Path, digest: str) -> Path:
-    return store_dir / "sha256" / f"{digest}.gguf"
 
 
 def check_gguf(path: Path) -> None:
@@ -71,17 +65,3 @@ def import_gguf(store_dir: Path, source: Path) -> Artifact:
         tmp.unlink(missing_ok=True)
         raise
     return Artifact(digest=h.hexdigest(), size=size, path=final)
-
-
-def verify_artifact(store_dir: Path, digest: str) -> Path:
-    """Return the artifact's path after checking its bytes still match."""
-    path = artifact_path(store_dir, digest)
-    if not path.is_file():
-        raise ModelFileError(f"artifact sha256:{digest} is missing from the model store")
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(1 << 20):
-            h.update(chunk)
-    if h.hexdigest() != digest:
-        raise ModelFileError(f"artifact sha256:{digest} is corrupt (its bytes changed)")
-    return path

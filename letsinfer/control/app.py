@@ -14,11 +14,12 @@ from typing import Any
 from fastapi import HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from letsinfer.agent.facts import FactError
 from letsinfer.authority import adoption, controllers, enrollment, lifecycle
 from letsinfer.authority.denials import DenialLog
-from letsinfer.authority.modelstore import artifact_path
-from letsinfer.control.ops import actor_of, ops_router, peer, typed_app
+from letsinfer.contracts.artifacts import artifact_path
+from letsinfer.contracts.facts import FactError
+from letsinfer.control.ops import actor_of, ops_router, peer
+from letsinfer.control.typed_app import typed_app
 from letsinfer.identity import NodeIdentity
 from letsinfer.mirror.layout import MirrorLayout
 from letsinfer.mirror.serving import artifact_router

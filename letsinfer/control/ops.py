@@ -10,8 +10,7 @@ controllers, nodes and settings).
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Depends, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from letsinfer import __version__
@@ -19,7 +18,6 @@ from letsinfer.authority import controllers, lifecycle
 from letsinfer.authority.apikeys import create_key, revoke_key
 from letsinfer.authority.links import ResumeRefused, resume_model
 from letsinfer.identity import NodeIdentity
-from letsinfer.jsondepth import JsonDepthLimit
 from letsinfer.store import AuthorityStore, StoreError
 from letsinfer.trust.peer import Peer
 
@@ -43,20 +41,6 @@ def peer(request: Request) -> Peer:
     found = request.scope.get("state", {}).get("peer")
     assert found is not None  # every gate in front of these routes sets one
     return found  # type: ignore[no-any-return]
-
-
-def typed_app(title: str) -> FastAPI:
-    """A FastAPI app whose errors all have one shape: {"error": {message, code}}."""
-    app = FastAPI(title=title, docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_middleware(JsonDepthLimit)
-
-    @app.exception_handler(HTTPException)
-    async def _error(request: Request, exc: HTTPException) -> JSONResponse:
-        return JSONResponse(
-            {"error": {"message": exc.detail, "code": exc.status_code}}, status_code=exc.status_code
-        )
-
-    return app
 
 
 def ops_router(
