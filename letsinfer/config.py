@@ -260,6 +260,18 @@ class Settings(_Section):
     hub: HubSettings = HubSettings()
     audit: AuditSettings = AuditSettings()
 
+    @model_validator(mode="after")
+    def _facts_outlive_a_heartbeat(self) -> Settings:
+        # Facts arrive every heartbeat; older than fact_max_age_s a replica is
+        # not chosen, so a shorter age would leave every replica unroutable.
+        age, beat = self.gateway.fact_max_age_s, self.control.heartbeat_interval_s
+        if age <= beat:
+            raise ValueError(
+                f"gateway.fact_max_age_s ({age:g}) must be longer than "
+                f"control.heartbeat_interval_s ({beat:g}): facts arrive once per heartbeat"
+            )
+        return self
+
 
 def _env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:
     out: dict[str, dict[str, str]] = {}
@@ -285,7 +297,7 @@ def _merge(base: dict[str, Any], extra: Mapping[str, Mapping[str, Any]]) -> dict
 def _describe(error: ValidationError, source: str) -> str:
     lines = [f"invalid configuration ({source}):"]
     for item in error.errors():
-        key = ".".join(str(p) for p in item["loc"])
+        key = ".".join(str(p) for p in item["loc"]) or "settings"
         reason = "unknown setting" if item["type"] == "extra_forbidden" else item["msg"]
         lines.append(f"  {key}: {reason} (got {item.get('input')!r})")
     return "\n".join(lines)

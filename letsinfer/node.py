@@ -16,9 +16,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import httpx
 from fastapi import FastAPI
 
 from letsinfer.agent.api import create_agent_app
+from letsinfer.agent.engine_load import read_loads
 from letsinfer.agent.hardware import gpu_probe, host_facts
 from letsinfer.agent.placement import PlacementRunner
 from letsinfer.agent.runtime import advertise_address, advertiser_for, instance_name
@@ -30,10 +32,11 @@ from letsinfer.authority.facts import FactLedger
 from letsinfer.authority.links import LinkBook, link_label, needed_links
 from letsinfer.authority.parallel import TaskBoard, TaskReport
 from letsinfer.authority.placements import desired_for_node
+from letsinfer.authority.pressure import group_facts, hottest
 from letsinfer.authority.removal import Removal
 from letsinfer.config import Settings
 from letsinfer.contracts.facts import FactError
-from letsinfer.contracts.placement import to_wire
+from letsinfer.contracts.placement import DesiredPlacement, to_wire
 from letsinfer.control.admin_socket import AdminPlane, LocalGate
 from letsinfer.control.app import ControlContext, create_control_app
 from letsinfer.control.local_ops import local_router
@@ -43,7 +46,7 @@ from letsinfer.control.typed_app import typed_app
 from letsinfer.gateway.app import Gateway, create_app
 from letsinfer.gateway.directory import Directory
 from letsinfer.gateway.metrics import start_metrics_server
-from letsinfer.gateway.routing import Replica, RoutingTable
+from letsinfer.gateway.routing import Replica, ReplicaFacts, RoutingTable
 from letsinfer.home import Home
 from letsinfer.identity import NodeIdentity, load_identity
 from letsinfer.mirror.layout import MirrorLayout
@@ -97,6 +100,7 @@ class MainNode:
         self._observed: dict[tuple[str, str], tuple[object, ...]] = {}
         self.gpus = gpu_probe(settings.hardware.fake_gpus)
         self._remote: dict[str, set[tuple[str, str]]] = {}  # node -> {(service, pg)} published
+        self._desired: dict[str, DesiredPlacement] = {}  # this node's own, as last reconciled
         self.server: Any = None  # the uvicorn server, set by `up`
         self.moved = False  # this main joined another cluster (see _watch_identity)
 
@@ -229,13 +233,14 @@ class MainNode:
         loop = asyncio.create_task(self._background())
         watch = asyncio.create_task(self._watch_identity())
         denials = asyncio.create_task(self.denials.run())
+        weigh = asyncio.create_task(self._weigh_own_engines())
         metrics = await start_metrics_server(self.gateway.metrics, self.settings.gateway)
         try:
             yield
         finally:
             if metrics is not None:
                 await metrics.stop()
-            for task in (loop, watch, denials):
+            for task in (loop, watch, denials, weigh):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
@@ -268,11 +273,40 @@ class MainNode:
         self.store.record_node_facts(self.identity.node_id, _hardware(host_facts(self.gpus)))
 
     def reconcile(self) -> None:
-        self.placements.apply(
-            desired_for_node(self.store, self.identity.node_id, self._engine_secret)
-        )
+        desired = desired_for_node(self.store, self.identity.node_id, self._engine_secret)
+        self._desired = {d.pg_id: d for d in desired}
+        self.placements.apply(desired)
         paused = {n.id for n in self.store.list_nodes() if n.paused}
         self.routing.set_paused_nodes(paused)
+
+    async def _weigh_own_engines(self) -> None:
+        """This node's own engines, as a child's agent reports its own: every
+        heartbeat interval, their load and their GPUs' temperature to routing."""
+        interval = self.settings.control.heartbeat_interval_s
+        async with httpx.AsyncClient(timeout=min(1.0, interval)) as client:
+            while True:
+                try:
+                    await self.weigh_own_engines(client)
+                except Exception:  # a probe bug must not end the loop
+                    log.exception("could not read this node's engine load")
+                await asyncio.sleep(interval)
+
+    async def weigh_own_engines(self, client: httpx.AsyncClient) -> None:
+        serving = []
+        for pg_id, runner in self.supervisor.runners.items():
+            st, d = runner.status, self._desired.get(pg_id)
+            # Single-task groups only: a parallel group is weighed from its facts.
+            if st.state == "ready" and st.base_url and d is not None and not d.group:
+                serving.append((pg_id, st.base_url, d.engine_key))
+        loads = await read_loads(client, serving)
+        gpus = self.gpus.gpus()
+        now = time.monotonic()
+        for pg_id, load in loads.items():
+            service, d = self.placements.services.get(pg_id), self._desired.get(pg_id)
+            if service is None or d is None:
+                continue
+            facts = ReplicaFacts(now, load.slots_free, load.queue_depth, hottest(gpus, d.gpu_uuids))
+            self.routing.observe(service, pg_id, facts)
 
     def _pg_failed(self, pg_id: str, why: str) -> None:
         self.store.record_pg_observation(pg_id, state="failed", detail=why)
@@ -387,6 +421,7 @@ class MainNode:
         for pg in wanted.values():
             if self._route(pg):
                 published.add((pg.service, pg.id))
+                self._weigh(pg)
         for service, pg_id in self._remote.get(node.id, set()) - published:
             self.routing.withdraw(service, pg_id, "not ready on its node")
         self._remote[node.id] = published
@@ -428,6 +463,16 @@ class MainNode:
         capacity = head.capacity if head and head.capacity else 1
         self.routing.publish(self._replica(pg.id, pg.service, url, capacity, tasks[0].node_id))
         return True
+
+    def _weigh(self, pg: PlacementGroupRecord) -> None:
+        """A published group's load, GPU temperature and facts age, for routing."""
+        tasks = [
+            (t.task, t.node_id, self.store.task_gpus(pg.id, t.task))
+            for t in self.store.pg_tasks(pg.id)
+        ]
+        facts = group_facts(pg.id, tasks, self.ledger.views)
+        if facts is not None:
+            self.routing.observe(pg.service, pg.id, facts)
 
     def _observe_group(self, pg: PlacementGroupRecord, url: str | None, why: str | None) -> None:
         """A parallel group's own state: ready only when published."""
