@@ -181,6 +181,19 @@ class AgentSettings(_Section):
     reconcile_interval_s: float = Field(1.0, gt=0)
 
 
+class RequestSettings(_Section):
+    """Per-request records (id, key name, model, group, status, tokens, times;
+    never text) in their own database beside the authority's, written in
+    batches off the request path; `letsinfer request` and `letsinfer usage`."""
+
+    enabled: bool = True
+    keep_days: int = Field(90, ge=1, le=3650)  # older records are deleted
+    flush_interval_s: float = Field(1.0, gt=0, le=60)
+    # Records waiting for the writer; beyond this (a stuck disk) new ones are
+    # counted as dropped, never held without bound.
+    max_pending: int = Field(100_000, ge=100)
+
+
 class AuditSettings(_Section):
     """Refusals without credentials (bad certificate, bad key, scope) are
     recorded as one audit record per source, reason and interval, with a count."""
@@ -259,6 +272,7 @@ class Settings(_Section):
     hardware: HardwareSettings = HardwareSettings()
     hub: HubSettings = HubSettings()
     audit: AuditSettings = AuditSettings()
+    requests: RequestSettings = RequestSettings()
 
     @model_validator(mode="after")
     def _facts_outlive_a_heartbeat(self) -> Settings:

@@ -55,6 +55,7 @@ from letsinfer.release import runtime
 from letsinfer.store import PlacementGroupRecord
 from letsinfer.trust.material import ClusterCA, presented_fingerprint, tls_files
 from letsinfer.trust.peer import Peer, server_context
+from letsinfer.usage.recorder import RequestLog
 
 log = logging.getLogger("letsinfer.node")
 
@@ -70,8 +71,17 @@ class MainNode:
         self.denials = DenialLog(self.store, settings.audit.denial_interval_s)
         self.routing = RoutingTable()
         self.directory = Directory(self.store)
+        self.records = (
+            RequestLog(home.requests_database, settings.requests)
+            if settings.requests.enabled
+            else None
+        )
         self.gateway = Gateway.build(
-            self.directory, self.routing, settings.gateway, denials=self.denials
+            self.directory,
+            self.routing,
+            settings.gateway,
+            denials=self.denials,
+            records=self.records,
         )
         self.supervisor = EngineSupervisor(
             home.engine_logs,
@@ -234,13 +244,16 @@ class MainNode:
         watch = asyncio.create_task(self._watch_identity())
         denials = asyncio.create_task(self.denials.run())
         weigh = asyncio.create_task(self._weigh_own_engines())
+        records = asyncio.create_task(self.records.run()) if self.records else None
         metrics = await start_metrics_server(self.gateway.metrics, self.settings.gateway)
         try:
             yield
         finally:
             if metrics is not None:
                 await metrics.stop()
-            for task in (loop, watch, denials, weigh):
+            for task in (loop, watch, denials, weigh, records):
+                if task is None:
+                    continue
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task

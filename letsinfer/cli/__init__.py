@@ -56,6 +56,7 @@ def main() -> None:
         service,
         status,
         up,
+        usage,
     )
 
     cli(prog_name="letsinfer")

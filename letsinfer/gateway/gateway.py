@@ -13,6 +13,7 @@ from letsinfer.gateway.metrics import GatewayMetrics
 from letsinfer.gateway.policy import RoutingPolicy
 from letsinfer.gateway.routing import RoutingTable
 from letsinfer.gateway.upstream import Upstream
+from letsinfer.usage.recorder import RequestLog
 
 
 @dataclass
@@ -25,6 +26,7 @@ class Gateway:
     upstream: Upstream
     max_body_bytes: int
     denials: DenialLog  # refused keys, counted (written by the node's background task)
+    records: RequestLog | None = None  # per-request records (written in the background)
 
     @classmethod
     def build(
@@ -33,6 +35,7 @@ class Gateway:
         routing: RoutingTable,
         settings: GatewaySettings | None = None,
         denials: DenialLog | None = None,
+        records: RequestLog | None = None,
     ) -> Gateway:
         s = settings or GatewaySettings()
         policy = RoutingPolicy(
@@ -55,6 +58,7 @@ class Gateway:
             upstream=Upstream(client, admission, metrics),
             max_body_bytes=s.max_body_bytes,
             denials=denials or DenialLog(directory.store),
+            records=records,
         )
 
     async def aclose(self) -> None:
