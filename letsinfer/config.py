@@ -194,6 +194,25 @@ class RequestSettings(_Section):
     max_pending: int = Field(100_000, ge=100)
 
 
+class TracingSettings(_Section):
+    """OpenTelemetry traces of the gateway's requests, off unless an OTLP/HTTP
+    endpoint is set (needs the ``tracing`` extra: pip install 'letsinfer[tracing]').
+    Spans go to ``<otlp_endpoint>/v1/traces``; engines get a ``traceparent``."""
+
+    otlp_endpoint: str | None = None  # e.g. "http://collector.lan:4318"
+    service_name: str = Field("letsinfer-gateway", min_length=1, max_length=128)
+    sample_ratio: float = Field(1.0, ge=0, le=1)  # of requests without a sampled parent
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _endpoint(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", value):
+            raise ValueError(f"{value!r} is not an http(s) URL (such as http://collector:4318)")
+        return value.rstrip("/")
+
+
 class AuditSettings(_Section):
     """Refusals without credentials (bad certificate, bad key, scope) are
     recorded as one audit record per source, reason and interval, with a count."""
@@ -273,6 +292,7 @@ class Settings(_Section):
     hub: HubSettings = HubSettings()
     audit: AuditSettings = AuditSettings()
     requests: RequestSettings = RequestSettings()
+    tracing: TracingSettings = TracingSettings()
 
     @model_validator(mode="after")
     def _facts_outlive_a_heartbeat(self) -> Settings:

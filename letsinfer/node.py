@@ -82,6 +82,7 @@ class MainNode:
             settings.gateway,
             denials=self.denials,
             records=self.records,
+            tracing=settings.tracing,
         )
         self.supervisor = EngineSupervisor(
             home.engine_logs,

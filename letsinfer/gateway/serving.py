@@ -185,6 +185,7 @@ class _Exchange:
         "stream",
         "tail",
         "task",
+        "tokens",
         "ttft",
         "usage",
     )
@@ -199,6 +200,7 @@ class _Exchange:
         self.endpoint = "-"
         self.stream = False
         self.usage: UsageFilter | None = None  # set when the gateway asked for usage
+        self.tokens: tuple[int | None, int | None] = (None, None)  # prompt, completion
         self.status = 0
         self.queue_s = 0.0
         self.ttft: float | None = None
@@ -224,6 +226,13 @@ class InferenceEndpoints:
         self.prefix_chars = gw.policy.affinity_prefix_chars if gw.policy.affinity else 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        tracing = self.gw.tracing
+        if tracing is None:
+            await self._handle(scope, receive, send)
+        else:
+            await tracing.request(scope, self._handle(scope, receive, send))
+
+    async def _handle(self, scope: Scope, receive: Receive, send: Send) -> _Exchange:
         auth = given_id = declared = None
         for name, value in scope["headers"]:
             if name == b"authorization":
@@ -277,6 +286,7 @@ class InferenceEndpoints:
             if watcher is not None and not watcher.done():
                 watcher.cancel()
             self._record(ex)
+        return ex
 
     async def _serve(
         self, path: str, key: KeyPolicy, body: bytes, ex: _Exchange, send: Send
@@ -388,6 +398,7 @@ class InferenceEndpoints:
             prompt_tokens, completion_tokens = usage_tokens(ex.tail)
         else:
             prompt_tokens = completion_tokens = None
+        ex.tokens = (prompt_tokens, completion_tokens)
         self.gw.metrics.request(ex.served, ex.status, total, ex.ttft)
         records = self.gw.records
         if records is not None and ex.key != "-":  # refused keys are counted as denials
