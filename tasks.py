@@ -157,11 +157,23 @@ def test(c: Context, k: str = "") -> None:
         "short": "small counts (what the test suite runs)",
         "prefix": "also the shared-prefix benchmark on two llama.cpp engines",
         "json": "write the gateway figures to this file too",
+        "before": "also measure the gateway of another letsinfer checkout (A/B)",
+        "records": "also the request-records benchmark (their cost, the authority's writes)",
     }
 )
-def bench(c: Context, short: bool = False, prefix: bool = False, json: str = "") -> None:
+def bench(
+    c: Context,
+    short: bool = False,
+    prefix: bool = False,
+    json: str = "",
+    before: str = "",
+    records: bool = False,
+) -> None:
     """The gateway benchmark (direct, nginx, LiteLLM, letsinfer); see docs/benchmarks.md."""
     flags = (" --short" if short else "") + (f" --json {json}" if json else "")
+    flags += f" --before {before}" if before else ""
     c.run(f"{PY} -m benchmarks.gateway{flags}", pty=False)
+    if records:
+        c.run(f"{PY} -m benchmarks.records" + (" --short" if short else ""), pty=False)
     if prefix:
         c.run(f"{PY} -m benchmarks.prefix" + (" --short" if short else ""), pty=False)

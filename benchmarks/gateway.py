@@ -1,9 +1,10 @@
 """Gateway overhead: the same load sent directly to a mock engine, through nginx,
 through the LiteLLM proxy and through letsinfer's gateway, in one run.
 
-    ./dev bench                 # full run (about 4 minutes)
+    ./dev bench                 # full run (about 5 minutes)
     ./dev bench --short         # small counts: what the test suite runs
     python -m benchmarks.gateway --json out.json
+    python -m benchmarks.gateway --before ../main   # also another checkout's gateway
 
 The mock engine streams a fixed number of tokens at a fixed pace, so what
 changes between rows is only the gateway in the path. For each load
@@ -11,6 +12,13 @@ changes between rows is only the gateway in the path. For each load
 added over the direct run (p50, p99), the time to first chunk added, and
 errors; then the ratios letsinfer/LiteLLM and letsinfer/nginx. All servers
 listen on 127.0.0.1 and are stopped at the end, whatever happens.
+
+letsinfer runs as a main does: request records kept, replicas weighed by
+fresh facts (two replicas on the mock). ``letsinfer-off`` is the same code
+with both off, and ``--before DIR`` adds the gateway of another checkout
+(say, the branch before a change) as ``before``; these A/B rows are measured
+twice per cell in A-B-B-A order, so the machine's drift hits both alike,
+and reported as ratios.
 """
 
 from __future__ import annotations
@@ -54,6 +62,9 @@ class Target:
     skipped: str = ""  # why this target did not run
 
 
+AB = ("letsinfer-off", "before")  # baselines of the letsinfer row, measured A-B-B-A
+
+
 def _body(stream: bool) -> bytes:
     request = {
         "model": "mock",
@@ -64,8 +75,53 @@ def _body(stream: bool) -> bytes:
     return json.dumps(request).encode()
 
 
+def _gateway(
+    name: str,
+    work: Path,
+    upstream: str,
+    stack: contextlib.ExitStack,
+    *flags: str,
+    tree: Path | None = None,
+) -> Target:
+    """A letsinfer gateway (this checkout's, or ``tree``'s) with two replicas on the mock."""
+    port = free_port()
+    key_file = work / f"{name}.key"
+    gw = Server(
+        name,
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.letsinfer_gateway",
+            "--port",
+            str(port),
+            "--upstream",
+            upstream,
+            "--upstream",
+            upstream,
+            "--home",
+            str(work / f"{name}-home"),
+            "--key-file",
+            str(key_file),
+            "--access-log",
+            str(work / f"{name}-access.log"),
+            *flags,
+        ],
+        port,
+        work,
+        ready_path="/health",
+        env={"PYTHONPATH": str(tree)} if tree else None,
+        cwd=tree,
+    ).start()
+    stack.callback(gw.stop)
+    return Target(name, gw.url, f"Bearer {key_file.read_text().strip()}")
+
+
 def start_targets(
-    work: Path, plan: Plan, with_litellm: bool, stack: contextlib.ExitStack
+    work: Path,
+    plan: Plan,
+    with_litellm: bool,
+    stack: contextlib.ExitStack,
+    before: Path | None = None,
 ) -> list[Target]:
     mock_port = free_port()
     mock = Server(
@@ -105,31 +161,17 @@ def start_targets(
     else:
         targets.append(Target("litellm", "", skipped="--no-litellm given"))
 
-    port = free_port()
-    key_file = work / "letsinfer.key"
-    gw = Server(
-        "letsinfer",
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.letsinfer_gateway",
-            "--port",
-            str(port),
-            "--upstream",
-            mock.url,
-            "--home",
-            str(work / "letsinfer-home"),
-            "--key-file",
-            str(key_file),
-            "--access-log",
-            str(work / "letsinfer-access.log"),
-        ],
-        port,
-        work,
-        ready_path="/health",
-    ).start()
-    stack.callback(gw.stop)
-    targets.append(Target("letsinfer", gw.url, f"Bearer {key_file.read_text().strip()}"))
+    targets.append(_gateway("letsinfer-off", work, mock.url, stack))
+    if before is not None:
+        try:
+            targets.append(_gateway("before", work, mock.url, stack, tree=before.resolve()))
+        except RuntimeError as exc:
+            targets.append(Target("before", "", skipped=str(exc)))
+    targets.append(
+        _gateway(
+            "letsinfer", work, mock.url, stack, "--records", str(work / "requests.db"), "--facts"
+        )
+    )
     return targets
 
 
@@ -140,10 +182,9 @@ def measure(targets: list[Target], plan: Plan) -> dict[str, dict[str, CellResult
         for c in plan.concurrencies:
             cell = f"{'stream' if stream else 'plain'} c={c}"
             results[cell] = {}
-            for t in targets:
-                if t.skipped:
-                    continue
-                results[cell][t.name] = asyncio.run(
+
+            def run(t: Target, stream: bool = stream, c: int = c) -> CellResult:
+                return asyncio.run(
                     run_cell(
                         t.url,
                         PATH,
@@ -156,6 +197,13 @@ def measure(targets: list[Target], plan: Plan) -> dict[str, dict[str, CellResult
                         warmup=min(c, 50),
                     )
                 )
+
+            live = [t for t in targets if not t.skipped]
+            for t in live:
+                results[cell][t.name] = run(t)
+            # The A/B pairs once more, in reverse order: A-B-B-A.
+            for t in reversed([t for t in live if t.name in (*AB, "letsinfer")]):
+                results[cell][t.name] = results[cell][t.name].merged(run(t))
     return results
 
 
@@ -169,7 +217,7 @@ def report(targets: list[Target], results: dict[str, dict[str, CellResult]]) -> 
         if t.skipped:
             print(f"\n!!! {t.name} SKIPPED: {t.skipped}\n")
     header = (
-        f"{'target':<10} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'+p50 ms':>8} "
+        f"{'target':<14} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'+p50 ms':>8} "
         f"{'+p99 ms':>8} {'ttfc ms':>8} {'+ttfc ms':>8} {'errors':>6}"
     )
     for cell, by_target in results.items():
@@ -192,14 +240,28 @@ def report(targets: list[Target], results: dict[str, dict[str, CellResult]]) -> 
                 "completed": r.completed,
             }
             print(
-                f"{name:<10} {r.rps:>8.1f} {_ms(r.p(0.5)):>8} {_ms(r.p(0.99)):>8} "
+                f"{name:<14} {r.rps:>8.1f} {_ms(r.p(0.5)):>8} {_ms(r.p(0.99)):>8} "
                 f"{_ms(added50):>8} {_ms(added99):>8} {_ms(r.first_p(0.5)):>8} "
                 f"{_ms(added_first):>8} {r.errors:>6}"
             )
             if r.errors:
-                print(f"{'':<10} first error: {r.first_error}")
+                print(f"{'':<14} first error: {r.first_error}")
         ours = by_target.get("letsinfer")
         ratios = []
+        for base in AB:
+            if ours and base in by_target and by_target[base].rps:
+                a = rows[base]
+                ratio = ours.rps / by_target[base].rps
+                delta = rows["letsinfer"]["added_p50_ms"] - a["added_p50_ms"]
+                rows[f"letsinfer/{base}"] = {
+                    "throughput_ratio": ratio,
+                    "added_p50_delta_ms": delta,
+                    "p50_ratio": ours.p(0.5) / by_target[base].p(0.5),
+                }
+                ratios.append(
+                    f"letsinfer/{base} throughput {ratio:.3f}x, p50 "
+                    f"{ours.p(0.5) / by_target[base].p(0.5):.3f}x, added p50 {delta:+.2f} ms"
+                )
         for other in ("litellm", "nginx"):
             if ours and other in by_target and by_target[other].rps:
                 ratio = ours.rps / by_target[other].rps
@@ -235,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--short", action="store_true", help="small counts (CI)")
     parser.add_argument("--no-litellm", action="store_true", help="skip the LiteLLM proxy")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument(
+        "--before", type=Path, help="another letsinfer checkout to measure beside this one"
+    )
     args = parser.parse_args(argv)
     plan = SHORT if args.short else FULL
     try:
@@ -254,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         contextlib.ExitStack() as stack,
     ):
         work = Path(tmp)
-        targets = start_targets(work, plan, not args.no_litellm, stack)
+        targets = start_targets(work, plan, not args.no_litellm, stack, args.before)
         results = measure(targets, plan)
         summary = report(targets, results)
     heaviest = f"stream c={plan.concurrencies[-1]}"

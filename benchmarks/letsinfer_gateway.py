@@ -4,24 +4,40 @@
 creates a throwaway authority (one model ``mock``, one API key written to
 ``--key-file``), publishes each upstream as a ready replica and serves the
 gateway the way ``letsinfer up`` does (uvicorn, uvloop, httptools, its
-guarded listener, access log to a file).
+guarded listener, access log to a file). ``--records DB`` keeps request
+records as a main does; ``--facts`` feeds every replica fresh facts once a
+second, as a main does from its nodes' reports, so the replica choice weighs
+them.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import logging
+import time
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 
 from letsinfer.authority.apikeys import create_key
-from letsinfer.config import GatewaySettings
+from letsinfer.config import GatewaySettings, RequestSettings
 from letsinfer.connections import GuardedServer, gateway_limits, raise_file_limit
 from letsinfer.gateway.app import Gateway, create_app
 from letsinfer.gateway.directory import Directory
-from letsinfer.gateway.routing import Replica, RoutingTable
+from letsinfer.gateway.routing import Replica, ReplicaFacts, RoutingTable
 from letsinfer.store import AuthorityStore
+from letsinfer.usage.recorder import RequestLog
+
+
+async def feed_facts(routing: RoutingTable, model: str, capacity: int) -> None:
+    while True:
+        for r in routing.replicas(model):
+            routing.observe(model, r.pg_id, ReplicaFacts(time.monotonic(), capacity, 0, 60.0))
+        await asyncio.sleep(1.0)
 
 
 def main() -> None:
@@ -35,6 +51,8 @@ def main() -> None:
     parser.add_argument("--home", type=Path, required=True, help="for the throwaway authority")
     parser.add_argument("--key-file", type=Path, required=True)
     parser.add_argument("--access-log", type=Path, required=True)
+    parser.add_argument("--records", type=Path, help="keep request records in this database")
+    parser.add_argument("--facts", action="store_true", help="feed replicas fresh facts")
     args = parser.parse_args()
 
     store = AuthorityStore(args.home / "authority.db")
@@ -53,7 +71,8 @@ def main() -> None:
     routing = RoutingTable()
     directory = Directory(store, max_stale_s=3600)  # no refresh loop here: nothing changes
     directory.refresh()
-    gateway = Gateway.build(directory, routing, settings)
+    records = RequestLog(args.records, RequestSettings()) if args.records else None
+    gateway = Gateway.build(directory, routing, settings, records=records)
     for i, url in enumerate(args.upstream):
         routing.publish(
             Replica(
@@ -71,8 +90,26 @@ def main() -> None:
         settings.idle_timeout_s,
         raise_file_limit(),
     )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        tasks = []
+        if records is not None:
+            tasks.append(asyncio.create_task(records.run()))
+        if args.facts:
+            tasks.append(asyncio.create_task(feed_facts(routing, args.model, args.capacity)))
+        yield
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
     config = uvicorn.Config(
-        create_app(gateway), host="127.0.0.1", port=args.port, log_level="warning", access_log=False
+        create_app(gateway, lifespan=lifespan),
+        host="127.0.0.1",
+        port=args.port,
+        log_level="warning",
+        access_log=False,
     )
     GuardedServer(config, limits, name="gateway").run()
 

@@ -39,6 +39,17 @@ class CellResult:
     def first_p(self, q: float) -> float:
         return self.percentile(self.first_chunk_s, q)
 
+    def merged(self, other: CellResult) -> CellResult:
+        """Two runs of one cell as one (an A/B pair measured twice)."""
+        return CellResult(
+            completed=self.completed + other.completed,
+            errors=self.errors + other.errors,
+            wall_s=self.wall_s + other.wall_s,
+            latency_s=self.latency_s + other.latency_s,
+            first_chunk_s=self.first_chunk_s + other.first_chunk_s,
+            first_error=self.first_error or other.first_error,
+        )
+
 
 async def run_cell(
     base_url: str,

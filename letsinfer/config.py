@@ -191,6 +191,38 @@ class AgentSettings(_Section):
     park_after_failed_starts: int = Field(5, ge=0)
 
 
+class RequestSettings(_Section):
+    """Per-request records (id, key name, model, group, status, tokens, times;
+    never text) in their own database beside the authority's, written in
+    batches off the request path; `letsinfer request` and `letsinfer usage`."""
+
+    enabled: bool = True
+    keep_days: int = Field(90, ge=1, le=3650)  # older records are deleted
+    flush_interval_s: float = Field(1.0, gt=0, le=60)
+    # Records waiting for the writer; beyond this (a stuck disk) new ones are
+    # counted as dropped, never held without bound.
+    max_pending: int = Field(100_000, ge=100)
+
+
+class TracingSettings(_Section):
+    """OpenTelemetry traces of the gateway's requests, off unless an OTLP/HTTP
+    endpoint is set (needs the ``tracing`` extra: pip install 'letsinfer[tracing]').
+    Spans go to ``<otlp_endpoint>/v1/traces``; engines get a ``traceparent``."""
+
+    otlp_endpoint: str | None = None  # e.g. "http://collector.lan:4318"
+    service_name: str = Field("letsinfer-gateway", min_length=1, max_length=128)
+    sample_ratio: float = Field(1.0, ge=0, le=1)  # of requests without a sampled parent
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _endpoint(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", value):
+            raise ValueError(f"{value!r} is not an http(s) URL (such as http://collector:4318)")
+        return value.rstrip("/")
+
+
 class AuditSettings(_Section):
     """Refusals without credentials (bad certificate, bad key, scope) are
     recorded as one audit record per source, reason and interval, with a count."""
@@ -281,6 +313,20 @@ class Settings(_Section):
     hardware: HardwareSettings = HardwareSettings()
     hub: HubSettings = HubSettings()
     audit: AuditSettings = AuditSettings()
+    requests: RequestSettings = RequestSettings()
+    tracing: TracingSettings = TracingSettings()
+
+    @model_validator(mode="after")
+    def _facts_outlive_a_heartbeat(self) -> Settings:
+        # Facts arrive every heartbeat; older than fact_max_age_s a replica is
+        # not chosen, so a shorter age would leave every replica unroutable.
+        age, beat = self.gateway.fact_max_age_s, self.control.heartbeat_interval_s
+        if age <= beat:
+            raise ValueError(
+                f"gateway.fact_max_age_s ({age:g}) must be longer than "
+                f"control.heartbeat_interval_s ({beat:g}): facts arrive once per heartbeat"
+            )
+        return self
 
 
 def _env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:
@@ -307,7 +353,7 @@ def _merge(base: dict[str, Any], extra: Mapping[str, Mapping[str, Any]]) -> dict
 def _describe(error: ValidationError, source: str) -> str:
     lines = [f"invalid configuration ({source}):"]
     for item in error.errors():
-        key = ".".join(str(p) for p in item["loc"])
+        key = ".".join(str(p) for p in item["loc"]) or "settings"
         reason = "unknown setting" if item["type"] == "extra_forbidden" else item["msg"]
         lines.append(f"  {key}: {reason} (got {item.get('input')!r})")
     return "\n".join(lines)

@@ -53,6 +53,11 @@ class Home:
         return self.var / "authority.db"
 
     @property
+    def requests_database(self) -> Path:
+        """Per-request records (the main's gateway): apart from the authority."""
+        return self.var / "requests.db"
+
+    @property
     def model_store(self) -> Path:
         return self.var / "models"
 

@@ -16,10 +16,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import httpx
 from fastapi import FastAPI
 
 from letsinfer.agent.api import create_agent_app
-from letsinfer.agent.facts import FactError
+from letsinfer.agent.engine_load import read_loads
 from letsinfer.agent.hardware import gpu_probe, host_facts
 from letsinfer.agent.placement import PlacementRunner
 from letsinfer.agent.runtime import (
@@ -34,20 +35,24 @@ from letsinfer.authority.anchor import SignedHead, open_authority, witness
 from letsinfer.authority.denials import DenialLog
 from letsinfer.authority.facts import FactLedger
 from letsinfer.authority.links import LinkBook, link_label, needed_links
-from letsinfer.authority.modelstore import present_digests
 from letsinfer.authority.parallel import TaskBoard, TaskReport
-from letsinfer.authority.placements import desired_for_node, to_wire
+from letsinfer.authority.placements import desired_for_node
+from letsinfer.authority.pressure import group_facts, hottest
 from letsinfer.authority.removal import Removal
 from letsinfer.config import Settings
+from letsinfer.contracts.artifacts import present_digests
+from letsinfer.contracts.facts import FactError
+from letsinfer.contracts.placement import DesiredPlacement, to_wire
 from letsinfer.control.admin_socket import AdminPlane, LocalGate
 from letsinfer.control.app import ControlContext, create_control_app
 from letsinfer.control.local_ops import local_router
-from letsinfer.control.ops import ops_router, typed_app
+from letsinfer.control.ops import ops_router
 from letsinfer.control.removal_notice import tell_removed
+from letsinfer.control.typed_app import typed_app
 from letsinfer.gateway.app import Gateway, create_app
 from letsinfer.gateway.directory import Directory
 from letsinfer.gateway.metrics import start_metrics_server
-from letsinfer.gateway.routing import Replica, RoutingTable
+from letsinfer.gateway.routing import Replica, ReplicaFacts, RoutingTable
 from letsinfer.home import Home
 from letsinfer.identity import NodeIdentity, load_identity
 from letsinfer.lifecycle.routes import lifecycle_router
@@ -60,6 +65,7 @@ from letsinfer.storage.uses import groups_for_child, main_uses
 from letsinfer.store import PlacementGroupRecord
 from letsinfer.trust.material import ClusterCA, presented_fingerprint, tls_files
 from letsinfer.trust.peer import Peer, server_context
+from letsinfer.usage.recorder import RequestLog
 
 log = logging.getLogger("letsinfer.node")
 
@@ -75,8 +81,18 @@ class MainNode:
         self.denials = DenialLog(self.store, settings.audit.denial_interval_s)
         self.routing = RoutingTable()
         self.directory = Directory(self.store)
+        self.records = (
+            RequestLog(home.requests_database, settings.requests)
+            if settings.requests.enabled
+            else None
+        )
         self.gateway = Gateway.build(
-            self.directory, self.routing, settings.gateway, denials=self.denials
+            self.directory,
+            self.routing,
+            settings.gateway,
+            denials=self.denials,
+            records=self.records,
+            tracing=settings.tracing,
         )
         self.supervisor = EngineSupervisor(
             home.engine_logs,
@@ -115,6 +131,7 @@ class MainNode:
         self._observed: dict[tuple[str, str], tuple[object, ...]] = {}
         self.gpus = gpu_probe(settings.hardware.fake_gpus)
         self._remote: dict[str, set[tuple[str, str]]] = {}  # node -> {(service, pg)} published
+        self._desired: dict[str, DesiredPlacement] = {}  # this node's own, as last reconciled
         self.server: Any = None  # the uvicorn server, set by `up`
         self.moved = False  # this main joined another cluster (see _watch_identity)
 
@@ -258,13 +275,17 @@ class MainNode:
         loop = asyncio.create_task(self._background())
         watch = asyncio.create_task(self._watch_identity())
         denials = asyncio.create_task(self.denials.run())
+        weigh = asyncio.create_task(self._weigh_own_engines())
+        records = asyncio.create_task(self.records.run()) if self.records else None
         metrics = await start_metrics_server(self.gateway.metrics, self.settings.gateway)
         try:
             yield
         finally:
             if metrics is not None:
                 await metrics.stop()
-            for task in (loop, watch, denials):
+            for task in (loop, watch, denials, weigh, records):
+                if task is None:
+                    continue
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
@@ -304,11 +325,40 @@ class MainNode:
         return {pg for pg, r in self.supervisor.runners.items() if r.pid is not None}
 
     def reconcile(self) -> None:
-        self.placements.apply(
-            desired_for_node(self.store, self.identity.node_id, self._engine_secret)
-        )
+        desired = desired_for_node(self.store, self.identity.node_id, self._engine_secret)
+        self._desired = {d.pg_id: d for d in desired}
+        self.placements.apply(desired)
         paused = {n.id for n in self.store.list_nodes() if n.paused}
         self.routing.set_paused_nodes(paused)
+
+    async def _weigh_own_engines(self) -> None:
+        """This node's own engines, as a child's agent reports its own: every
+        heartbeat interval, their load and their GPUs' temperature to routing."""
+        interval = self.settings.control.heartbeat_interval_s
+        async with httpx.AsyncClient(timeout=min(1.0, interval)) as client:
+            while True:
+                try:
+                    await self.weigh_own_engines(client)
+                except Exception:  # a probe bug must not end the loop
+                    log.exception("could not read this node's engine load")
+                await asyncio.sleep(interval)
+
+    async def weigh_own_engines(self, client: httpx.AsyncClient) -> None:
+        serving = []
+        for pg_id, runner in self.supervisor.runners.items():
+            st, d = runner.status, self._desired.get(pg_id)
+            # Single-task groups only: a parallel group is weighed from its facts.
+            if st.state == "ready" and st.base_url and d is not None and not d.group:
+                serving.append((pg_id, st.base_url, d.engine_key))
+        loads = await read_loads(client, serving)
+        gpus = self.gpus.gpus()
+        now = time.monotonic()
+        for pg_id, load in loads.items():
+            service, d = self.placements.services.get(pg_id), self._desired.get(pg_id)
+            if service is None or d is None:
+                continue
+            facts = ReplicaFacts(now, load.slots_free, load.queue_depth, hottest(gpus, d.gpu_uuids))
+            self.routing.observe(service, pg_id, facts)
 
     def _pg_failed(self, pg_id: str, why: str) -> None:
         self.store.record_pg_observation(
@@ -443,6 +493,7 @@ class MainNode:
         for pg in wanted.values():
             if self._route(pg):
                 published.add((pg.service, pg.id))
+                self._weigh(pg)
         for service, pg_id in self._remote.get(node.id, set()) - published:
             if self.store.get_placement_group(pg_id) is None:  # removed (replaced, model removed)
                 self.routing.forget(service, pg_id)
@@ -495,6 +546,16 @@ class MainNode:
         capacity = head.capacity if head and head.capacity else 1
         self.routing.publish(self._replica(pg.id, pg.service, url, capacity, tasks[0].node_id))
         return True
+
+    def _weigh(self, pg: PlacementGroupRecord) -> None:
+        """A published group's load, GPU temperature and facts age, for routing."""
+        tasks = [
+            (t.task, t.node_id, self.store.task_gpus(pg.id, t.task))
+            for t in self.store.pg_tasks(pg.id)
+        ]
+        facts = group_facts(pg.id, tasks, self.ledger.views)
+        if facts is not None:
+            self.routing.observe(pg.service, pg.id, facts)
 
     def _observe_group(self, pg: PlacementGroupRecord, url: str | None, why: str | None) -> None:
         """A parallel group's own state: ready only when published."""

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import uvicorn
 
 from letsinfer.authority.apikeys import create_key
-from letsinfer.config import GatewaySettings
+from letsinfer.config import GatewaySettings, TracingSettings
 from letsinfer.gateway.app import Gateway, create_app
 from letsinfer.gateway.directory import Directory
 from letsinfer.gateway.mock_upstream import MockBehaviour, MockUpstream
@@ -37,6 +37,7 @@ class GatewayHarness:
         *,
         capacity: int = 4,
         keys: dict[str, int | None] | None = None,
+        tracing: TracingSettings | None = None,
         **settings: Any,
     ) -> None:
         self.store = AuthorityStore(tmp_path / "authority.db")
@@ -49,7 +50,7 @@ class GatewayHarness:
         self.routing = RoutingTable()
         self.directory = Directory(self.store)
         self.directory.refresh()
-        self.gateway = Gateway.build(self.directory, self.routing, self.settings)
+        self.gateway = Gateway.build(self.directory, self.routing, self.settings, tracing=tracing)
         self.engines = engines
         self.capacity = capacity
         self.mocks: dict[str, MockUpstream] = {}

@@ -17,7 +17,8 @@ import pytest
 
 from letsinfer.authority.denials import DenialLog
 from letsinfer.control.admin_socket import AdminPlane, Credentials, LocalGate, refusal
-from letsinfer.control.ops import ops_router, typed_app
+from letsinfer.control.ops import ops_router
+from letsinfer.control.typed_app import typed_app
 from letsinfer.identity import NodeIdentity
 from letsinfer.store import AuthorityStore
 from tests.nodes import RunningNode

@@ -169,6 +169,11 @@ def test_main_scope_commands_refuse_elsewhere(tmp_path: Path) -> None:
         ("", {"LETSINFER_ENGINE__PARALLEL": "lots"}, "engine.parallel"),
         ("[engine]\nkind = 'vllm-on-cpu'\n", {}, "engine.kind"),
         ("[engine]\nport_first = 20500\n", {}, "overlap task ports 20000-20999"),
+        (
+            "[control]\nheartbeat_interval_s = 12\n",
+            {},
+            "gateway.fact_max_age_s (10) must be longer than control.heartbeat_interval_s (12)",
+        ),
     ],
 )
 def test_invalid_config_is_refused_at_start(

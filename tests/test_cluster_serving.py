@@ -31,7 +31,9 @@ ROOT = Path(__file__).resolve().parent.parent
 GPUS = [
     {"uuid": "GPU-n1-a", "name": "Fake H100", "memory_total": 80 << 30},
     {"uuid": "GPU-n1-b", "name": "Fake H100", "memory_total": 80 << 30},
+    {"uuid": "GPU-n1-c", "name": "Fake H100", "memory_total": 80 << 30},
 ]
+N2_GPUS = [{"uuid": "GPU-n2-a", "name": "Fake H100", "memory_total": 80 << 30}]
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +54,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         "LETSINFER_AGENT__RESTART_BACKOFF_INITIAL_S": "0.2",
     }
     (root / "gpus.json").write_text(json.dumps(GPUS))
+    (root / "gpus-n2.json").write_text(json.dumps(N2_GPUS))
     c.extra_env = {
         "main": {
             "LETSINFER_ENGINE__LLAMA_SERVER_BINARY": str(shim),
@@ -65,7 +68,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             "LETSINFER_ENGINE__PARALLEL": "2",
             **parking,
         },
-        "n2": {"LETSINFER_ENGINE__THREADS": "1", "LETSINFER_ENGINE__PARALLEL": "2", **parking},
+        "n2": {
+            "LETSINFER_HARDWARE__FAKE_GPUS": str(root / "gpus-n2.json"),
+            "LETSINFER_ENGINE__THREADS": "1",
+            "LETSINFER_ENGINE__PARALLEL": "2",
+            **parking,
+        },
     }
     try:
         c.main_with_children()
@@ -212,7 +220,48 @@ def test_install_on_two_children_serves_through_both(cluster: Cluster) -> None:
     assert n1["targets"] == ["cpu", "cuda"] and {g["uuid"] for g in n1["gpus"]} == {
         "GPU-n1-a",
         "GPU-n1-b",
+        "GPU-n1-c",
     }
+
+
+def test_a_group_on_a_hot_gpu_gets_fewer_requests(cluster: Cluster) -> None:
+    """The nodes' signed facts reach the gateway's replica choice: of two
+    groups of one model, the one whose GPU runs hot is passed over."""
+    c = cluster
+    c.ok("main", "model", "add", "warm", "--gguf", str(c.root / "shared.gguf"), "--no-serve")
+    c.ok("main", "model", "install", "warm", "--node", "n1", "--gpu", "GPU-n1-c", "--yes")
+    c.ok("main", "model", "install", "warm", "--node", "n2", "--gpu", "GPU-n2-a", "--yes")
+    wait_ready(c, "warm", {"n1", "n2"})
+    on = {node: str(pg["id"]) for node, pg in pgs(c, "warm").items()}
+    files = {"n1": (c.root / "gpus.json", GPUS), "n2": (c.root / "gpus-n2.json", N2_GPUS)}
+
+    def heat(hot: str) -> None:
+        for node, (path, gpus) in files.items():
+            temperature = 95 if node == hot else 45
+            path.write_text(json.dumps([{**g, "temperature_c": temperature} for g in gpus]))
+
+        def reported() -> bool:
+            topology = {n["node"]: n for n in json.loads(c.ok("main", "topology", "--json"))}
+            return all(
+                {g["temperature_c"] for g in topology[node]["gpus"]} == {95 if node == hot else 45}
+                for node in files
+            )
+
+        c.wait(reported, f"facts saying {hot}'s GPU is hot")
+
+    try:
+        # Both ways round: a choice blind to the facts favours the same group twice.
+        for hot, cool in (("n1", "n2"), ("n2", "n1")):
+            heat(hot)
+            before = served_by(c, "warm")
+            assert load(c, "warm", n=10, threads=1) == [200] * 10
+            after = served_by(c, "warm")
+            got = {n: after.get(on[n], 0) - before.get(on[n], 0) for n in (hot, cool)}
+            assert got[hot] < got[cool], (hot, got)
+    finally:
+        for path, gpus in files.values():
+            path.write_text(json.dumps(gpus))
+        c.ok("main", "model", "stop", "warm")
 
 
 def test_gpus_are_exclusive_and_exactly_visible(cluster: Cluster) -> None:
@@ -563,7 +612,7 @@ def test_forged_replayed_and_stale_facts_are_refused_and_audited(cluster: Cluste
 import base64, time, httpx
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
-from letsinfer.agent.facts import Facts, sign
+from letsinfer.contracts.facts import Facts, sign
 def facts(seq, ts):
     return Facts(node_id=node_id, seq=seq, ts=ts, cpus=1, memory_bytes=1, targets=["cpu"],
                  version="x")
@@ -780,7 +829,7 @@ print(r.status_code, r.text)
         as_node(old)
         + f"""
 import time, httpx
-from letsinfer.agent.facts import Facts, sign
+from letsinfer.contracts.facts import Facts, sign
 facts = Facts(node_id=node_id, seq=int(time.time() * 1000), ts=time.time(), cpus=1,
               memory_bytes=1, targets=["cpu"], version="x")
 r = httpx.post("https://{c.lab.hosts["main"]}:8443/v1/agent/facts", json=sign(facts, key),
@@ -849,7 +898,7 @@ def test_a_captured_facts_envelope_is_refused_after_the_main_restarts(cluster: C
         as_node(c.home("n2"))
         + f"""
 import time, httpx
-from letsinfer.agent.facts import Facts, sign
+from letsinfer.contracts.facts import Facts, sign
 facts = Facts(node_id=node_id, seq=int(time.time() * 1000), ts=time.time(), cpus=1,
               memory_bytes=1, targets=["cpu"], version="x")
 envelope = sign(facts, key)

@@ -34,6 +34,8 @@ def test_the_short_gateway_benchmark_runs_end_to_end(tmp_path: Path) -> None:
     for cell, rows in figures["results"].items():
         ours = rows["letsinfer"]
         assert ours["errors"] == 0 and ours["completed"] > 0, cell
+        assert rows["letsinfer-off"]["errors"] == 0, cell  # the A/B baseline ran too
+        assert rows["letsinfer/letsinfer-off"]["throughput_ratio"] > 0, cell
         assert rows["direct"]["errors"] == 0, cell
         assert ours["rps"] > 0
     assert "targets at stream c=20:" in run.stdout

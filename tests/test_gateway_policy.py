@@ -8,6 +8,9 @@ from collections import Counter
 
 import pytest
 
+from letsinfer.authority.facts import NodeView
+from letsinfer.authority.pressure import group_facts
+from letsinfer.contracts.facts import Facts, GpuFact, PlacementFact
 from letsinfer.gateway import policy, protocol
 from letsinfer.gateway.admission import Admission, AdmissionLimits
 from letsinfer.gateway.errors import GatewayError
@@ -225,3 +228,43 @@ def test_per_key_concurrency_is_counted_and_refused_over_the_limit() -> None:
     adm.enter_key("k", 2)
     adm.enter_key("unlimited", None)
     assert adm.key_in_flight("k") == 2 and adm.key_in_flight("unlimited") == 1
+
+
+def test_a_groups_facts_are_its_own_gpus_its_head_engine_and_its_stalest_node() -> None:
+    def view(node: str, received: float, temps: dict[str, int], *pfs: PlacementFact) -> NodeView:
+        gpus = [
+            GpuFact(uuid=u, name="g", memory_total=1, memory_free=1, temperature_c=t)
+            for u, t in temps.items()
+        ]
+        facts = Facts(
+            node_id=node,
+            seq=1,
+            ts=2e9,
+            cpus=1,
+            memory_bytes=1,
+            targets=["cuda"],
+            gpus=gpus,
+            placements=list(pfs),
+            version="x",
+        )
+        return NodeView(facts, received)
+
+    head = PlacementFact(pg_id="pg", task="0", state="ready", slots_free=1, queue_depth=3)
+    other = PlacementFact(pg_id="pg", task="1", state="ready", slots_free=0, queue_depth=9)
+    views = {
+        "a": view("a", NOW - 1, {"GPU-a0": 70, "GPU-a1": 99}, head),  # a1 is another group's
+        "b": view("b", NOW - 4, {"GPU-b0": 85}, other),
+    }
+    tasks = [("0", "a", ["GPU-a0"]), ("1", "b", ["GPU-b0"])]
+    facts = group_facts("pg", tasks, views)
+    assert facts is not None
+    assert (facts.temperature_c, facts.slots_free, facts.queue_depth) == (85.0, 1, 3)
+    assert facts.at == NOW - 4, "as fresh as its stalest node"
+    assert group_facts("pg", [*tasks, ("2", "c", [])], views) is None, "c has sent no facts"
+
+    table = RoutingTable()
+    table.publish(r := replica("pg"))
+    table.observe("m", "pg", facts)
+    assert (r.temperature_c, r.queue_depth, r.facts_at) == (85.0, 3, NOW - 4)
+    assert policy.usable(r, NOW, POLICY)
+    assert not policy.usable(r, NOW - 4 + POLICY.fact_max_age_s + 1, POLICY)

@@ -13,9 +13,9 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from pyroute2 import IPRoute
 
-from letsinfer.agent.facts import FactError, Facts, LinkFact, sign
 from letsinfer.authority.facts import FactLedger
 from letsinfer.authority.links import LinkBook
+from letsinfer.contracts.facts import FactError, Facts, LinkFact, sign
 from letsinfer.links import proof
 from letsinfer.links.route import Route, judge, require_direct
 from letsinfer.store import AuthorityStore, StoreError, TaskSpec

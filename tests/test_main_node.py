@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 import signal
+import time
 from pathlib import Path
 
 import httpx
@@ -121,3 +125,103 @@ def test_request_id_is_echoed_and_generated(main_node) -> None:  # type: ignore[
     odd = httpx.post(url, json=body, headers={**auth, "x-request-id": "bad id\twith tabs"})
     assert odd.headers["x-request-id"] != "bad id\twith tabs"
     assert len(odd.headers["x-request-id"]) == 32
+
+
+def test_request_records_and_usage_add_up_to_what_the_clients_saw(main_node) -> None:  # type: ignore[no-untyped-def]
+    secrets = {
+        name: json.loads(main_node.cli("auth", "key", "create", name, "--json").stdout)["key"]
+        for name in ("alpha", "beta")
+    }
+    seen = {name: {"prompt_tokens": 0, "completion_tokens": 0, "requests": 0} for name in secrets}
+
+    def saw(name: str, prompt: int, completion: int = 0) -> None:
+        seen[name]["prompt_tokens"] += prompt
+        seen[name]["completion_tokens"] += completion
+        seen[name]["requests"] += 1
+
+    alpha, beta = main_node.client(secrets["alpha"]), main_node.client(secrets["beta"])
+    reply = alpha.chat.completions.create(
+        model="tiny", messages=CHAT, extra_headers={"x-request-id": "plain-alpha"}
+    )
+    assert reply.usage is not None
+    saw("alpha", reply.usage.prompt_tokens, reply.usage.completion_tokens)
+    asked = list(
+        alpha.chat.completions.create(
+            model="tiny", messages=CHAT, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    final = asked[-1].usage
+    assert final is not None and asked[-1].choices == []
+    saw("alpha", final.prompt_tokens, final.completion_tokens)
+    text = alpha.completions.create(model="tiny", prompt="Once", max_tokens=2)
+    assert text.usage is not None
+    saw("alpha", text.usage.prompt_tokens, text.usage.completion_tokens)
+
+    # A stream that did not ask for usage gets none (the gateway asked the
+    # engine for it and took it out again), yet its tokens are counted.
+    plain_stream = list(
+        beta.chat.completions.create(
+            model="tiny", messages=CHAT, stream=True, extra_headers={"x-request-id": "stream-beta"}
+        )
+    )
+    assert all(chunk.usage is None and chunk.choices for chunk in plain_stream)
+    assert "".join(c.choices[0].delta.content or "" for c in plain_stream) == SENTENCE
+    saw("beta", reply.usage.prompt_tokens, reply.usage.completion_tokens)  # same prompt, answer
+    streamed_text = list(beta.completions.create(model="tiny", prompt="Once", stream=True))
+    last = streamed_text[-1].usage  # llama.cpp's own final chunk carries it
+    assert last is not None
+    saw("beta", last.prompt_tokens, last.completion_tokens)
+    emb = beta.embeddings.create(model="tiny", input="hello")
+    saw("beta", emb.usage.prompt_tokens)
+
+    def summed() -> dict[str, dict[str, int]]:
+        rows = json.loads(main_node.cli("usage", "--json").stdout)
+        return {r["key"]: r for r in rows if r["key"] in seen}
+
+    deadline = time.monotonic() + 15
+    while {k: r["requests"] for k, r in summed().items()} != {k: 3 for k in seen}:
+        assert time.monotonic() < deadline, summed()
+        time.sleep(0.2)
+
+    done = main_node.cli("usage", "--by", "key", "--csv")
+    assert done.returncode == 0, done.stderr
+    rows = {r["key"]: r for r in csv.DictReader(io.StringIO(done.stdout))}
+    for name, want in seen.items():
+        got = rows[name]
+        assert int(got["requests"]) == want["requests"] and got["errors"] == "0"
+        assert int(got["prompt_tokens"]) == want["prompt_tokens"], (name, got, want)
+        assert int(got["completion_tokens"]) == want["completion_tokens"], (name, got, want)
+        assert int(got["total_tokens"]) == want["prompt_tokens"] + want["completion_tokens"]
+
+    [record] = json.loads(main_node.cli("request", "stream-beta", "--json").stdout)
+    pg = json.loads(main_node.cli("model", "show", "tiny", "--json").stdout)[0]
+    assert record["key"] == "beta" and record["model"] == "tiny" and record["status"] == 200
+    assert record["stream"] is True and record["endpoint"] == "chat"
+    assert record["placement_group"] == pg["placement_groups"][0]["id"]
+    assert record["node"] == pg["placement_groups"][0]["node"]
+    assert (record["prompt_tokens"], record["completion_tokens"]) == (
+        reply.usage.prompt_tokens,
+        reply.usage.completion_tokens,
+    )
+    assert record["ttft_ms"] > 0 and record["duration_ms"] >= record["ttft_ms"]
+    # The access log has the stream's real counts too.
+    assert (
+        f"request_id=stream-beta key=beta model=tiny served=tiny pg={record['placement_group']} "
+        "status=200" in main_node.log()
+    )
+    assert (
+        f"prompt_tokens={reply.usage.prompt_tokens} "
+        f"completion_tokens={reply.usage.completion_tokens}"
+    ) in next(line for line in main_node.log().splitlines() if "request_id=stream-beta" in line)
+
+    # Records hold no text and no key secret.
+    stored = b"".join(p.read_bytes() for p in (main_node.home / "var").glob("requests.db*"))
+    for never in (SENTENCE, CHAT[0]["content"], "Once", *secrets.values()):
+        assert never.encode() not in stored, never
+
+    missing = main_node.cli("request", "no-such-request")
+    assert missing.returncode == 1 and "no record of request 'no-such-request'" in missing.stderr
+    later = main_node.cli("usage", "--since", "2999-01-01", "--json")
+    assert later.returncode == 0 and json.loads(later.stdout) == []
+    bad = main_node.cli("usage", "--since", "last tuesday")
+    assert bad.returncode == 2 and "is not a date" in bad.stderr

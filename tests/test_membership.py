@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from letsinfer.authority import retirement
-from letsinfer.authority.adoption import ChildWork, main_blockers
+from letsinfer.authority.adoption import main_blockers
 from letsinfer.authority.removal import RemovalRefused, remove_node
+from letsinfer.contracts.work import ChildWork
 from letsinfer.home import Home
 from letsinfer.identity import NodeIdentity, save_identity
 from letsinfer.release import runtime

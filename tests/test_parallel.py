@@ -9,7 +9,8 @@ import pytest
 
 from letsinfer.authority import install
 from letsinfer.authority.parallel import TaskBoard, TaskReport
-from letsinfer.authority.placements import desired_for_node, from_wire, to_wire
+from letsinfer.authority.placements import desired_for_node
+from letsinfer.contracts.placement import from_wire, to_wire
 from letsinfer.engines import releases
 from letsinfer.engines.launch import EngineTask
 from letsinfer.engines.parallel_command import GroupTask, plan_parallel_command

@@ -254,7 +254,7 @@ def test_a_forged_link_proof_is_refused(cluster: Cluster) -> None:
         as_node(home)
         + f"""
 import secrets, time, httpx
-from letsinfer.agent.facts import Facts, LinkFact, sign
+from letsinfer.contracts.facts import Facts, LinkFact, sign
 from letsinfer.links import proof
 challenge, now = secrets.token_hex(32), time.time()
 forged = proof.sign(pki.new_key(), node_id, "{n2_id}", "{c.lab.hosts["n2"]}", challenge, now)

@@ -13,11 +13,9 @@ other.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -25,11 +23,12 @@ import httpx
 from letsinfer.agent import reattach
 from letsinfer.agent.ports import free_port
 from letsinfer.agent.supervisor import EngineIdentity, EngineSupervisor, LaunchRefused
-from letsinfer.authority.modelstore import ModelFileError, artifact_path, verify_artifact
+from letsinfer.contracts.artifacts import ModelFileError, artifact_path, verify_artifact
+from letsinfer.contracts.placement import DesiredPlacement
 from letsinfer.engines.binary import BinaryError
 from letsinfer.engines.launch import EngineTask, LaunchPlan, plan_llamacpp
-from letsinfer.engines.parallel_command import GroupTask, plan_parallel_command
-from letsinfer.engines.releases import Release, check_binary
+from letsinfer.engines.parallel_command import plan_parallel_command
+from letsinfer.engines.releases import check_binary
 from letsinfer.release import runtime
 from letsinfer.release.keys import PublicKey
 from letsinfer.release.signatures import TrustError
@@ -37,44 +36,6 @@ from letsinfer.release.signatures import TrustError
 log = logging.getLogger("letsinfer.agent")
 
 Fetch = Callable[[str], Awaitable[None]]  # digest -> places the verified artifact
-
-
-@dataclass(frozen=True)
-class DesiredPlacement:
-    pg_id: str
-    service: str
-    artifact_digest: str
-    release: Release
-    engine_key: str
-    gpu_uuids: tuple[str, ...] = ()
-    threads: int = 2
-    context: int = 4096
-    parallel: int = 4
-    release_signature: str | None = None
-    # Parallel groups: which task this node runs, on which fixed port, the whole
-    # group (head first) and the group's shared secret. A single-task group has
-    # task "0", no fixed port, no group.
-    task: str = "0"
-    port: int | None = None
-    group: tuple[GroupTask, ...] = ()
-    group_key: str | None = None
-    generation: int = 0  # raised by the main to start the engine afresh
-    proof: str = "completion"  # what proves the engine serves (engines/proof.py)
-
-    @property
-    def peers(self) -> tuple[GroupTask, ...]:
-        """The group's other tasks: the data links this task needs."""
-        return tuple(t for t in self.group if t.task != self.task)
-
-    def fingerprint(self) -> str:
-        """Everything an engine is launched from: an adopted engine launched for
-        another fingerprint (a new release, other GPUs, other sizing) is replaced."""
-        data = asdict(self)
-        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
-
-    def serves_api(self) -> bool:
-        """Task 0 answers the API (with the engine key); other tasks only /health."""
-        return self.task == "0"
 
 
 @dataclass

@@ -24,18 +24,19 @@ from pydantic import BaseModel, ConfigDict
 
 from letsinfer import __version__
 from letsinfer.agent.api import create_agent_app
-from letsinfer.agent.facts import AuditHeadFact, Facts, GpuFact, PlacementFact, sign
+from letsinfer.agent.engine_load import EngineLoad, read_loads
 from letsinfer.agent.hardware import gpu_probe, host_facts
-from letsinfer.agent.placement import DesiredPlacement, Fetch, PlacementRunner
+from letsinfer.agent.placement import Fetch, PlacementRunner
 from letsinfer.agent.supervisor import EngineSupervisor, SupervisionPolicy
-from letsinfer.authority.adoption import ChildWork
 from letsinfer.authority.anchor import HeadAnchor, head_report
 from letsinfer.authority.denials import DenialLog
-from letsinfer.authority.modelstore import artifact_path, present_digests
-from letsinfer.authority.placements import from_wire
 from letsinfer.config import Settings
+from letsinfer.contracts.artifacts import artifact_path, present_digests
+from letsinfer.contracts.facts import AuditHeadFact, Facts, GpuFact, PlacementFact, sign
+from letsinfer.contracts.placement import DesiredPlacement, from_wire
+from letsinfer.contracts.work import ChildWork
 from letsinfer.control.admin_socket import AdminPlane, LocalGate
-from letsinfer.control.ops import typed_app
+from letsinfer.control.typed_app import typed_app
 from letsinfer.home import Home
 from letsinfer.identity import NodeIdentity, load_identity
 from letsinfer.links.prober import LinkProber
@@ -345,11 +346,24 @@ class AgentNode:
                     self.server.should_exit = True
                 return
 
-    def _facts(self, seq: int) -> Facts:
+    async def _engine_loads(self, timeout_s: float) -> dict[str, EngineLoad]:
+        """Free slots and queue depth of each ready engine that serves its group."""
+        keys = {d.pg_id: d.engine_key for d in self.desired if d.task == "0"}
+        serving = [
+            (pg_id, runner.status.base_url, keys[pg_id])
+            for pg_id, runner in self.supervisor.runners.items()
+            if runner.status.state == "ready" and runner.status.base_url and pg_id in keys
+        ]
+        async with httpx.AsyncClient(timeout=timeout_s) as client:
+            return await read_loads(client, serving)
+
+    def _facts(self, seq: int, loads: dict[str, EngineLoad] | None = None) -> Facts:
         engine = self.settings.engine
         placements = []
+        loads = loads or {}
         for pg_id, runner in self.supervisor.runners.items():
             st = runner.status
+            load = loads.get(pg_id, EngineLoad())
             placements.append(
                 PlacementFact(
                     pg_id=pg_id,
@@ -361,6 +375,8 @@ class AgentNode:
                     detail=(st.detail or "")[:500] or None,
                     capacity=engine.parallel if st.state == "ready" else None,
                     generation=self.placements.generations.get(pg_id, 0),
+                    slots_free=load.slots_free,
+                    queue_depth=load.queue_depth,
                 )
             )
         for pg_id, why in self.placements.refused.items():
@@ -429,11 +445,16 @@ class AgentNode:
         refused = False
         seq = 0
         while True:
+            try:
+                loads = await self._engine_loads(min(1.0, interval))
+            except Exception:  # the facts go out without them
+                log.exception("could not read the engines' load")
+                loads = {}
             # Milliseconds since the epoch: still increasing after a restart.
             seq = max(seq + 1, int(time.time() * 1000))
             try:
                 resp = await client.arequest(
-                    "POST", url + "/facts", json=sign(self._facts(seq), key)
+                    "POST", url + "/facts", json=sign(self._facts(seq, loads), key)
                 )
                 if resp.status_code == 200:
                     refused = False

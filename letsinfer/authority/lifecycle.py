@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from letsinfer.authority.modelstore import artifact_path
+from letsinfer.contracts.artifacts import artifact_path
 from letsinfer.store import AuthorityStore, NodeRecord, StoreError
 
 # Observed states of a group whose engine will not come back by itself.

@@ -14,11 +14,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from letsinfer.contracts.artifacts import ModelFileError, artifact_path
+
 GGUF_MAGIC = b"GGUF"
-
-
-class ModelFileError(Exception):
-    """The file is not a usable model; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -26,20 +24,6 @@ class Artifact:
     digest: str  # sha256 hex
     size: int
     path: Path
-
-
-def artifact_path(store_dir: Path, digest: str) -> Path:
-    return store_dir / "sha256" / f"{digest}.gguf"
-
-
-def present_digests(store_dir: Path, limit: int = 256) -> list[str]:
-    """Digests of the artifacts this store holds (a node reports them with its facts)."""
-    try:
-        names = sorted(os.listdir(store_dir / "sha256"))
-    except OSError:
-        return []
-    found = [n[:-5] for n in names if n.endswith(".gguf") and len(n) == 69]
-    return found[:limit]
 
 
 def check_gguf(path: Path) -> str:
@@ -128,17 +112,3 @@ def clean_partials(store_dir: Path) -> list[Path]:
         path.unlink(missing_ok=True)
         removed.append(path)
     return removed
-
-
-def verify_artifact(store_dir: Path, digest: str) -> Path:
-    """Return the artifact's path after checking its bytes still match."""
-    path = artifact_path(store_dir, digest)
-    if not path.is_file():
-        raise ModelFileError(f"artifact sha256:{digest} is missing from the model store")
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(1 << 20):
-            h.update(chunk)
-    if h.hexdigest() != digest:
-        raise ModelFileError(f"artifact sha256:{digest} is corrupt (its bytes changed)")
-    return path

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any
 
-from letsinfer.agent.placement import DesiredPlacement
 from letsinfer.authority import engine_keys
+from letsinfer.contracts.placement import DesiredPlacement
 from letsinfer.engines.parallel_command import GroupTask
 from letsinfer.engines.releases import Release
 from letsinfer.store import AuthorityStore, StoreError
@@ -68,32 +67,3 @@ def desired_for_node(store: AuthorityStore, node_id: str, secret: bytes) -> list
             )
         )
     return out
-
-
-def to_wire(d: DesiredPlacement) -> dict[str, Any]:
-    data = asdict(d)
-    data["gpu_uuids"] = list(d.gpu_uuids)
-    data["group"] = [asdict(t) for t in d.group]
-    return data
-
-
-def from_wire(data: dict[str, Any], threads: int, context: int, parallel: int) -> DesiredPlacement:
-    """A child applies its own engine sizing (it knows its CPUs), not the main's."""
-    return DesiredPlacement(
-        pg_id=data["pg_id"],
-        service=data["service"],
-        artifact_digest=data["artifact_digest"],
-        release=Release(**data["release"]),
-        engine_key=data["engine_key"],
-        gpu_uuids=tuple(data["gpu_uuids"]),
-        threads=threads,
-        context=context,
-        parallel=parallel,
-        release_signature=data.get("release_signature"),
-        task=str(data.get("task", "0")),
-        port=data.get("port"),
-        group=tuple(GroupTask(**t) for t in data.get("group", [])),
-        group_key=data.get("group_key"),
-        generation=int(data.get("generation", 0)),
-        proof=str(data.get("proof", "completion")),
-    )

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Literal
 
 from letsinfer.authority.models import check_model_name
-from letsinfer.authority.modelstore import ModelFileError, artifact_path, check_gguf
+from letsinfer.authority.modelstore import check_gguf
 from letsinfer.bundle.archive import BundleError
+from letsinfer.contracts.artifacts import ModelFileError, artifact_path
 from letsinfer.home import Home
 from letsinfer.store import AuthorityStore, StoreError
 

@@ -7,9 +7,9 @@ from typing import Any
 import click
 
 from letsinfer import __version__
-from letsinfer.authority.modelstore import ModelFileError
 from letsinfer.cli.scope import load_context
 from letsinfer.config import ConfigError
+from letsinfer.contracts.artifacts import ModelFileError
 from letsinfer.store import StoreError
 
 
@@ -59,6 +59,7 @@ def main() -> None:
         status,
         storage,
         up,
+        usage,
     )
 
     cli(prog_name="letsinfer")

@@ -11,10 +11,11 @@ import ssl
 
 import httpx
 
-from letsinfer.authority.adoption import ChildWork, main_blockers
+from letsinfer.authority.adoption import main_blockers
 from letsinfer.authority.anchor import open_authority
 from letsinfer.cli.local import ask_node
 from letsinfer.cli.scope import CliContext
+from letsinfer.contracts.work import ChildWork
 from letsinfer.trust.client import ClusterClient, PeerMismatch, error_message
 from letsinfer.trust.material import tls_files
 

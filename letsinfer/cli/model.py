@@ -16,11 +16,11 @@ from letsinfer.authority import lifecycle
 from letsinfer.authority.anchor import open_authority
 from letsinfer.authority.links import ResumeRefused, resume_model
 from letsinfer.authority.models import add_gguf_model
-from letsinfer.authority.modelstore import artifact_path
 from letsinfer.cli import cli
 from letsinfer.cli.local import ask_node, segment
 from letsinfer.cli.output import console, emit
 from letsinfer.cli.scope import CliContext, scoped
+from letsinfer.contracts.artifacts import artifact_path
 from letsinfer.engines import releases
 from letsinfer.engines.binary import BinaryError
 from letsinfer.fit.estimate import size_text

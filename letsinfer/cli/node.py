@@ -573,6 +573,7 @@ def topology(ctx: CliContext, as_json: bool) -> None:
                         {
                             "uuid": g["uuid"],
                             "name": g["name"],
+                            "temperature_c": g.get("temperature_c"),
                             "placement_group": next(
                                 (pg.id for pg in pgs if g["uuid"] in store.pg_gpus(pg.id)), None
                             ),

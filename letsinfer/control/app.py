@@ -14,18 +14,19 @@ from typing import Any
 from fastapi import HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from letsinfer.agent.facts import FactError
 from letsinfer.authority import adoption, controllers, enrollment, lifecycle
 from letsinfer.authority.denials import DenialLog
-from letsinfer.authority.modelstore import artifact_path
-from letsinfer.control.ops import actor_of, ops_router, peer, typed_app
+from letsinfer.contracts.artifacts import artifact_path
+from letsinfer.contracts.facts import FactError
+from letsinfer.control.ops import actor_of, ops_router
+from letsinfer.control.typed_app import typed_app
 from letsinfer.identity import NodeIdentity
 from letsinfer.mirror.layout import MirrorLayout
 from letsinfer.mirror.serving import artifact_router
 from letsinfer.store import AuthorityStore
 from letsinfer.trust import pki
 from letsinfer.trust.material import ClusterCA
-from letsinfer.trust.peer import NODE_REMOVED, Peer, PeerGate, Refusal, Scope
+from letsinfer.trust.peer import NODE_REMOVED, Peer, PeerGate, Refusal, Scope, gated_peer
 
 OPEN_PATHS = ("/v1/enroll/complete", "/v1/pair/ca", "/v1/pair/controller")
 
@@ -137,7 +138,7 @@ def create_control_app(ctx: ControlContext) -> PeerGate:
     # -- nodes --------------------------------------------------------------
     @app.post("/v1/agent/facts")
     async def facts(body: FactEnvelope, request: Request) -> dict[str, Any]:
-        p = peer(request)
+        p = gated_peer(request)
         der = request.scope["extensions"]["tls"]["client_cert_der"]
         try:
             return ctx.on_facts(p, der, body.model_dump())
@@ -147,7 +148,7 @@ def create_control_app(ctx: ControlContext) -> PeerGate:
 
     @app.post("/v1/agent/pause")
     async def agent_pause(body: Pause, request: Request) -> dict[str, Any]:
-        p = peer(request)
+        p = gated_peer(request)
         node = store.get_node(p.identity.id)
         assert node is not None
         lifecycle.set_node_paused(store, node, body.paused, actor=actor(p), role=node.role)
@@ -157,14 +158,14 @@ def create_control_app(ctx: ControlContext) -> PeerGate:
     @app.get("/v1/agent/work")
     async def work(request: Request) -> dict[str, Any]:
         """What this main holds for the calling node: asked before it moves away."""
-        p = peer(request)
+        p = gated_peer(request)
         node = store.get_node(p.identity.id)
         assert node is not None
         return {"node": node.name, "placement_groups": adoption.work_on_node(store, node.id)}
 
     @app.post("/v1/agent/renew")
     async def renew(body: Renew, request: Request) -> dict[str, Any]:
-        p = peer(request)
+        p = gated_peer(request)
         try:
             csr = pki.load_csr(body.csr.encode())
         except pki.CertificateError as exc:

@@ -11,8 +11,8 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Request
 
 from letsinfer.authority.removal import Removal, RemovalRefused, remove_node
-from letsinfer.control.ops import peer
 from letsinfer.store import AuthorityStore
+from letsinfer.trust.peer import gated_peer
 
 # After the removal committed: stop routing, tell the node; returns what the node said.
 OnRemoved = Callable[[Removal], Awaitable[dict[str, Any]]]
@@ -23,7 +23,7 @@ def local_router(store: AuthorityStore, on_removed: OnRemoved) -> APIRouter:
 
     @router.post("/v1/local/nodes/{name:path}/remove")
     async def node_remove(name: str, request: Request) -> dict[str, Any]:
-        p = peer(request)
+        p = gated_peer(request)
         actor = f"local:{p.identity.id}"
         if p.identity.kind != "local":  # mounted on the admin socket only; said twice
             raise HTTPException(403, "only the CLI on the main's machine removes nodes")

@@ -10,8 +10,7 @@ controllers, nodes and settings).
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Depends, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from letsinfer import __version__
@@ -19,10 +18,9 @@ from letsinfer.authority import controllers, lifecycle
 from letsinfer.authority.apikeys import create_key, revoke_key
 from letsinfer.authority.links import ResumeRefused, resume_model
 from letsinfer.identity import NodeIdentity
-from letsinfer.jsondepth import JsonDepthLimit
 from letsinfer.storage import refetch
 from letsinfer.store import AuthorityStore, StoreError
-from letsinfer.trust.peer import Peer
+from letsinfer.trust.peer import Peer, gated_peer
 
 
 class KeyCreate(BaseModel):
@@ -40,26 +38,6 @@ def actor_of(store: AuthorityStore, p: Peer) -> str:
     return f"{p.identity.kind}:{p.identity.id}"
 
 
-def peer(request: Request) -> Peer:
-    found = request.scope.get("state", {}).get("peer")
-    assert found is not None  # every gate in front of these routes sets one
-    return found  # type: ignore[no-any-return]
-
-
-def typed_app(title: str) -> FastAPI:
-    """A FastAPI app whose errors all have one shape: {"error": {message, code}}."""
-    app = FastAPI(title=title, docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_middleware(JsonDepthLimit)
-
-    @app.exception_handler(HTTPException)
-    async def _error(request: Request, exc: HTTPException) -> JSONResponse:
-        return JSONResponse(
-            {"error": {"message": exc.detail, "code": exc.status_code}}, status_code=exc.status_code
-        )
-
-    return app
-
-
 def ops_router(
     store: AuthorityStore, identity: NodeIdentity, on_change: Callable[[], None] = lambda: None
 ) -> APIRouter:
@@ -72,7 +50,7 @@ def ops_router(
 
     def need(role: str) -> Callable[[Request], Awaitable[Peer]]:
         async def check(request: Request) -> Peer:
-            p = peer(request)
+            p = gated_peer(request)
             if not controllers.allows(p.identity.role, role):
                 store.append_audit(
                     actor(p),

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from letsinfer.authority.denials import DenialLog
-from letsinfer.config import GatewaySettings
+from letsinfer.config import ConfigError, GatewaySettings, TracingSettings
 from letsinfer.gateway.admission import Admission, AdmissionLimits
 from letsinfer.gateway.availability import Availability
 from letsinfer.gateway.directory import Directory
@@ -14,6 +15,10 @@ from letsinfer.gateway.metrics import GatewayMetrics
 from letsinfer.gateway.policy import RoutingPolicy
 from letsinfer.gateway.routing import RoutingTable
 from letsinfer.gateway.upstream import Upstream
+from letsinfer.usage.recorder import RequestLog
+
+if TYPE_CHECKING:
+    from letsinfer.gateway.tracing import Tracing
 
 
 @dataclass
@@ -27,6 +32,8 @@ class Gateway:
     upstream: Upstream
     max_body_bytes: int
     denials: DenialLog  # refused keys, counted (written by the node's background task)
+    records: RequestLog | None = None  # per-request records (written in the background)
+    tracing: Tracing | None = None  # OpenTelemetry, only when configured
 
     @classmethod
     def build(
@@ -35,6 +42,8 @@ class Gateway:
         routing: RoutingTable,
         settings: GatewaySettings | None = None,
         denials: DenialLog | None = None,
+        records: RequestLog | None = None,
+        tracing: TracingSettings | None = None,
     ) -> Gateway:
         s = settings or GatewaySettings()
         policy = RoutingPolicy(
@@ -52,6 +61,18 @@ class Gateway:
         )
         metrics = GatewayMetrics(routing, admission)
         client = EngineClient(s.upstream_connect_timeout_s, s.upstream_timeout_s)
+        traces = None
+        upstream = Upstream(client, admission, metrics)
+        if tracing is not None and tracing.otlp_endpoint is not None:
+            try:  # only now: a gateway without tracing never loads OpenTelemetry's SDK
+                from letsinfer.gateway.tracing import TracedUpstream, Tracing
+            except ImportError as exc:
+                raise ConfigError(
+                    f"tracing.otlp_endpoint is set, but OpenTelemetry is not installed ({exc}); "
+                    "install it with: pip install 'letsinfer[tracing]'"
+                ) from exc
+            traces = Tracing(tracing)
+            upstream = TracedUpstream(client, admission, metrics, tracing=traces)
         return cls(
             directory=directory,
             routing=routing,
@@ -59,10 +80,14 @@ class Gateway:
             policy=policy,
             admission=admission,
             metrics=metrics,
-            upstream=Upstream(client, admission, metrics),
+            upstream=upstream,
             max_body_bytes=s.max_body_bytes,
             denials=denials or DenialLog(directory.store),
+            records=records,
+            tracing=traces,
         )
 
     async def aclose(self) -> None:
         await self.upstream.aclose()
+        if self.tracing is not None:
+            await self.tracing.shutdown()

@@ -52,6 +52,9 @@ class MockStats:
         default_factory=lambda: collections.deque(maxlen=1000)
     )
     authorizations: set[str] = field(default_factory=set)
+    traceparents: collections.deque[str] = field(
+        default_factory=lambda: collections.deque(maxlen=1000)
+    )
 
 
 def _chunk(obj: dict[str, object]) -> bytes:
@@ -199,6 +202,8 @@ class _Connection(asyncio.Protocol):
             stats.request_ids.append(headers[b"x-request-id"].decode())
         if b"authorization" in headers:
             stats.authorizations.add(headers[b"authorization"].decode())
+        if b"traceparent" in headers:
+            stats.traceparents.append(headers[b"traceparent"].decode())
         try:
             await self._answer(url, body, transport)
             stats.completed += 1

@@ -43,6 +43,18 @@ class Replica:
         return self.in_flight >= self.capacity
 
 
+@dataclass(frozen=True)
+class ReplicaFacts:
+    """What the latest verified facts say about a replica's engine (None: not
+    said). ``at`` is time.monotonic() when they arrived: older than the
+    policy's fact_max_age_s, the replica is not chosen."""
+
+    at: float
+    slots_free: int | None = None
+    queue_depth: int | None = None
+    temperature_c: float | None = None  # the hottest of its GPUs
+
+
 Listener = Callable[[str], None]  # called with the model service whose replicas changed
 
 
@@ -96,6 +108,17 @@ class RoutingTable:
                 if f.name != "in_flight":
                     setattr(current, f.name, getattr(replica, f.name))
         self._changed(replica.service)
+
+    def observe(self, service: str, pg_id: str, facts: ReplicaFacts) -> None:
+        """Set a published replica's facts (in place, like publish)."""
+        replica = self._by_service.get(service, {}).get(pg_id)
+        if replica is None:
+            return
+        replica.slots_free = facts.slots_free
+        replica.queue_depth = facts.queue_depth
+        replica.temperature_c = facts.temperature_c
+        replica.facts_at = facts.at
+        self._changed(service)  # fresh facts may make a stale replica usable again
 
     def withdraw(self, service: str, pg_id: str, reason: str) -> None:
         self._by_service.get(service, {}).pop(pg_id, None)

@@ -7,7 +7,11 @@ passed through chunk by chunk without being parsed. A task watches the client
 connection: if it goes away, the request is cancelled, which closes the
 connection to the engine so its slot frees at once.
 
-Each request gets one access-log line and one metrics update.
+Each request gets one access-log line, one metrics update and, when the
+node keeps them, one request record (handed to a background writer: no
+database write here). Streamed answers get their token counts from the
+engine's usage event, asked for on the client's behalf when it did not ask
+and then taken out of its stream (letsinfer.gateway.stream_usage).
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ from letsinfer.gateway.directory import KeyPolicy, StoreUnavailable
 from letsinfer.gateway.engine_client import EngineError
 from letsinfer.gateway.errors import GatewayError, invalid_key, missing_key, unknown_model
 from letsinfer.gateway.gateway import Gateway
+from letsinfer.gateway.stream_usage import UsageFilter, ask_for_usage, wants_usage
 from letsinfer.gateway.upstream import Started
+from letsinfer.store.requests import RequestRecord
 
 access_log = logging.getLogger("letsinfer.access")
 log = logging.getLogger("letsinfer.gateway")
@@ -52,6 +58,13 @@ _ids = itertools.count(1)
 _AUDITED = frozenset({"invalid_api_key", "concurrency_limit_exceeded"})
 
 CLIENT_GONE = 499  # nginx's status for "the client closed the connection"
+
+# How request records name the endpoints.
+ENDPOINTS = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/embeddings": "embeddings",
+}
 
 
 class ClientGone(Exception):
@@ -155,10 +168,13 @@ class _Exchange:
     """What one request did, for its access-log line and metrics."""
 
     __slots__ = (
+        "arrived",
         "asked",
         "done",
+        "endpoint",
         "gone",
         "key",
+        "node",
         "pg",
         "queue_s",
         "request_id",
@@ -166,16 +182,25 @@ class _Exchange:
         "served",
         "started",
         "status",
+        "stream",
         "tail",
         "task",
+        "tokens",
         "ttft",
+        "usage",
     )
 
     def __init__(self, request_id: str, task: asyncio.Task[Any] | None) -> None:
         self.request_id = request_id
         self.task = task
         self.started = time.perf_counter()
+        self.arrived = time.time()
         self.asked = self.served = self.pg = self.key = "-"
+        self.node: str | None = None
+        self.endpoint = "-"
+        self.stream = False
+        self.usage: UsageFilter | None = None  # set when the gateway asked for usage
+        self.tokens: tuple[int | None, int | None] = (None, None)  # prompt, completion
         self.status = 0
         self.queue_s = 0.0
         self.ttft: float | None = None
@@ -201,6 +226,13 @@ class InferenceEndpoints:
         self.prefix_chars = gw.policy.affinity_prefix_chars if gw.policy.affinity else 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        tracing = self.gw.tracing
+        if tracing is None:
+            await self._handle(scope, receive, send)
+        else:
+            await tracing.request(scope, self._handle(scope, receive, send))
+
+    async def _handle(self, scope: Scope, receive: Receive, send: Send) -> _Exchange:
         auth = given_id = declared = None
         for name, value in scope["headers"]:
             if name == b"authorization":
@@ -233,8 +265,10 @@ class InferenceEndpoints:
                 raise
             if ex.task is not None:
                 ex.task.uncancel()
-            ex.status = CLIENT_GONE
-            self.gw.metrics.error("client_disconnected")
+            if not (ex.status == 200 and ex.tail.rstrip().endswith(b"data: [DONE]")):
+                # (A client that leaves once it has [DONE] has the whole answer.)
+                ex.status = CLIENT_GONE
+                self.gw.metrics.error("client_disconnected")
         except Exception:
             log.exception("request %s failed unexpectedly", ex.request_id)
             self.gw.metrics.error("internal_error")
@@ -252,11 +286,13 @@ class InferenceEndpoints:
             if watcher is not None and not watcher.done():
                 watcher.cancel()
             self._record(ex)
+        return ex
 
     async def _serve(
         self, path: str, key: KeyPolicy, body: bytes, ex: _Exchange, send: Send
     ) -> None:
         gw = self.gw
+        ex.endpoint = ENDPOINTS[path]
         parsed = protocol.parse(body, ROUTES[path])
         # Client text in a log line: no spaces or control characters to forge fields.
         asked = parsed.model
@@ -271,6 +307,12 @@ class InferenceEndpoints:
                 )
             raise unknown_model(parsed.model)
         ex.served = entry.name
+        ex.stream = parsed.stream
+        if parsed.stream and isinstance(parsed, protocol._Sampling):
+            options = parsed.stream_options
+            if not wants_usage(options):
+                body = ask_for_usage(body, options)
+                ex.usage = UsageFilter()
         hint = None
         if self.prefix_chars:
             hint = policy.prefix_hash(protocol.prompt_start(parsed, self.prefix_chars), gw.policy)
@@ -286,6 +328,7 @@ class InferenceEndpoints:
                 prefix_hash=hint,
             )
             ex.pg = started.replica.pg_id
+            ex.node = started.replica.node_id or None
             ex.queue_s = started.queue_s
             try:
                 await self._answer(started, ex, send)
@@ -316,13 +359,20 @@ class InferenceEndpoints:
         chunk: bytes | None = started.first
         last = before = b""
         response = started.response
+        usage = ex.usage
         try:
             while chunk is not None:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                if ex.ttft is None:
-                    ex.ttft = time.perf_counter() - ex.started
-                before, last = last, chunk
+                if usage is not None:
+                    chunk = usage.feed(chunk)
+                if chunk:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    if ex.ttft is None:
+                        ex.ttft = time.perf_counter() - ex.started
+                    before = last
+                    ex.tail = last = chunk  # what the client has last, should it leave
                 chunk = await response.next_chunk()
+            if usage is not None and (rest := usage.flush()):
+                await send({"type": "http.response.body", "body": rest, "more_body": True})
         except EngineError as exc:
             # Bytes already reached the client: no retry, but no silent cut either.
             ex.status = 502
@@ -342,8 +392,34 @@ class InferenceEndpoints:
 
     def _record(self, ex: _Exchange) -> None:
         total = time.perf_counter() - ex.started
-        prompt_tokens, completion_tokens = usage_tokens(ex.tail) if ex.tail else (None, None)
+        if ex.usage is not None:
+            prompt_tokens, completion_tokens = ex.usage.prompt_tokens, ex.usage.completion_tokens
+        elif ex.tail:
+            prompt_tokens, completion_tokens = usage_tokens(ex.tail)
+        else:
+            prompt_tokens = completion_tokens = None
+        ex.tokens = (prompt_tokens, completion_tokens)
         self.gw.metrics.request(ex.served, ex.status, total, ex.ttft)
+        records = self.gw.records
+        if records is not None and ex.key != "-":  # refused keys are counted as denials
+            records.add(
+                RequestRecord(
+                    ex.arrived,
+                    ex.request_id,
+                    ex.key,
+                    ex.served if ex.served != "-" else ex.asked[:128],
+                    None if ex.pg == "-" else ex.pg,
+                    ex.node,
+                    ex.endpoint,
+                    ex.stream,
+                    ex.status,
+                    prompt_tokens,
+                    completion_tokens,
+                    None if ex.ttft is None else ex.ttft * 1000,
+                    total * 1000,
+                    ex.queue_s * 1000,
+                )
+            )
         access_log.info(
             "request_id=%s key=%s model=%s served=%s pg=%s status=%d queue_ms=%.2f "
             "ttft_ms=%s total_ms=%.2f prompt_tokens=%s completion_tokens=%s",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable
 
 from letsinfer.gateway.admission import Admission
 from letsinfer.gateway.engine_client import (
@@ -81,20 +82,14 @@ class Upstream:
         extra = (("x-request-id", request_id),)
         while True:
             waited_from = time.perf_counter()
-            replica = await self.admission.acquire(
+            replica = await self._acquire(
                 service, key, prefix_hash, frozenset(tried), "; ".join(failures)
             )
             queue_s += time.perf_counter() - waited_from
             tried.add(replica.pg_id)
             response: EngineResponse | None = None
             try:
-                response = await self.client.post(
-                    replica.base_url,
-                    path,
-                    body,
-                    authorization=replica.authorization,
-                    extra_headers=extra,
-                )
+                response = await self._send(replica, path, body, extra)
                 if response.status == 503:  # engine loading or overloaded: try another
                     raise EngineError("engine answered 503", before_response=True)
                 if stream and response.status == 200:
@@ -126,6 +121,29 @@ class Upstream:
             except BaseException:  # cancelled (client gone) or a bug: free the slot
                 self._give_back(replica, response)
                 raise
+
+    # The two steps a traced gateway wraps in spans (letsinfer.gateway.tracing);
+    # here they hand back the awaitable itself: no extra frame per request.
+    def _acquire(
+        self,
+        service: str,
+        key: str,
+        prefix_hash: int | None,
+        exclude: frozenset[str],
+        failures: str,
+    ) -> Awaitable[Replica]:
+        return self.admission.acquire(service, key, prefix_hash, exclude, failures)
+
+    def _send(
+        self, replica: Replica, path: str, body: bytes, extra: tuple[tuple[str, str], ...]
+    ) -> Awaitable[EngineResponse]:
+        return self.client.post(
+            replica.base_url,
+            path,
+            body,
+            authorization=replica.authorization,
+            extra_headers=extra,
+        )
 
     def _give_back(self, replica: Replica, response: EngineResponse | None) -> None:
         if response is not None:

@@ -10,10 +10,10 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from letsinfer.authority import controllers, lifecycle
-from letsinfer.control.ops import actor_of, peer
+from letsinfer.control.ops import actor_of
 from letsinfer.lifecycle import cluster, rollout
 from letsinfer.lifecycle.serving import Busy, Serving
-from letsinfer.trust.peer import Peer
+from letsinfer.trust.peer import Peer, gated_peer
 
 
 class _Body(BaseModel):
@@ -50,7 +50,7 @@ def lifecycle_router(sv: Serving, model_store: Path) -> APIRouter:
 
     def need(role: str) -> Callable[[Request], Awaitable[Peer]]:
         async def check(request: Request) -> Peer:
-            p = peer(request)
+            p = gated_peer(request)
             if not controllers.allows(p.identity.role, role):
                 store.append_audit(
                     actor_of(store, p), request.url.path, "denied", detail=f"needs {role}"

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import httpx
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from letsinfer.agent.facts import LinkFact
+from letsinfer.contracts.facts import LinkFact
 from letsinfer.engines.parallel_command import GroupTask
 from letsinfer.links import proof, route
 from letsinfer.trust import pki

@@ -13,12 +13,12 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, ConfigDict
 
-from letsinfer.control.ops import peer
 from letsinfer.home import Home
 from letsinfer.storage.cleanup import free, review, summary
 from letsinfer.storage.usage import report
 from letsinfer.storage.uses import NodeUses
 from letsinfer.store import AuthorityStore
+from letsinfer.trust.peer import gated_peer
 
 
 class CleanupAsk(BaseModel):
@@ -55,7 +55,7 @@ def storage_router(
             return summary(releases, None)
         freed = free(home, releases)
         audit.append_audit(
-            f"local:{peer(request).identity.id}",
+            f"local:{gated_peer(request).identity.id}",
             "node.cleanup",
             "ok",
             target=node_name(),

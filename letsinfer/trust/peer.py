@@ -75,6 +75,14 @@ def peer_of(scope: Scope) -> Peer | None:
     return Peer(identity=ident, address=client[0] if client else None)
 
 
+def gated_peer(request: Any) -> Peer:
+    """The verified peer a gate put in front of this route (a PeerGate, or the
+    admin socket's peer-credential gate); a route behind one always has it."""
+    found = request.scope.get("state", {}).get("peer")
+    assert found is not None  # every gate in front of these routes sets one
+    return found  # type: ignore[no-any-return]
+
+
 Denial = Callable[[Scope, Peer | None, str], None]
 
 

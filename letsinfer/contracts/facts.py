@@ -49,6 +49,10 @@ class PlacementFact(_Fact):
     capacity: int | None = Field(None, ge=0, le=4096)
     detail: str | None = Field(None, max_length=512)
     generation: int = Field(0, ge=0)  # of the placement this engine runs
+    # The serving engine's own load, read from it by the agent (llama.cpp's
+    # /slots and /metrics); None when the engine does not say.
+    slots_free: int | None = Field(None, ge=0, le=4096)
+    queue_depth: int | None = Field(None, ge=0, le=1_000_000)
 
 
 class LinkFact(_Fact):

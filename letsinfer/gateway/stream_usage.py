@@ -1,0 +1,100 @@
+"""Token counts of streamed answers, for the records and the access log.
+
+A streamed chat answer carries its token counts only when the client asked
+for them (``stream_options.include_usage``): then the engine sends one more
+event, with empty ``choices`` and a ``usage`` object, before ``[DONE]``.
+When the client did not ask, the gateway asks on its behalf
+(:func:`ask_for_usage`) and :class:`UsageFilter` takes that event out of the
+stream again, so the client gets exactly what it asked for.
+
+The filter passes whole events only: a chunk that ends inside an event keeps
+its tail until the rest arrives (a client cannot use half an event anyway),
+so an event is never cut when one is removed. The usage event is parsed; no
+other event is.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+_FIELD = b'"stream_options":{"include_usage":true},'
+_USAGE = b'"usage"'
+_EVENTS = re.compile(rb"(\r?\n\r?\n)")
+
+
+def ask_for_usage(body: bytes, stream_options: dict[str, Any] | None) -> bytes:
+    """The client's request with ``include_usage`` set. Its own bytes with one
+    field added in front when it sent no stream_options, else re-encoded."""
+    if stream_options is None:
+        start = body.find(b"{")  # the body is a JSON object (checked already)
+        return body[: start + 1] + _FIELD + body[start + 1 :]
+    data = json.loads(body)
+    data["stream_options"] = {**stream_options, "include_usage": True}
+    return json.dumps(data, ensure_ascii=False).encode()
+
+
+def wants_usage(stream_options: dict[str, Any] | None) -> bool:
+    return bool(stream_options and stream_options.get("include_usage") is True)
+
+
+def _event_end(data: bytes) -> int:
+    """Where the last complete event in ``data`` ends (0: none does)."""
+    lf = data.rfind(b"\n\n")
+    crlf = data.rfind(b"\r\n\r\n")
+    return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+
+
+class UsageFilter:
+    __slots__ = ("completion_tokens", "pending", "prompt_tokens")
+
+    def __init__(self) -> None:
+        self.pending = b""
+        self.prompt_tokens: int | None = None
+        self.completion_tokens: int | None = None
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The complete events received so far, less the usage event."""
+        data = self.pending + chunk if self.pending else chunk
+        end = _event_end(data)
+        if end == len(data):
+            self.pending = b""
+        else:
+            data, self.pending = data[:end], data[end:]
+        if _USAGE in data:
+            data = self._take_usage(data)
+        return data
+
+    def flush(self) -> bytes:
+        """Whatever is left at the end of the stream (an unterminated event)."""
+        rest, self.pending = self.pending, b""
+        return self._take_usage(rest) if _USAGE in rest else rest
+
+    def _take_usage(self, data: bytes) -> bytes:
+        parts = _EVENTS.split(data)  # event, separator, event, separator, ..., rest
+        kept = []
+        for i in range(0, len(parts), 2):
+            event, sep = parts[i], parts[i + 1] if i + 1 < len(parts) else b""
+            if _USAGE in event and self._usage_only(event):
+                continue  # the event the gateway asked for: not the client's
+            kept.append(event + sep)
+        return b"".join(kept)
+
+    def _usage_only(self, event: bytes) -> bool:
+        """Note the event's usage; true when it carries nothing else."""
+        lines = [ln[5:].lstrip() for ln in event.splitlines() if ln.startswith(b"data:")]
+        try:
+            obj = json.loads(b"\n".join(lines))
+        except ValueError:
+            return False
+        if not isinstance(obj, dict) or not isinstance(obj.get("usage"), dict):
+            return False
+        usage = obj["usage"]
+        self.prompt_tokens = _int(usage.get("prompt_tokens"))
+        self.completion_tokens = _int(usage.get("completion_tokens"))
+        return obj.get("choices") == []
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -1,0 +1,113 @@
+"""Per-request records: one compact row per answered request, in their own
+SQLite file beside the authority (never in it), so writing them never holds
+the authority's lock. Rows are written in batches by one writer thread
+(letsinfer.usage.recorder) and read by the CLI; they hold no prompt or
+response text and no key secret."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+from typing import Literal, NamedTuple
+
+
+class RequestRecord(NamedTuple):
+    ts: float  # wall clock at arrival, seconds since the epoch
+    request_id: str
+    key: str  # the API key's name
+    model: str
+    pg: str | None  # placement group that answered
+    node: str | None  # its node's id
+    endpoint: str  # chat, completions or embeddings
+    stream: bool
+    status: int
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    ttft_ms: float | None
+    duration_ms: float
+    queue_ms: float
+
+
+class UsageRow(NamedTuple):
+    name: str
+    requests: int
+    errors: int  # status 400 and above
+    prompt_tokens: int
+    completion_tokens: int
+
+
+UsageBy = Literal["key", "model", "node"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS requests (
+    ts REAL NOT NULL,
+    request_id TEXT NOT NULL,
+    key TEXT NOT NULL,
+    model TEXT NOT NULL,
+    pg TEXT,
+    node TEXT,
+    endpoint TEXT NOT NULL,
+    stream INTEGER NOT NULL,
+    status INTEGER NOT NULL,
+    prompt_tokens INTEGER,
+    completion_tokens INTEGER,
+    ttft_ms REAL,
+    duration_ms REAL NOT NULL,
+    queue_ms REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS requests_ts ON requests (ts);
+CREATE INDEX IF NOT EXISTS requests_id ON requests (request_id);
+"""
+_COLUMNS = ", ".join(RequestRecord._fields)
+_INSERT = (
+    f"INSERT INTO requests ({_COLUMNS}) VALUES ({', '.join('?' * len(RequestRecord._fields))})"
+)
+_GROUP = {"key": "key", "model": "model", "node": "COALESCE(node, '-')"}
+
+
+class RequestStore:
+    """One connection; the writer uses it from a single thread at a time."""
+
+    def __init__(self, path: Path, *, readonly: bool = False) -> None:
+        self.path = path
+        if readonly:
+            self.conn = sqlite3.connect(
+                f"file:{path}?mode=ro", uri=True, timeout=10.0, check_same_thread=False
+            )
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.exists():  # like the authority: owner and the letsinfer group
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o660))
+            path.chmod(0o660)
+        self.conn = sqlite3.connect(path, timeout=10.0, check_same_thread=False)
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA synchronous=NORMAL")  # WAL: durable at checkpoints, never corrupt
+        self.conn.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def insert_many(self, records: list[RequestRecord]) -> None:
+        with self.conn:
+            self.conn.executemany(_INSERT, records)
+
+    def prune(self, before: float) -> int:
+        with self.conn:
+            return self.conn.execute("DELETE FROM requests WHERE ts < ?", (before,)).rowcount
+
+    def find(self, request_id: str) -> list[RequestRecord]:
+        rows = self.conn.execute(
+            f"SELECT {_COLUMNS} FROM requests WHERE request_id = ? ORDER BY ts", (request_id,)
+        ).fetchall()
+        return [RequestRecord(*r[:7], bool(r[7]), *r[8:]) for r in rows]
+
+    def usage(self, by: UsageBy, since: float | None = None) -> list[UsageRow]:
+        group = _GROUP[by]
+        rows = self.conn.execute(
+            f"SELECT {group} AS name, COUNT(*), SUM(status >= 400), "
+            "COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0) "
+            f"FROM requests WHERE ts >= ? GROUP BY {group} ORDER BY name",
+            (since or 0.0,),
+        ).fetchall()
+        return [UsageRow(*r) for r in rows]

@@ -1,0 +1,1 @@
+"""What was asked of the gateway: per-request records and the usage they add up to."""

@@ -1,0 +1,111 @@
+"""Request records off the request path.
+
+The gateway hands each finished request's record to :meth:`RequestLog.add`,
+which only appends it to a list in memory. A background task takes the list
+every ``flush_interval_s`` and writes it in one transaction from a thread of
+its own, into the records' own database (letsinfer.store.requests), so the
+event loop never waits on a disk and the authority's database never waits on
+these writes. Records older than ``keep_days`` are deleted hourly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from letsinfer.config import RequestSettings
+from letsinfer.store.requests import RequestRecord, RequestStore
+
+log = logging.getLogger("letsinfer.usage")
+
+_PRUNE_EVERY_S = 3600.0
+
+
+class RequestLog:
+    def __init__(
+        self,
+        path: Path,
+        settings: RequestSettings | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        s = settings or RequestSettings()
+        self.path = path
+        self.keep_s = s.keep_days * 86400.0
+        self.flush_interval_s = s.flush_interval_s
+        self.max_pending = s.max_pending
+        self.clock = clock
+        self.dropped = 0  # records given up because the writer fell behind
+        self._pending: list[RequestRecord] = []
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="request-records")
+        self._store: RequestStore | None = None  # opened and used in the writer thread
+        self._pruned_at = 0.0
+        self._complained_at = 0.0
+
+    def add(self, record: RequestRecord) -> None:
+        """On the request path: an append, nothing else."""
+        if len(self._pending) < self.max_pending:
+            self._pending.append(record)
+        else:
+            self.dropped += 1
+
+    @property
+    def backlog(self) -> int:
+        """Records not written yet."""
+        return len(self._pending)
+
+    async def run(self) -> None:
+        """Write every interval; when cancelled, write what is left and close."""
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                await asyncio.sleep(self.flush_interval_s)
+                await self.flush()
+        finally:
+            batch, self._pending = self._pending, []
+            with contextlib.suppress(Exception):
+                await loop.run_in_executor(self._executor, self._write_and_close, batch)
+            self._executor.shutdown(wait=False)
+
+    async def flush(self) -> None:
+        batch, self._pending = self._pending, []
+        if batch or self._store is None:
+            written = await asyncio.get_running_loop().run_in_executor(
+                self._executor, self._write, batch
+            )
+            if not written:  # kept for the next round, within the bound
+                room = self.max_pending - len(self._pending)
+                self.dropped += max(0, len(batch) - room)
+                self._pending[:0] = batch[:room]
+
+    # -- in the writer thread ------------------------------------------------
+    def _write(self, batch: list[RequestRecord]) -> bool:
+        try:
+            if self._store is None:
+                self._store = RequestStore(self.path)
+            if batch:
+                self._store.insert_many(batch)
+            now = self.clock()
+            if now - self._pruned_at >= _PRUNE_EVERY_S:
+                self._pruned_at = now
+                gone = self._store.prune(now - self.keep_s)
+                if gone:
+                    log.info("deleted %d request record(s) older than the kept days", gone)
+        except Exception as exc:  # a full or broken disk: say so, keep serving
+            if time.monotonic() - self._complained_at > 60:
+                self._complained_at = time.monotonic()
+                log.error("cannot write request records to %s: %s", self.path, exc)
+            return False
+        return True
+
+    def _write_and_close(self, batch: list[RequestRecord]) -> None:
+        self._write(batch)
+        if self.dropped:
+            log.warning("%d request record(s) were dropped: the writer fell behind", self.dropped)
+        if self._store is not None:
+            self._store.close()
+            self._store = None

@@ -1,0 +1,39 @@
+"""The main and its agents share contracts (letsinfer/contracts/), not code:
+a child's agent runs none of the main's authority."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+# Every node keeps its own audit chain (its records, its signed head, its
+# counted refusals): those modules are the node's, main or child.
+NODE_AUDIT_CHAIN = {
+    "letsinfer.authority",
+    "letsinfer.authority.audit",
+    "letsinfer.authority.anchor",
+    "letsinfer.authority.denials",
+}
+
+
+def test_a_child_agent_loads_no_authority_code() -> None:
+    probe = (
+        "import json, sys, letsinfer.agent.runtime\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('letsinfer.'))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout
+    loaded = set(json.loads(out))
+    authority = {m for m in loaded if m.startswith("letsinfer.authority")}
+    assert authority <= NODE_AUDIT_CHAIN, sorted(authority - NODE_AUDIT_CHAIN)
+    # Nor the main's planes: its control app, operations and gateway.
+    assert not {m for m in loaded if m.startswith("letsinfer.gateway")}
+    assert not loaded & {"letsinfer.control.app", "letsinfer.control.ops", "letsinfer.node"}
+    # What it speaks with the main comes from the neutral module.
+    assert {
+        "letsinfer.contracts.facts",
+        "letsinfer.contracts.placement",
+        "letsinfer.contracts.artifacts",
+    } <= loaded

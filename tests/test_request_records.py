@@ -1,0 +1,57 @@
+"""The request-record writer: batched off the request path, bounded in memory,
+records older than the kept days deleted, a broken disk never fatal."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from letsinfer.config import RequestSettings
+from letsinfer.store.requests import RequestRecord, RequestStore
+from letsinfer.usage.recorder import RequestLog
+
+DAY = 86400.0
+NOW = 2_000_000_000.0
+
+
+def record(request_id: str, ts: float = NOW, key: str = "k", tokens: int = 1) -> RequestRecord:
+    return RequestRecord(
+        ts, request_id, key, "m", "pg-1", "n1", "chat", False, 200, tokens, tokens, 1.0, 2.0, 0.0
+    )
+
+
+def test_records_are_written_in_batches_and_old_ones_go(tmp_path: Path) -> None:
+    path = tmp_path / "requests.db"
+    old = RequestStore(path)
+    old.insert_many([record("ancient", ts=NOW - 8 * DAY)])
+    old.close()
+    log = RequestLog(path, RequestSettings(keep_days=7), clock=lambda: NOW)
+    for i in range(500):
+        log.add(record(f"r{i}", key="a" if i % 2 else "b", tokens=i))
+
+    async def run() -> None:
+        await log.flush()
+        await log.flush()  # nothing new: no write, no harm
+
+    asyncio.run(run())
+    store = RequestStore(path, readonly=True)
+    assert store.find("ancient") == []
+    assert store.find("r7") == [record("r7", key="a", tokens=7)]
+    assert {u.name: (u.requests, u.prompt_tokens) for u in store.usage("key")} == {
+        "a": (250, sum(range(1, 500, 2))),
+        "b": (250, sum(range(0, 500, 2))),
+    }
+    assert store.usage("key", since=NOW + 1) == []
+
+
+def test_a_stuck_writer_holds_a_bounded_backlog_and_counts_what_it_drops(tmp_path: Path) -> None:
+    (tmp_path / "requests.db").mkdir()  # a path no database can be opened at
+    log = RequestLog(tmp_path / "requests.db", RequestSettings(max_pending=100))
+    for i in range(150):
+        log.add(record(f"r{i}"))
+    assert log.dropped == 50
+
+    asyncio.run(log.flush())  # fails, says so in the log, keeps what fits
+    assert log.backlog == 100
+    log.add(record("one more"))
+    assert log.dropped == 51

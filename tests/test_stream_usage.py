@@ -1,0 +1,57 @@
+"""The usage event the gateway asks for on a client's behalf is counted and
+taken out again, however the engine's bytes are cut; nothing else changes."""
+
+from __future__ import annotations
+
+import json
+
+from letsinfer.gateway.stream_usage import UsageFilter, ask_for_usage
+
+TOKEN = b'data: {"choices":[{"index":0,"delta":{"content":"say \\"usage\\": 1"}}]}\n\n'
+FINISH = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+USAGE = (
+    b'data: {"choices":[],"usage":{"prompt_tokens":23,"completion_tokens":14,'
+    b'"total_tokens":37}}\n\n'
+)
+DONE = b"data: [DONE]\n\n"
+
+
+def relay(stream: bytes, cuts: list[int]) -> tuple[bytes, UsageFilter]:
+    f = UsageFilter()
+    out, start = [], 0
+    for cut in [*cuts, len(stream)]:
+        out.append(f.feed(stream[start:cut]))
+        start = cut
+    out.append(f.flush())
+    return b"".join(out), f
+
+
+def test_the_usage_event_is_removed_at_any_cut_and_nothing_else_is() -> None:
+    stream = TOKEN * 3 + FINISH + USAGE + DONE
+    wanted = TOKEN * 3 + FINISH + DONE
+    for cut in range(1, len(stream)):
+        out, f = relay(stream, [cut])
+        assert out == wanted, cut
+        assert (f.prompt_tokens, f.completion_tokens) == (23, 14)
+    crlf = stream.replace(b"\n\n", b"\r\n\r\n")
+    out, f = relay(crlf, [len(crlf) - 30])
+    assert out == wanted.replace(b"\n\n", b"\r\n\r\n") and f.completion_tokens == 14
+
+
+def test_usage_the_engine_sends_on_its_own_stays() -> None:
+    final = (
+        b'data: {"choices":[{"text":"","index":0,"finish_reason":"stop"}],'
+        b'"usage":{"prompt_tokens":4,"completion_tokens":2,"total_tokens":6}}\n\n'
+    )
+    out, f = relay(TOKEN + final + DONE, [5])
+    assert out == TOKEN + final + DONE
+    assert (f.prompt_tokens, f.completion_tokens) == (4, 2)
+
+
+def test_the_request_asks_for_usage_and_keeps_the_clients_own_options() -> None:
+    body = b'{"model": "tiny", "stream": true, "messages": []}'
+    asked = json.loads(ask_for_usage(body, None))
+    assert asked == {**json.loads(body), "stream_options": {"include_usage": True}}
+    body = b'{"model":"tiny","stream":true,"stream_options":{"include_usage":false,"x":1}}'
+    asked = json.loads(ask_for_usage(body, {"include_usage": False, "x": 1}))
+    assert asked["stream_options"] == {"include_usage": True, "x": 1}
