@@ -20,6 +20,7 @@ from fastapi import FastAPI
 
 from letsinfer.agent.api import create_agent_app
 from letsinfer.agent.facts import FactError
+from letsinfer.agent.firewall import FirewallProbe
 from letsinfer.agent.hardware import gpu_probe, host_facts
 from letsinfer.agent.placement import PlacementRunner
 from letsinfer.agent.runtime import advertise_address, advertiser_for, instance_name
@@ -48,6 +49,9 @@ from letsinfer.mirror.layout import MirrorLayout
 from letsinfer.planes import RunningPlane, tls_server
 from letsinfer.release import runtime
 from letsinfer.store import PlacementGroupRecord
+from letsinfer.telemetry.collector import ClusterCollector
+from letsinfer.telemetry.view import ClusterView
+from letsinfer.trust import pki
 from letsinfer.trust.material import ClusterCA, presented_fingerprint, tls_files
 from letsinfer.trust.peer import Peer, server_context
 
@@ -94,6 +98,10 @@ class MainNode:
         # (pg id, task) -> last observation written; only changes are written
         self._observed: dict[tuple[str, str], tuple[object, ...]] = {}
         self.gpus = gpu_probe(settings.hardware.fake_gpus)
+        self.firewall = FirewallProbe()
+        # Nodes and groups in memory, for metrics at scrape time (no database read).
+        self.view = ClusterView(self.store)
+        self.gateway.metrics.registry.register(ClusterCollector(self.view, self.routing))
         self._remote: dict[str, set[tuple[str, str]]] = {}  # node -> {(service, pg)} published
         self.server: Any = None  # the uvicorn server, set by `up`
         self.moved = False  # this main joined another cluster (see _watch_identity)
@@ -212,6 +220,7 @@ class MainNode:
         self.directory.refresh()
         self.record_own_facts()
         self.reconcile()
+        self.view.refresh(force=True)
         planes = await self._start_planes()
         adv = None
         if self.settings.discovery.enabled:
@@ -260,10 +269,22 @@ class MainNode:
                 self.reconcile_links()
             except Exception:  # a bad row must not stop the loop
                 log.exception("reconcile failed")
+            self.view.refresh()
 
     # -- this node's own engines ---------------------------------------------
     def record_own_facts(self) -> None:
-        self.store.record_node_facts(self.identity.node_id, _hardware(host_facts(self.gpus)))
+        facts = {**host_facts(self.gpus), "firewall": self.firewall.loaded()}
+        self.store.record_node_facts(
+            self.identity.node_id, _hardware(facts), cert_not_after=self._own_cert_expiry()
+        )
+
+    def _own_cert_expiry(self) -> float | None:
+        """When the certificate on disk expires (the one the next start presents)."""
+        try:
+            cert = pki.load_cert(tls_files(self.home, self.identity).cert.read_bytes())
+        except (OSError, pki.CertificateError):
+            return None
+        return cert.not_valid_after_utc.timestamp()
 
     def reconcile(self) -> None:
         self.placements.apply(
@@ -357,6 +378,7 @@ class MainNode:
             peer.identity.fingerprint,
             seq=facts.seq,
             witness=seen,
+            cert_not_after=peer.identity.not_after.timestamp(),
         )
         self.reconcile_links()
         wanted: dict[str, PlacementGroupRecord] = {}
@@ -471,6 +493,6 @@ class MainNode:
 
 
 def _hardware(facts: dict[str, Any]) -> dict[str, Any]:
-    """What placement needs from a node's facts."""
-    keys = ("cpus", "memory_bytes", "memory_available", "targets", "gpus")
+    """What placement, metrics and `doctor --cluster` need from a node's facts."""
+    keys = ("cpus", "memory_bytes", "memory_available", "targets", "gpus", "firewall")
     return {k: facts[k] for k in keys if k in facts}

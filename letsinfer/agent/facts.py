@@ -86,6 +86,8 @@ class Facts(_Fact):
     version: str = Field(max_length=32)
     paused: bool = False
     audit: AuditHeadFact | None = None
+    # nftables table inet letsinfer loaded (None: the agent cannot tell)
+    firewall: bool | None = None
 
     def canonical(self) -> bytes:
         return json.dumps(

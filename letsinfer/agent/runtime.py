@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict
 from letsinfer import __version__
 from letsinfer.agent.api import create_agent_app
 from letsinfer.agent.facts import AuditHeadFact, Facts, GpuFact, PlacementFact, sign
+from letsinfer.agent.firewall import FirewallProbe
 from letsinfer.agent.hardware import gpu_probe, host_facts
 from letsinfer.agent.placement import DesiredPlacement, Fetch, PlacementRunner
 from letsinfer.agent.supervisor import EngineSupervisor, SupervisionPolicy
@@ -96,6 +97,7 @@ class AgentNode:
         self.denials = DenialLog(self.audit, settings.audit.denial_interval_s)
         self.reload_requested = False
         self.gpus = gpu_probe(settings.hardware.fake_gpus)
+        self.firewall = FirewallProbe()
         agent = settings.agent
         self.supervisor = EngineSupervisor(
             home.engine_logs,
@@ -346,6 +348,7 @@ class AgentNode:
             links=self.links.facts() if self.links else [],
             version=__version__,
             audit=self._audit_head(),
+            firewall=self.firewall.loaded(),
         )
 
     def _audit_head(self) -> AuditHeadFact | None:

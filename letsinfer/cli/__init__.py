@@ -46,6 +46,7 @@ def main() -> None:
         auth,
         bundle,
         controller,
+        doctor,
         fleet,
         mirror,
         model,
@@ -55,6 +56,7 @@ def main() -> None:
         release,
         service,
         status,
+        top,
         up,
     )
 

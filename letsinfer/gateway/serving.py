@@ -343,7 +343,16 @@ class InferenceEndpoints:
     def _record(self, ex: _Exchange) -> None:
         total = time.perf_counter() - ex.started
         prompt_tokens, completion_tokens = usage_tokens(ex.tail) if ex.tail else (None, None)
-        self.gw.metrics.request(ex.served, ex.status, total, ex.ttft)
+        self.gw.metrics.request(
+            ex.served,
+            ex.status,
+            total,
+            ex.ttft,
+            key=ex.key,
+            pg=ex.pg,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+        )
         access_log.info(
             "request_id=%s key=%s model=%s served=%s pg=%s status=%d queue_ms=%.2f "
             "ttft_ms=%s total_ms=%.2f prompt_tokens=%s completion_tokens=%s",

@@ -204,4 +204,9 @@ MIGRATIONS: list[str] = [
     ALTER TABLE nodes ADD COLUMN audit_head TEXT;
     ALTER TABLE nodes ADD COLUMN audit_problem TEXT;
     """,
+    # 8: when the certificate a node last presented with its facts expires
+    # (`doctor --cluster`, the certificate-expiry metric)
+    """
+    ALTER TABLE nodes ADD COLUMN cert_not_after REAL;
+    """,
 ]
