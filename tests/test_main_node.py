@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 
@@ -121,3 +122,20 @@ def test_request_id_is_echoed_and_generated(main_node) -> None:  # type: ignore[
     odd = httpx.post(url, json=body, headers={**auth, "x-request-id": "bad id\twith tabs"})
     assert odd.headers["x-request-id"] != "bad id\twith tabs"
     assert len(odd.headers["x-request-id"]) == 32
+
+
+def test_doctor_on_a_healthy_running_node_exits_0(main_node) -> None:  # type: ignore[no-untyped-def]
+    done = main_node.cli("doctor", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["ok"] is True and report["failures"] == 0
+    found = {f["check"]: f for f in report["findings"]}
+    # its own ports are busy, with the node itself: that is healthy
+    gateway = found[f"port {main_node.port}"]
+    assert gateway["level"] == "ok" and "in use by this node" in gateway["message"]
+    assert found["engine xllamacpp"]["level"] == "ok"
+    assert (
+        found["certificate"]["level"] == "ok" and "valid until" in found["certificate"]["message"]
+    )
+    text = main_node.cli("doctor")
+    assert text.returncode == 0 and "no failures" in text.stdout
