@@ -26,12 +26,22 @@ DEFAULT_PORTS = {
 }
 
 
+# What each port is, and where its config.toml setting is.
+_KNOWN = {
+    "gateway": ("gateway", "[gateway] port"),
+    "control": ("control plane", "[control] port"),
+    "agent": ("agent plane", "[agent] api_port"),
+    "metrics": ("metrics", "[gateway] metrics_port"),
+}
+
+
 def _port(text: str) -> Port:
     name, _, where = text.partition("=")
     host, _, port = where.rpartition(":")
     if not name or not port.isdigit():
         raise argparse.ArgumentTypeError(f"expected NAME=[HOST:]PORT, got {text!r}")
-    return Port(name, host or "0.0.0.0", int(port), f"the {name} port")
+    label, setting = _KNOWN.get(name, (name, "its setting"))
+    return Port(label, host or "0.0.0.0", int(port), setting)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -174,14 +174,18 @@ def parse_ntp(value: str) -> SntpSource:
     return SntpSource(host, port)
 
 
-def check_clock(sources: list[TimeSource]) -> Finding:
+NO_REFERENCE = "no main to compare with and no NTP server given"
+MAIN_NO_REFERENCE = "this is the main (its children's reference) and no NTP server was given"
+
+
+def check_clock(sources: list[TimeSource], none_given: str = NO_REFERENCE) -> Finding:
     """The first source that answers decides; none answering is a warning
     (the clock is not known to be wrong, only not checked)."""
     if not sources:
         return warn(
             "clock",
-            "not checked: no main to compare with and no NTP server given",
-            "pass --ntp HOST (the site's NTP server), or run doctor again once the main runs",
+            f"not checked: {none_given}",
+            "pass --ntp HOST (the site's NTP server)",
         )
     tried = []
     for source in sources:

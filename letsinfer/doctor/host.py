@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from letsinfer.agent.firewall import table_loaded
 from letsinfer.doctor import mdns, system
-from letsinfer.doctor.clock import TimeSource, check_clock
+from letsinfer.doctor.clock import MAIN_NO_REFERENCE, NO_REFERENCE, TimeSource, check_clock
 from letsinfer.doctor.findings import Finding, ok, warn
 from letsinfer.doctor.gpus import check_gpus, open_probe
 from letsinfer.doctor.ports import Port, check_port
@@ -81,7 +81,7 @@ def check_host(plan: HostPlan) -> list[Finding]:
     findings.append(system.open_files(plan.main))
     findings.append(system.locked_memory(has_gpus))
     findings.append(system.disk(plan.home.var))
-    findings.append(check_clock(plan.clock))
+    findings.append(check_clock(plan.clock, MAIN_NO_REFERENCE if plan.main else NO_REFERENCE))
     pid = running_pid(plan.home)
     own = {pid} if pid else set()
     findings += [check_port(p, own) for p in plan.ports]

@@ -93,7 +93,7 @@ def _bind_error(host: str, port: int) -> OSError | None:
 def check_port(p: Port, own_pids: set[int]) -> Finding:
     """Free, or listened on only by ``own_pids`` (this node's process): ok."""
     check = f"port {p.port}"
-    fix = f"stop the process holding it, or choose another port ({p.setting})"
+    fix = f"stop the process holding it, or move the {p.name} to another port ({p.setting})"
     held = listeners(p.port, p.host)
     if held:
         by = owners(held)
