@@ -12,7 +12,7 @@ from rich.markup import escape
 
 from letsinfer.cli import cli
 from letsinfer.cli.output import console
-from letsinfer.cli.scope import CliContext, check_scope, scoped
+from letsinfer.cli.scope import CliContext, require_scope, scoped
 from letsinfer.doctor.findings import Finding, failures, report
 
 _STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red"}
@@ -44,7 +44,7 @@ def doctor(ctx: CliContext, cluster: bool, ntp: str | None, as_json: bool) -> No
     "level", "message", "fix"}]}.
     """
     if cluster:
-        check_scope("main", "letsinfer doctor --cluster", ctx.identity)
+        require_scope(ctx, "main", "letsinfer doctor --cluster")
         findings = _cluster(ctx)
     else:
         from letsinfer.doctor.host import check_host

@@ -59,13 +59,18 @@ class ScopedCommand(click.Command):
             self.help = f"{self.help}\n\nRuns on: {scope}."
 
     def invoke(self, ctx: click.Context) -> Any:
-        cli: CliContext = ctx.ensure_object(CliContext)
-        try:
-            check_scope(self.scope, ctx.command_path, cli.identity)
-        except ScopeError:
-            _audit_refusal(cli, ctx.command_path.partition(" ")[2], self.scope)
-            raise
+        require_scope(ctx.ensure_object(CliContext), self.scope, ctx.command_path)
         return super().invoke(ctx)
+
+
+def require_scope(cli: CliContext, scope: Scope, command_path: str) -> None:
+    """Refuse (and audit the refusal) unless this home may run ``command_path``;
+    for a command whose scope depends on an option (``doctor --cluster``)."""
+    try:
+        check_scope(scope, command_path, cli.identity)
+    except ScopeError:
+        _audit_refusal(cli, command_path.partition(" ")[2], scope)
+        raise
 
 
 def _audit_refusal(cli: CliContext, command: str, scope: Scope) -> None:
