@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 from functools import partial
+from typing import TYPE_CHECKING
 
 from letsinfer import config
 from letsinfer.config import Settings
@@ -18,6 +19,9 @@ from letsinfer.doctor.host import HostPlan
 from letsinfer.doctor.ports import Port
 from letsinfer.home import Home
 from letsinfer.identity import NodeIdentity
+
+if TYPE_CHECKING:
+    from cryptography.x509 import Certificate
 
 # A child's agent renews its certificate 10 days before it expires.
 RENEW_DAYS = 10
@@ -171,9 +175,11 @@ def certificates(
     return out
 
 
-def validity(check: str, cert: object, now: dt.datetime, *, renewable: bool, main: bool) -> Finding:
-    not_before = cert.not_valid_before_utc  # type: ignore[attr-defined]
-    not_after = cert.not_valid_after_utc  # type: ignore[attr-defined]
+def validity(
+    check: str, cert: Certificate, now: dt.datetime, *, renewable: bool, main: bool
+) -> Finding:
+    not_before = cert.not_valid_before_utc
+    not_after = cert.not_valid_after_utc
     left = (not_after - now).total_seconds()
     days = left / 86400
     when = not_after.strftime("%Y-%m-%d %H:%M UTC")
