@@ -40,8 +40,8 @@ def doctor(ctx: CliContext, cluster: bool, ntp: str | None, as_json: bool) -> No
     valid and not near expiry, facts fresh, audit heads as witnessed, the
     firewall on every member, and every group meant to run ready or its reason.
 
-    --json prints {"host", "ok", "failures", "warnings", "findings": [{"check",
-    "level", "message", "fix"}]}.
+    --json prints one object: host, ok, failures, warnings, and findings
+    (each with check, level, message and fix).
     """
     if cluster:
         require_scope(ctx, "main", "letsinfer doctor --cluster")

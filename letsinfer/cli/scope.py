@@ -8,6 +8,7 @@ commands adds a few records with counts).
 
 from __future__ import annotations
 
+import inspect
 import os
 import pwd
 from dataclasses import dataclass
@@ -55,8 +56,8 @@ class ScopedCommand(click.Command):
     def __init__(self, *args: Any, scope: Scope, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.scope: Scope = scope
-        if self.help is not None:
-            self.help = f"{self.help}\n\nRuns on: {scope}."
+        if self.help is not None:  # cleaned first: the added line would defeat click's dedent
+            self.help = f"{inspect.cleandoc(self.help)}\n\nRuns on: {scope}."
 
     def invoke(self, ctx: click.Context) -> Any:
         require_scope(ctx.ensure_object(CliContext), self.scope, ctx.command_path)
