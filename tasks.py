@@ -27,6 +27,7 @@ TEST_SYSTEM_PACKAGES: list[str] = [
     "util-linux",
     "curl",
     "nginx",  # the gateway benchmark's baseline (its short mode runs in the tests)
+    "prometheus",  # promtool: checks and unit-tests the shipped alert rules
 ]
 
 

@@ -21,6 +21,7 @@ from fastapi import FastAPI
 
 from letsinfer.agent.api import create_agent_app
 from letsinfer.agent.engine_load import read_loads
+from letsinfer.agent.firewall import FirewallProbe
 from letsinfer.agent.hardware import gpu_probe, host_facts
 from letsinfer.agent.placement import PlacementRunner
 from letsinfer.agent.runtime import (
@@ -63,6 +64,9 @@ from letsinfer.release import runtime
 from letsinfer.storage.routes import storage_router
 from letsinfer.storage.uses import groups_for_child, main_uses
 from letsinfer.store import PlacementGroupRecord
+from letsinfer.telemetry.collector import ClusterCollector
+from letsinfer.telemetry.view import ClusterView
+from letsinfer.trust import pki
 from letsinfer.trust.material import ClusterCA, presented_fingerprint, tls_files
 from letsinfer.trust.peer import Peer, server_context
 from letsinfer.usage.recorder import RequestLog
@@ -130,6 +134,10 @@ class MainNode:
         # (pg id, task) -> last observation written; only changes are written
         self._observed: dict[tuple[str, str], tuple[object, ...]] = {}
         self.gpus = gpu_probe(settings.hardware.fake_gpus)
+        self.firewall = FirewallProbe()
+        # Nodes and groups in memory, for metrics at scrape time (no database read).
+        self.view = ClusterView(self.store)
+        self.gateway.metrics.registry.register(ClusterCollector(self.view, self.routing))
         self._remote: dict[str, set[tuple[str, str]]] = {}  # node -> {(service, pg)} published
         self._desired: dict[str, DesiredPlacement] = {}  # this node's own, as last reconciled
         self.server: Any = None  # the uvicorn server, set by `up`
@@ -260,6 +268,7 @@ class MainNode:
         self.record_own_facts()
         await self.placements.adopt_running()  # engines a previous run left serving
         self.reconcile()
+        self.view.refresh(force=True)
         planes = await self._start_planes()
         adv = None
         if self.settings.discovery.enabled:
@@ -312,11 +321,26 @@ class MainNode:
                 self.reconcile_links()
             except Exception:  # a bad row must not stop the loop
                 log.exception("reconcile failed")
+            self.view.refresh()
 
     # -- this node's own engines ---------------------------------------------
     def record_own_facts(self) -> None:
-        facts = {**host_facts(self.gpus), "artifacts": present_digests(self.home.model_store)}
-        self.store.record_node_facts(self.identity.node_id, _hardware(facts))
+        facts = {
+            **host_facts(self.gpus),
+            "artifacts": present_digests(self.home.model_store),
+            "firewall": self.firewall.loaded(),
+        }
+        self.store.record_node_facts(
+            self.identity.node_id, _hardware(facts), cert_not_after=self._own_cert_expiry()
+        )
+
+    def _own_cert_expiry(self) -> float | None:
+        """When the certificate on disk expires (the one the next start presents)."""
+        try:
+            cert = pki.load_cert(tls_files(self.home, self.identity).cert.read_bytes())
+        except (OSError, pki.CertificateError):
+            return None
+        return cert.not_valid_after_utc.timestamp()
 
     async def _facts_changed(self) -> None:
         self.record_own_facts()
@@ -450,6 +474,7 @@ class MainNode:
             peer.identity.fingerprint,
             seq=facts.seq,
             witness=seen,
+            cert_not_after=peer.identity.not_after.timestamp(),
         )
         self.reconcile_links()
         wanted: dict[str, PlacementGroupRecord] = {}
@@ -601,6 +626,14 @@ class MainNode:
 
 
 def _hardware(facts: dict[str, Any]) -> dict[str, Any]:
-    """What placement needs from a node's facts."""
-    keys = ("cpus", "memory_bytes", "memory_available", "targets", "gpus", "artifacts")
+    """What placement, metrics and `doctor --cluster` need from a node's facts."""
+    keys = (
+        "cpus",
+        "memory_bytes",
+        "memory_available",
+        "targets",
+        "gpus",
+        "artifacts",
+        "firewall",
+    )
     return {k: facts[k] for k in keys if k in facts}

@@ -202,6 +202,39 @@ def test_onboarding_one_machine_over_ssh_serves_and_is_idempotent(lab: Lab, whee
     assert (second.installed, second.config_changed, second.started) == (False, False, False)
 
 
+def test_site_changes_nothing_when_a_host_fails_doctor(lab: Lab, wheels: Path) -> None:
+    """n1's agent port is taken: site.yml's doctor (run from the wheel, before
+    anything is installed) names n1 and the port, and no host is changed."""
+    holder = subprocess.Popen(
+        [
+            "ip",
+            *("netns", "exec", lab.hosts["n1"].namespace, sys.executable, "-c"),
+            "import socket, time; s = socket.socket(); "
+            "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+            "s.bind(('0.0.0.0', 8444)); s.listen(); print('ready', flush=True); time.sleep(600)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+        result = playbook(lab, wheels, "site.yml")
+    finally:
+        holder.kill()
+        holder.wait()
+    out = " ".join(result.stdout.split())
+    assert result.returncode != 0
+    assert "letsinfer doctor failed on n1, so nothing was changed there" in out, out
+    assert "[port 8444] agent plane port 8444 on 0.0.0.0 is taken by python" in out, out
+    assert "move the agent plane to another port ([agent] api_port)" in out, out
+    for host in ("main", "n1"):  # the doctor ran on the main too, then the run stopped
+        left = "/opt/letsinfer /etc/letsinfer /var/lib/letsinfer/authority.db"
+        left += " /tmp/*-letsinfer-doctor"  # the doctor's own temporary folder is gone too
+        assert sh(lab, host, f"for p in {left}; do test -e $p && echo $p; done; true") == ""
+        assert lab.ssh(host, "getent passwd letsinfer").returncode == 2
+    assert "Nodes | Install" not in result.stdout
+
+
 def test_upgrade_to_a_broken_build_stops_at_the_first_host_and_restores_it(
     converged: Lab, wheels: Path, tmp_path: Path
 ) -> None:

@@ -152,7 +152,13 @@ def test_main_scope_commands_refuse_elsewhere(tmp_path: Path) -> None:
     save_identity(
         child / "etc" / "node.json", NodeIdentity("c1", "n1", "child", main_address="10.9.8.7:8443")
     )
-    for args in (["model", "list"], ["auth", "key", "create", "k"], ["node", "list"]):
+    for args in (
+        ["model", "list"],
+        ["auth", "key", "create", "k"],
+        ["node", "list"],
+        ["doctor", "--cluster"],
+        ["top", "--once"],
+    ):
         refused = letsinfer(child, *args)
         assert refused.returncode == 3, args
         assert "10.9.8.7:8443" in refused.stderr and "main node only" in refused.stderr

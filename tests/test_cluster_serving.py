@@ -19,9 +19,11 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from tests.cluster import PY, Cluster, as_node
 from tests.db_writer import cut_audit, put_back, rewrite_audit_from
+from tests.firewall import render
 from tests.netlab import NetLab, can_make_namespaces
 from tests.nodes import processes_using
 
@@ -29,8 +31,8 @@ pytestmark = pytest.mark.skipif(not can_make_namespaces(), reason="needs root (n
 
 ROOT = Path(__file__).resolve().parent.parent
 GPUS = [
-    {"uuid": "GPU-n1-a", "name": "Fake H100", "memory_total": 80 << 30},
-    {"uuid": "GPU-n1-b", "name": "Fake H100", "memory_total": 80 << 30},
+    {"uuid": "GPU-n1-a", "name": "Fake H100", "memory_total": 80 << 30, "temperature_c": 47},
+    {"uuid": "GPU-n1-b", "name": "Fake H100", "memory_total": 80 << 30, "power_w": 310.5},
     {"uuid": "GPU-n1-c", "name": "Fake H100", "memory_total": 80 << 30},
 ]
 N2_GPUS = [{"uuid": "GPU-n2-a", "name": "Fake H100", "memory_total": 80 << 30}]
@@ -262,6 +264,184 @@ def test_a_group_on_a_hot_gpu_gets_fewer_requests(cluster: Cluster) -> None:
         for path, gpus in files.values():
             path.write_text(json.dumps(gpus))
         c.ok("main", "model", "stop", "warm")
+
+
+def metrics(c: Cluster) -> str:
+    """The main's metrics endpoint, from its own host (it listens on loopback)."""
+    return c.py("main", "import httpx; print(httpx.get('http://127.0.0.1:9400/metrics').text)")
+
+
+def doctor_cluster(c: Cluster) -> tuple[int, dict[str, str]]:
+    """`doctor --cluster` on the main: exit code, failing check -> message."""
+    done = c.cli("main", "doctor", "--cluster", "--json")
+    report = json.loads(done.stdout)
+    return done.returncode, {
+        f["check"]: f["message"] for f in report["findings"] if f["level"] == "fail"
+    }
+
+
+def expired_copy(cert_pem: bytes, ca_dir: Path, ca_key_path: Path) -> bytes:
+    """The same certificate, re-issued by the cluster CA, expired yesterday."""
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+
+    from letsinfer.trust import pki
+
+    cert = pki.load_cert(cert_pem)
+    ca = pki.load_cert((ca_dir / "ca.crt").read_bytes())
+    now = dt.datetime.now(dt.UTC)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(cert.subject)
+        .issuer_name(ca.subject)
+        .public_key(cert.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(days=3))
+        .not_valid_after(now - dt.timedelta(days=1))
+    )
+    for ext in cert.extensions:
+        builder = builder.add_extension(ext.value, ext.critical)
+    return pki.cert_pem(builder.sign(pki.read_private_key(ca_key_path), hashes.SHA256()))
+
+
+def no_ready_group_holds(scrape: str, tmp: Path) -> set[str]:
+    """Evaluate the shipped LetsinferModelWithoutReadyGroup expression with
+    promtool over this scrape's series; return the models it is true for."""
+    rules = yaml.safe_load((ROOT / "monitoring/alerts.yml").read_text())
+    [rule] = [
+        r
+        for g in rules["groups"]
+        for r in g["rules"]
+        if r.get("alert") == "LetsinferModelWithoutReadyGroup"
+    ]
+    series = re.findall(r"^(letsinfer_model_ready_groups\{[^}]*\}) (\S+)$", scrape, re.M)
+    zero = {m: v for m, v in series if float(v) == 0}
+    test = {
+        "rule_files": [],
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": m, "values": f"{v}x5"} for m, v in series],
+                "promql_expr_test": [
+                    {
+                        "expr": rule["expr"],
+                        "eval_time": "3m",
+                        "exp_samples": [{"labels": m, "value": 0} for m in zero],
+                    }
+                ],
+            }
+        ],
+    }
+    (tmp / "scrape_test.yml").write_text(yaml.safe_dump(test))
+    done = subprocess.run(
+        ["promtool", "test", "rules", "scrape_test.yml"], capture_output=True, text=True, cwd=tmp
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return {re.search(r'model="([^"]*)"', m).group(1) for m in zero}  # type: ignore[union-attr]
+
+
+def test_doctor_cluster_metrics_and_top_see_the_whole_cluster(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    c = cluster
+    wait_ready(c, "shared", {"n1", "n2"})
+    hosts = ("main", "n1", "n2")
+    subnet = c.lab.hosts["main"].rsplit(".", 1)[0] + ".0/24"
+    rules = c.root / "letsinfer.nft"  # the firewall role's own table, as it renders it
+    rules.write_text(render([c.lab.hosts[h] for h in hosts], [c.lab.hosts["main"]], [subnet]))
+    [main_dir] = (c.home("main") / "etc/clusters").glob("*")
+    main_cert = main_dir / "node.crt"
+    saved = main_cert.read_bytes()
+    try:
+        # Before the firewall is loaded, every member is named for it.
+        code, failed = doctor_cluster(c)
+        assert code == 1 and {"firewall main", "firewall n1", "firewall n2"} <= set(failed)
+        for h in hosts:
+            loaded = c.lab.run(h, "nft", "-f", str(rules))
+            assert loaded.returncode == 0, loaded.stderr
+        c.wait(lambda: doctor_cluster(c) == (0, {}), "doctor --cluster to pass", timeout=60)
+        report = json.loads(c.ok("main", "doctor", "--cluster", "--json"))
+        checks = {f["check"] for f in report["findings"]}
+        assert {"main", "gpus", "facts n1", "facts n2", "firewall n2", "certificate n1"} <= checks
+
+        # A child's own doctor: its clock against the main's, its certificate, its firewall.
+        child = json.loads(c.cli("n1", "doctor", "--json").stdout)
+        found = {f["check"]: f for f in child["findings"]}
+        assert found["clock"]["level"] == "ok", found["clock"]
+        assert f"the main at {c.lab.hosts['main']}:8443" in found["clock"]["message"]
+        assert found["certificate"]["level"] == "ok" and found["firewall"]["level"] == "ok"
+        assert found["gpu GPU-n1-a"]["level"] == "ok" and "47°C" in found["gpu GPU-n1-a"]["message"]
+
+        # Metrics: the new series for the main and its children.
+        assert load(c, "shared", n=4) == [200] * 4
+        scrape = metrics(c)
+        for series in (
+            'letsinfer_model_ready_groups{model="shared"} 2.0',
+            'letsinfer_model_groups{model="shared"} 2.0',
+            'letsinfer_node_info{node="n1",role="child"} 1.0',
+            'letsinfer_node_info{node="main",role="main"} 1.0',
+            'letsinfer_node_firewall_loaded{node="n2"} 1.0',
+            'letsinfer_gpu_temperature_celsius{gpu="GPU-n1-a",node="n1"} 47.0',
+            'letsinfer_gpu_power_watts{gpu="GPU-n1-b",node="n1"} 310.5',
+            'letsinfer_key_requests_total{key="default"}',
+            'letsinfer_gateway_queue_depth{model="shared"} 0.0',
+        ):
+            assert series in scrape, series
+        for name in (
+            "letsinfer_group_state",
+            "letsinfer_group_restarts_total",
+            "letsinfer_group_free_slots",
+            "letsinfer_group_tokens_total",
+            "letsinfer_key_tokens_total",
+            "letsinfer_node_facts_age_seconds",
+            "letsinfer_node_certificate_expiry_seconds",
+            "letsinfer_gpu_memory_free_bytes",
+        ):
+            assert re.search(rf"^{name}\{{", scrape, re.M), name
+        for n in ("n1", "n2"):
+            assert re.search(
+                rf'^letsinfer_group_state\{{desired="running",model="shared",node="{n}",'
+                r'pg="pg-\w+",state="ready"\} 1.0$',
+                scrape,
+                re.M,
+            ), n
+        assert c.key and c.key not in scrape  # never key material
+
+        # top: the same numbers, as tables
+        top = c.lab.run(
+            "main",
+            PY,
+            *("-m", "letsinfer", "--home", str(c.home("main")), "top", "--once"),
+            *("--interval", "0.5"),
+            env={**c.env("main"), "COLUMNS": "200"},
+        )
+        assert top.returncode == 0, top.stderr
+        for word in ("shared", "n1", "n2", "GPU-n1-a", "loaded", "ready"):
+            assert word in top.stdout, (word, top.stdout)
+
+        # An expired certificate is named (the main's, as the next start would present it).
+        main_cert.write_bytes(expired_copy(saved, main_dir, c.home("main") / "etc/ca/ca.key"))
+        code, failed = doctor_cluster(c)
+        assert code == 1 and "main's certificate expired" in failed["certificate main"], failed
+        main_cert.write_bytes(saved)
+
+        # A stopped model makes the "no ready group" rule's expression true.
+        c.ok("main", "model", "stop", "shared")
+        c.wait(
+            lambda: 'letsinfer_model_ready_groups{model="shared"} 0.0' in metrics(c),
+            "no ready group of shared in the metrics",
+        )
+        if shutil.which("promtool"):
+            assert "shared" in no_ready_group_holds(metrics(c), tmp_path)
+        assert doctor_cluster(c) == (0, {}), "a stopped model is not meant to run"
+        c.ok("main", "model", "start", "shared")
+    finally:
+        main_cert.write_bytes(saved)
+        for h in hosts:
+            c.lab.run(h, "nft", "delete", "table", "inet", "letsinfer")
+    wait_ready(c, "shared", {"n1", "n2"})
 
 
 def test_gpus_are_exclusive_and_exactly_visible(cluster: Cluster) -> None:
@@ -722,6 +902,10 @@ print(httpx.get("http://{c.lab.hosts["main"]}:8000/health",
         "n2 listed as unreachable",
     )
     assert nodes["n1"]["state"] == "active"
+    # doctor --cluster names the child whose facts stopped, and its group
+    done = c.cli("main", "doctor", "--cluster")
+    assert done.returncode == 1
+    assert "n2 sent no facts for" in done.stdout and "its node's facts are stale" in done.stdout
 
     # Its agent stopped, n2 still cannot move away: the CLI asks the main itself.
     refused = c.cli("n2", "node", "move-into", "--main", f"{c.lab.hosts['n1']}:8443")

@@ -225,3 +225,20 @@ def test_request_records_and_usage_add_up_to_what_the_clients_saw(main_node) -> 
     assert later.returncode == 0 and json.loads(later.stdout) == []
     bad = main_node.cli("usage", "--since", "last tuesday")
     assert bad.returncode == 2 and "is not a date" in bad.stderr
+
+
+def test_doctor_on_a_healthy_running_node_exits_0(main_node) -> None:  # type: ignore[no-untyped-def]
+    done = main_node.cli("doctor", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["ok"] is True and report["failures"] == 0
+    found = {f["check"]: f for f in report["findings"]}
+    # its own ports are busy, with the node itself: that is healthy
+    gateway = found[f"port {main_node.port}"]
+    assert gateway["level"] == "ok" and "in use by this node" in gateway["message"]
+    assert found["engine xllamacpp"]["level"] == "ok"
+    assert (
+        found["certificate"]["level"] == "ok" and "valid until" in found["certificate"]["message"]
+    )
+    text = main_node.cli("doctor")
+    assert text.returncode == 0 and "no failures" in text.stdout

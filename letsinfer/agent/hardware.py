@@ -4,6 +4,8 @@
 used whenever NVML initialises. ``FakeGpuProbe`` reads a JSON file describing
 GPUs, for tests and lab hosts without a GPU, and answers the same interface
 (set ``[hardware] fake_gpus = "/path/gpus.json"`` or ``LETSINFER_HARDWARE__FAKE_GPUS``).
+The file is a list of GPUs, or ``{"driver": "550.54", "gpus": [...]}``.
+Standard library only at import (``letsinfer doctor`` runs before install).
 """
 
 from __future__ import annotations
@@ -25,26 +27,48 @@ class GpuInfo:
     power_w: float | None = None
     utilization: int | None = None  # percent
     mig: bool = False
+    # Uncorrected ECC errors since the driver loaded (None: no ECC, or unknown).
+    # For `doctor` only: not part of the signed facts.
+    ecc_uncorrected: int | None = None
+
+
+# GpuInfo fields that go into the signed facts (letsinfer.contracts.facts.GpuFact).
+_FACT_FIELDS = ("uuid", "name", "memory_total", "memory_free", "temperature_c", "power_w")
+_FACT_FIELDS += ("utilization", "mig")
 
 
 class GpuProbe(Protocol):
     def gpus(self) -> list[GpuInfo]: ...
+
+    def driver_version(self) -> str | None: ...
 
 
 class NoGpus:
     def gpus(self) -> list[GpuInfo]:
         return []
 
+    def driver_version(self) -> str | None:
+        return None
+
 
 class FakeGpuProbe:
-    """GPUs described by a JSON file: a list of objects with GpuInfo's fields."""
+    """GPUs described by a JSON file: a list of objects with GpuInfo's fields,
+    or an object with ``driver`` and ``gpus``."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
 
+    def _read(self) -> dict[str, Any]:
+        data = json.loads(self.path.read_text())
+        return data if isinstance(data, dict) else {"gpus": data}
+
     def gpus(self) -> list[GpuInfo]:
-        data: list[dict[str, Any]] = json.loads(self.path.read_text())
-        return [GpuInfo(**{"memory_free": g.get("memory_total", 0), **g}) for g in data]
+        listed: list[dict[str, Any]] = self._read().get("gpus", [])
+        return [GpuInfo(**{"memory_free": g.get("memory_total", 0), **g}) for g in listed]
+
+    def driver_version(self) -> str | None:
+        driver = self._read().get("driver", "fake")
+        return str(driver) if driver is not None else None
 
 
 class NvmlProbe:
@@ -74,9 +98,19 @@ class NvmlProbe:
                     power_w=_try(lambda h=h: nv.nvmlDeviceGetPowerUsage(h) / 1000.0),
                     utilization=_try(lambda h=h: int(nv.nvmlDeviceGetUtilizationRates(h).gpu)),
                     mig=bool(_try(lambda h=h: nv.nvmlDeviceGetMigMode(h)[0]) or False),
+                    ecc_uncorrected=_try(
+                        lambda h=h: int(
+                            nv.nvmlDeviceGetTotalEccErrors(
+                                h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC
+                            )
+                        )
+                    ),
                 )
             )
         return out
+
+    def driver_version(self) -> str | None:
+        return _try(lambda: _text(self._nvml.nvmlSystemGetDriverVersion()))
 
 
 def _text(value: bytes | str) -> str:
@@ -116,6 +150,6 @@ def host_facts(probe: GpuProbe) -> dict[str, Any]:
         "cpus": os.cpu_count() or 1,
         "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
         "memory_available": memory_available(),
-        "gpus": [asdict(g) for g in gpus],
+        "gpus": [{k: v for k, v in asdict(g).items() if k in _FACT_FIELDS} for g in gpus],
         "targets": ["cpu", "cuda"] if gpus else ["cpu"],
     }

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict
 from letsinfer import __version__
 from letsinfer.agent.api import create_agent_app
 from letsinfer.agent.engine_load import EngineLoad, read_loads
+from letsinfer.agent.firewall import FirewallProbe
 from letsinfer.agent.hardware import gpu_probe, host_facts
 from letsinfer.agent.placement import Fetch, PlacementRunner
 from letsinfer.agent.supervisor import EngineSupervisor, SupervisionPolicy
@@ -110,6 +111,7 @@ class AgentNode:
         self.denials = DenialLog(self.audit, settings.audit.denial_interval_s)
         self.reload_requested = False
         self.gpus = gpu_probe(settings.hardware.fake_gpus)
+        self.firewall = FirewallProbe()
         agent = settings.agent
         self.supervisor = EngineSupervisor(
             home.engine_logs,
@@ -405,6 +407,7 @@ class AgentNode:
             version=__version__,
             audit=self._audit_head(),
             artifacts=present_digests(self.home.model_store),
+            firewall=self.firewall.loaded(),
         )
 
     def _audit_head(self) -> AuditHeadFact | None:

@@ -47,6 +47,7 @@ def main() -> None:
         bundle,
         cluster,
         controller,
+        doctor,
         fleet,
         mirror,
         model,
@@ -58,6 +59,7 @@ def main() -> None:
         service,
         status,
         storage,
+        top,
         up,
         usage,
     )

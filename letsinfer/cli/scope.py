@@ -8,6 +8,7 @@ commands adds a few records with counts).
 
 from __future__ import annotations
 
+import inspect
 import os
 import pwd
 from dataclasses import dataclass
@@ -55,17 +56,22 @@ class ScopedCommand(click.Command):
     def __init__(self, *args: Any, scope: Scope, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.scope: Scope = scope
-        if self.help is not None:
-            self.help = f"{self.help}\n\nRuns on: {scope}."
+        if self.help is not None:  # cleaned first: the added line would defeat click's dedent
+            self.help = f"{inspect.cleandoc(self.help)}\n\nRuns on: {scope}."
 
     def invoke(self, ctx: click.Context) -> Any:
-        cli: CliContext = ctx.ensure_object(CliContext)
-        try:
-            check_scope(self.scope, ctx.command_path, cli.identity)
-        except ScopeError:
-            _audit_refusal(cli, ctx.command_path.partition(" ")[2], self.scope)
-            raise
+        require_scope(ctx.ensure_object(CliContext), self.scope, ctx.command_path)
         return super().invoke(ctx)
+
+
+def require_scope(cli: CliContext, scope: Scope, command_path: str) -> None:
+    """Refuse (and audit the refusal) unless this home may run ``command_path``;
+    for a command whose scope depends on an option (``doctor --cluster``)."""
+    try:
+        check_scope(scope, command_path, cli.identity)
+    except ScopeError:
+        _audit_refusal(cli, command_path.partition(" ")[2], scope)
+        raise
 
 
 def _audit_refusal(cli: CliContext, command: str, scope: Scope) -> None:

@@ -96,6 +96,8 @@ class Facts(_Fact):
     artifacts: list[Annotated[str, Field(max_length=64)]] = Field(
         default_factory=list, max_length=256
     )
+    # nftables table inet letsinfer loaded (None: the agent cannot tell)
+    firewall: bool | None = None
 
     def canonical(self) -> bytes:
         return json.dumps(

@@ -1,11 +1,13 @@
 """Control-plane routes. A fixed set of typed operations; nothing runs commands.
 
 Open paths (no client certificate yet): completing an enrollment and pairing a
-controller, each authenticated by its one-time secret. Everything else needs a
+controller, each authenticated by its one-time secret, and the main's clock
+(``/v1/time``, which ``letsinfer doctor`` on a child compares with). Everything else needs a
 verified cluster certificate: nodes use ``/v1/agent/*``, controllers
 ``/v1/ops/*`` within their role.
 """
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +30,7 @@ from letsinfer.trust import pki
 from letsinfer.trust.material import ClusterCA
 from letsinfer.trust.peer import NODE_REMOVED, Peer, PeerGate, Refusal, Scope, gated_peer
 
-OPEN_PATHS = ("/v1/enroll/complete", "/v1/pair/ca", "/v1/pair/controller")
+OPEN_PATHS = ("/v1/enroll/complete", "/v1/pair/ca", "/v1/pair/controller", "/v1/time")
 
 
 @dataclass
@@ -134,6 +136,12 @@ def create_control_app(ctx: ControlContext) -> PeerGate:
             "ca": ctx.ca.pem,
             "main_id": ctx.identity.node_id,
         }
+
+    @app.get("/v1/time")
+    async def main_time() -> dict[str, float]:
+        # Public: the main's clock says nothing secret, and a skewed child
+        # compares with it before its facts go stale (`letsinfer doctor`).
+        return {"time": time.time()}
 
     # -- nodes --------------------------------------------------------------
     @app.post("/v1/agent/facts")

@@ -3,10 +3,13 @@ unless the operator exposes them, and then only to the networks listed
 (``[gateway] metrics_host``, ``metrics_allow``); any other source's
 connection is closed as it is accepted.
 
-Per request the gateway only bumps a counter and two histograms through
-cached label children. Queue depth and in-flight requests per placement group
-are read from the admission queue and the routing table when Prometheus
-scrapes, so they cost nothing on the request path.
+Per request the gateway only bumps a few counters and two histograms through
+cached label children (requests and tokens by model, placement group and API
+key name: never a prompt, never key material). Queue depth and in-flight
+requests per placement group are read from the admission queue and the routing
+table when Prometheus scrapes, so they cost nothing on the request path; the
+cluster's own series (groups, nodes, GPUs) come from
+letsinfer.telemetry.collector the same way.
 """
 
 from __future__ import annotations
@@ -106,6 +109,25 @@ class GatewayMetrics:
             ["reason"],
             registry=self.registry,
         )
+        self._group_tokens = Counter(
+            "letsinfer_group_tokens",
+            "Tokens a placement group read (prompt) and wrote (completion), from the "
+            "engine's usage.",
+            ["model", "pg", "kind"],
+            registry=self.registry,
+        )
+        self._key_requests = Counter(
+            "letsinfer_key_requests",
+            "Inference requests by API key name (authenticated requests only).",
+            ["key"],
+            registry=self.registry,
+        )
+        self._key_tokens = Counter(
+            "letsinfer_key_tokens",
+            "Tokens used by API key name: prompt and completion.",
+            ["key", "kind"],
+            registry=self.registry,
+        )
         self.registry.register(_LiveCollector(routing, admission))
         # Label lookups take a lock and build tuples: cache the children.
         self._children: dict[tuple[str, str], Any] = {}
@@ -118,11 +140,33 @@ class GatewayMetrics:
             self._children[key] = child  # type: ignore[index]
         return child
 
-    def request(self, model: str, status: int, total_s: float, ttft_s: float | None) -> None:
+    def request(
+        self,
+        model: str,
+        status: int,
+        total_s: float,
+        ttft_s: float | None,
+        *,
+        key: str = "-",
+        pg: str = "-",
+        prompt_tokens: int | None = None,
+        completion_tokens: int | None = None,
+    ) -> None:
+        """One finished request. ``key`` and ``pg`` are "-" when there was no
+        authenticated key or no placement group (then no series is added)."""
         self._child(self._requests, "r", model, str(status)).inc()
         self._child(self._latency, "l", model).observe(total_s)
         if ttft_s is not None:
             self._child(self._ttft, "t", model).observe(ttft_s)
+        if key != "-":
+            self._child(self._key_requests, "k", key).inc()
+        for kind, tokens in (("prompt", prompt_tokens), ("completion", completion_tokens)):
+            if not tokens:
+                continue
+            if pg != "-":
+                self._child(self._group_tokens, "g", model, pg, kind).inc(tokens)
+            if key != "-":
+                self._child(self._key_tokens, "kt", key, kind).inc(tokens)
 
     def error(self, reason: str) -> None:
         self._child(self._errors, "e", reason).inc()

@@ -399,7 +399,16 @@ class InferenceEndpoints:
         else:
             prompt_tokens = completion_tokens = None
         ex.tokens = (prompt_tokens, completion_tokens)
-        self.gw.metrics.request(ex.served, ex.status, total, ex.ttft)
+        self.gw.metrics.request(
+            ex.served,
+            ex.status,
+            total,
+            ex.ttft,
+            key=ex.key,
+            pg=ex.pg,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+        )
         records = self.gw.records
         if records is not None and ex.key != "-":  # refused keys are counted as denials
             records.add(

@@ -48,6 +48,7 @@ class NodeRecord:
     facts_seq: int | None = None  # the last accepted facts' sequence (refuses replays)
     audit_head: dict[str, Any] | None = None  # its signed audit head, as witnessed
     audit_problem: str | None = None  # what the witnessed head says is wrong
+    cert_not_after: float | None = None  # expiry of the certificate it last presented
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,16 @@ class PgTaskRecord:
     state: str
     detail: str | None
     updated_at: float
+
+
+@dataclass(frozen=True)
+class GpuClaim:
+    """One GPU a placement group's task holds."""
+
+    gpu_uuid: str
+    pg_id: str
+    node_id: str
+    task: str
 
 
 @dataclass(frozen=True)
@@ -344,16 +355,18 @@ class AuthorityStore(AuditTables):
         cert_fingerprint: str | None = None,
         seq: int | None = None,
         witness: Witness | None = None,
+        cert_not_after: float | None = None,
     ) -> None:
         """Latest verified facts; also when the node was last heard from, by
-        which certificate (the one a removal revokes), the facts' sequence (so a
-        replay is refused after a restart too) and its witnessed audit head.
-        One write per report."""
+        which certificate (the one a removal revokes) and until when it is
+        valid, the facts' sequence (so a replay is refused after a restart too)
+        and its witnessed audit head. One write per report."""
         now = time.time()
         head = json.dumps(witness.head, sort_keys=True) if witness and witness.head else None
         self.db.execute(
             "UPDATE nodes SET facts = ?, facts_at = ?, last_seen = ?, "
             "cert_fingerprint = COALESCE(?, cert_fingerprint), "
+            "cert_not_after = COALESCE(?, cert_not_after), "
             "facts_seq = COALESCE(?, facts_seq), "
             "audit_head = CASE WHEN ? THEN ? ELSE audit_head END, "
             "audit_problem = CASE WHEN ? THEN ? ELSE audit_problem END "
@@ -363,6 +376,7 @@ class AuthorityStore(AuditTables):
                 now,
                 now,
                 cert_fingerprint,
+                cert_not_after,
                 seq,
                 witness is not None,
                 head,
@@ -786,6 +800,11 @@ class AuthorityStore(AuditTables):
         )
         return [r["gpu_uuid"] for r in rows]
 
+    def gpu_claims(self) -> list[GpuClaim]:
+        """Every GPU held by a placement group, across the cluster."""
+        rows = self._rows("SELECT gpu_uuid, pg_id, node_id, task FROM pg_devices ORDER BY gpu_uuid")
+        return [GpuClaim(**r) for r in rows]
+
     def gpus_in_use(self, node_id: str) -> set[str]:
         rows = self._rows("SELECT gpu_uuid FROM pg_devices WHERE node_id = ?", (node_id,))
         return {r["gpu_uuid"] for r in rows}
@@ -949,6 +968,7 @@ def _node(r: dict[str, Any]) -> NodeRecord:
         facts_seq=r.get("facts_seq"),
         audit_head=json.loads(r["audit_head"]) if r.get("audit_head") else None,
         audit_problem=r.get("audit_problem"),
+        cert_not_after=r.get("cert_not_after"),
     )
 
 

@@ -228,4 +228,9 @@ MIGRATIONS: list[str] = [
     INSERT INTO release_history(service, node_id, pg_id, release_id, event, at)
         SELECT service, node_id, id, release_id, 'installed', created_at FROM placement_groups;
     """,
+    # 9: when the certificate a node last presented with its facts expires
+    # (`doctor --cluster`, the certificate-expiry metric)
+    """
+    ALTER TABLE nodes ADD COLUMN cert_not_after REAL;
+    """,
 ]
