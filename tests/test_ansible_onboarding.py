@@ -421,12 +421,16 @@ def test_site_yml_enrolls_the_child_with_the_real_main_and_rejects_the_planted_r
     assert f"not sha256:{main['ca_fingerprint']}: not accepted, nothing changed" in said
     assert story.requests_after_refusal == story.pending_on_n2
 
-    # site.yml: n2 joined the real main's cluster
-    assert story.run2.returncode == 0, story.run2.stdout[-6000:]
+    # site.yml: n2 joined the real main's cluster, never the outsider's
     n2 = status(lab, "n2")
+    theirs = json.loads(
+        by_hand(lab, "outsider", "node", "list", "--json", home=story.outsider_home)
+    )
+    assert [n["name"] for n in theirs] == [lab.hosts["main"].address], "n2 joined the outsider"
     assert n2["role"] == "child"
-    assert n2["ca_fingerprint"] == main["ca_fingerprint"]
+    assert n2["ca_fingerprint"] == main["ca_fingerprint"], (n2, story.run2.stdout[-3000:])
     assert n2["main"] == f"{lab.hosts['main'].address}:8443"
+    assert story.run2.returncode == 0, story.run2.stdout[-6000:]
     listed = json.loads(sh(lab, "main", f"{LETSINFER} node list --json"))
     assert {n["name"]: n["state"] for n in listed}.get("n2") == "active"
 
@@ -441,19 +445,12 @@ def test_site_yml_enrolls_the_child_with_the_real_main_and_rejects_the_planted_r
     accepted = [r for r in audit if r["action"] == "node.accept" and r["outcome"] == "ok"]
     assert [r["detail"] for r in accepted] == [f"cluster sha256:{main['ca_fingerprint']}"]
 
-    # the outsider's main never had n2
-    theirs = json.loads(
-        by_hand(lab, "outsider", "node", "list", "--json", home=story.outsider_home)
-    )
-    assert [n["name"] for n in theirs] == [lab.hosts["main"].address]
-
 
 def test_no_moment_of_onboarding_opens_a_member_s_planes_to_the_outsider(
     lab: Lab, story: Story
 ) -> None:
-    assert story.run1.returncode == 0 and story.run2.returncode == 0
     watch = story.watch
-    assert watch.violations() == [], f"the outsider reached: {watch.violations()}"
+    assert watch.violations() == [], f"the outsider reached: {sorted(set(watch.violations()))}"
     assert watch.closed_since("n2") is not None  # its hand-started candidate, closed by run 2
 
     # the watch saw what it was meant to watch, engines included
@@ -486,7 +483,6 @@ def test_no_moment_of_onboarding_opens_a_member_s_planes_to_the_outsider(
 
 
 def test_the_member_set_follows_the_inventory_on_every_run(lab: Lab, story: Story) -> None:
-    assert story.run2.returncode == 0
     for host in ("main", "n1", "n2"):
         members = sh(lab, host, "nft list set inet letsinfer members_v4")
         for member in MEMBERS:
@@ -515,7 +511,6 @@ def _node_files(lab: Lab, hosts: tuple[str, ...]) -> dict[str, str]:
 def test_a_host_whose_node_is_not_the_inventory_s_is_refused_before_anything_changes(
     lab: Lab, wheels: Path, story: Story
 ) -> None:
-    assert story.run2.returncode == 0
     main, n1, outsider = (lab.hosts[h].address for h in ("main", "n1", "outsider"))
     before = _node_files(lab, ("main", "n1"))
 
