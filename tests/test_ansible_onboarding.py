@@ -502,6 +502,18 @@ def test_opting_out_of_the_firewall_is_loud(lab: Lab, wheels: Path, story: Story
     assert sh(lab, "n1", "nft list table inet letsinfer") == before
 
 
+def site_alone(lab: Lab, inventory: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """site.yml with only ``inventory`` (and the lab's settings)."""
+    return subprocess.run(
+        [str(BIN / "ansible-playbook"), "-i", inventory, "playbooks/site.yml", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "LETSINFER_LAB_PREFIX": lab.prefix, "ANSIBLE_FORCE_COLOR": "0"},
+        timeout=300,
+    )
+
+
 def _node_files(lab: Lab, hosts: tuple[str, ...]) -> dict[str, str]:
     return {
         h: sh(lab, h, "cat /etc/letsinfer/node.json; nft list ruleset | sha256sum") for h in hosts
@@ -518,14 +530,7 @@ def test_a_host_whose_node_is_not_the_inventory_s_is_refused_before_anything_cha
     swapped = inventory_file(
         lab, "swapped", {"n1": {"ansible_host": n1}}, {"main": {"ansible_host": main}}
     )
-    result = subprocess.run(
-        [str(BIN / "ansible-playbook"), "-i", swapped, "playbooks/site.yml"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "LETSINFER_LAB_PREFIX": lab.prefix, "ANSIBLE_FORCE_COLOR": "0"},
-        timeout=300,
-    )
+    result = site_alone(lab, swapped)
     out = " ".join(result.stdout.split())
     assert result.returncode != 0
     assert "main already holds a letsinfer main named 'main'" in out
@@ -544,14 +549,7 @@ def test_a_host_whose_node_is_not_the_inventory_s_is_refused_before_anything_cha
         {"outsider": {"ansible_host": outsider, "node_home": story.outsider_home}},
         {"n1": {"ansible_host": n1}},
     )
-    result = subprocess.run(
-        [str(BIN / "ansible-playbook"), "-i", strange, "playbooks/site.yml"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "LETSINFER_LAB_PREFIX": lab.prefix, "ANSIBLE_FORCE_COLOR": "0"},
-        timeout=300,
-    )
+    result = site_alone(lab, strange)
     out = " ".join(result.stdout.split())
     assert result.returncode != 0
     assert f"outsider already holds a letsinfer main named '{main}'" in out
@@ -561,6 +559,16 @@ def test_a_host_whose_node_is_not_the_inventory_s_is_refused_before_anything_cha
         f"(CA sha256:{story.outsider['ca_fingerprint']})"
     ) in out
     assert "Firewall |" not in out
+
+    # the same with the main outside the play (--limit): read from the main host
+    limited = site_alone(lab, strange, "--limit", "n1")
+    out = " ".join(limited.stdout.split())
+    assert limited.returncode != 0
+    assert (
+        "n1 already holds a letsinfer child named 'n1' (node id "
+        f"{status(lab, 'n1')['node_id']}, cluster CA sha256:"
+    ) in out
+    assert f"than the inventory's (CA sha256:{story.outsider['ca_fingerprint']})" in out
     assert _node_files(lab, ("main", "n1")) == before
     assert lab.ssh("outsider", "nft list table inet letsinfer").returncode != 0
 
