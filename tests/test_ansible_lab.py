@@ -73,8 +73,9 @@ def playbook(lab: Lab, wheels: Path, name: str, *extra: str) -> subprocess.Compl
 
 @pytest.fixture(scope="module")
 def converged(lab: Lab, wheels: Path) -> Lab:
-    """site.yml and firewall.yml through `letsinfer fleet apply`, as an operator runs them."""
-    for name in ("site", "firewall"):
+    """site.yml (which loads the firewall table too) through `letsinfer fleet
+    apply`, as an operator runs it."""
+    for name in ("site",):
         result = subprocess.run(
             [sys.executable, "-m", "letsinfer", "fleet", "apply", name, "-i", "inventories/lab"],
             capture_output=True,

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ansible_collections.letsinfer.cluster.plugins.filter.identity import identity_problem
 from ansible_collections.letsinfer.cluster.plugins.filter.inventory import (
     address_kind,
     network_kind,
@@ -94,7 +95,17 @@ class FakeNode:
                 pinned = args[args.index("--fingerprint") + 1] if "--fingerprint" in args else None
                 return 0, json.dumps({"id": "r1", "address": args[3], "pinned": pinned}), ""
             if args[1] == "accept":
-                self.state.update(role="child", main="10.0.0.1:8443")
+                [req] = [r for r in self.requests if r["id"] == args[2]]
+                pinned = args[args.index("--ca-fingerprint") + 1]
+                if pinned != req["ca_fingerprint"]:
+                    return 1, "", "Error: request comes from another cluster"
+                self.state.update(
+                    role="child", main=req["main_address"], ca_fingerprint=req["ca_fingerprint"]
+                )
+                self.requests.remove(req)
+                return 0, "", ""
+            if args[1] == "reject":
+                self.requests = [r for r in self.requests if r["id"] != args[2]]
                 return 0, "", ""
         return 2, "", f"unexpected: {args}"
 
@@ -231,43 +242,78 @@ def test_node_never_turns_a_main_into_a_candidate(exe: str) -> None:
     assert fake.calls == []
 
 
+CA_MAIN = "a1" * 32  # the inventory's main's cluster CA
+CA_OTHER = "b2" * 32  # a LAN host's own main
+
+
+def request(rid: str, ca: str, expires: str = "2026-01-01T00:00:00+00:00", **extra: Any) -> Any:
+    return {
+        "id": rid,
+        "ca_fingerprint": ca,
+        "main": "main",
+        "main_address": "10.0.0.1:8443",
+        "expires": expires,
+        **extra,
+    }
+
+
 def test_enrollment_in_check_mode_predicts_for_a_node_not_yet_set_up(
     exe: str, tmp_path: Path
 ) -> None:
     missing = LetsinferCli(FakeNode(), str(tmp_path / "absent"))
     assert Enrollment(missing, check_mode=True).request("10.0.0.2:8444")["changed"] is True
-    assert Enrollment(missing, check_mode=True).accept("10.0.0.1")["changed"] is True
+    assert Enrollment(missing, check_mode=True).accept("")["changed"] is True
     fake = FakeNode(initialised=True, running=True, role="candidate")
-    assert Enrollment(LetsinferCli(fake, exe), check_mode=True).accept("10.0.0.1")["changed"]
-    assert fake.calls == [["node", "--help"], ["node", "requests", "--json"]]
+    fake.requests = [request("planted", CA_OTHER)]
+    predicted = Enrollment(LetsinferCli(fake, exe), check_mode=True).accept(CA_MAIN)
+    assert predicted["changed"] and [r["id"] for r in predicted["rejected"]] == ["planted"]
+    assert fake.calls == [["node", "--help"], ["node", "requests", "--json"]]  # nothing done
 
 
-def test_enrollment_matches_hosts_exactly_and_takes_the_newest_request(exe: str) -> None:
-    fake = FakeNode(initialised=True, running=True, role="main")
-    fake.nodes = [{"name": "n12", "address": "10.0.0.12:8444"}]
-    enrollment = Enrollment(LetsinferCli(fake, exe))
-    assert enrollment.request("10.0.0.1:8444", fingerprint="ab")["changed"] is True
+def test_enrollment_accepts_the_newest_request_of_the_main_s_cluster_and_rejects_the_rest(
+    exe: str,
+) -> None:
+    """A LAN host's request that names the main (its name and address) and
+    expires last is still rejected: only the CA fingerprint counts."""
     cand = FakeNode(initialised=True, running=True, role="candidate")
     cand.requests = [
-        {"id": "old", "main_address": "10.0.0.1:8443", "expires": "2026-01-01T00:00:00+00:00"},
-        {"id": "new", "main_address": "10.0.0.1:8443", "expires": "2026-01-01T00:10:00+00:00"},
-        {"id": "other", "main_address": "10.0.0.11:8443", "expires": "2026-01-02T00:00:00+00:00"},
+        request("old", CA_MAIN, "2026-01-01T00:00:00+00:00"),
+        request("new", CA_MAIN, "2026-01-01T00:10:00+00:00"),
+        request("planted", CA_OTHER, "2027-01-01T00:00:00+00:00"),
     ]
-    assert Enrollment(LetsinferCli(cand, exe)).accept("10.0.0.1")["request"]["id"] == "new"
-    assert cand.calls[-1] == ["node", "accept", "new"]
+    result = Enrollment(LetsinferCli(cand, exe)).accept(f"SHA256:{CA_MAIN.upper()}")
+    assert result["changed"] and result["request"]["id"] == "new"
+    assert sorted(r["id"] for r in result["rejected"]) == ["old", "planted"]
+    assert cand.calls[-3:] == [
+        ["node", "reject", "old"],
+        ["node", "reject", "planted"],
+        ["node", "accept", "new", "--ca-fingerprint", CA_MAIN],
+    ]
+    assert cand.state["ca_fingerprint"] == CA_MAIN and cand.requests == []
 
 
-def test_enrollment_accepts_only_the_main_s_request(exe: str) -> None:
-    fake = FakeNode(initialised=True, running=True, role="main")
-    fake.requests = [{"id": "r7", "main_address": "10.0.0.1:8443"}]
+def test_enrollment_is_bound_to_the_main_s_ca_and_never_adopts(exe: str) -> None:
+    fake = FakeNode(initialised=True, running=True, role="candidate")
+    fake.requests = [request("planted", CA_OTHER)]
     enrollment = Enrollment(LetsinferCli(fake, exe))
-    with pytest.raises(EnrollmentError, match=r"no pending enrollment request from 10\.0\.0\.9"):
-        enrollment.accept("10.0.0.9")
-    result = enrollment.accept("10.0.0.1")
-    assert result["changed"] is True and fake.calls[-1] == ["node", "accept", "r7"]
-    assert enrollment.accept("10.0.0.1")["changed"] is False  # now a child of that main
+    with pytest.raises(
+        EnrollmentError,
+        match=f"no pending enrollment request from the cluster of CA sha256:{CA_MAIN} \\(rej",
+    ):
+        enrollment.accept(CA_MAIN)
+    assert fake.requests == [] and fake.state["role"] == "candidate"
+    with pytest.raises(EnrollmentError, match="not a SHA-256 fingerprint"):
+        enrollment.accept("10.0.0.1")
+
+    fake.requests = [request("r7", CA_MAIN)]
+    assert enrollment.accept(CA_MAIN)["changed"] is True
+    assert enrollment.accept(CA_MAIN)["changed"] is False  # now a child of that cluster
     with pytest.raises(EnrollmentError, match="explicit adoption"):
-        enrollment.accept("10.0.0.9")
+        enrollment.accept(CA_OTHER)
+
+    main = FakeNode(initialised=True, running=True, role="main")
+    with pytest.raises(EnrollmentError, match="is a main node"):
+        Enrollment(LetsinferCli(main, exe)).accept(CA_MAIN)
 
 
 def test_enrollment_request_is_sent_once(exe: str) -> None:
@@ -284,6 +330,40 @@ def test_enrollment_says_when_letsinfer_lacks_the_commands(exe: str) -> None:
     fake.has_node_commands = False
     with pytest.raises(EnrollmentError, match="needs a release with the trust layer"):
         Enrollment(LetsinferCli(fake, exe)).request("10.0.0.2:8444")
+
+
+def node_json(role: str, name: str, cluster: str | None = None) -> dict[str, Any]:
+    return {"node_id": "0123", "name": name, "role": role, "cluster": cluster}
+
+
+def test_a_node_already_on_a_host_must_be_the_inventory_s() -> None:
+    main = node_json("main", "main", CA_MAIN)
+    stray = node_json("main", "runner", CA_OTHER)  # `./dev up` on the machine
+    fits = [
+        ({}, "main", "main", {}, ""),  # a fresh host
+        (main, "main", "main", main, ""),
+        (stray, "main", "main", stray, f"sha256:{CA_OTHER}"),  # pinned: taken explicitly
+        (node_json("candidate", "n1"), "child", "n1", {}, ""),
+        (node_json("child", "n1", CA_MAIN), "child", "n1", main, ""),
+    ]
+    for found, role, host, main_found, pinned in fits:
+        assert identity_problem(found, role, host, main_found, pinned) == "", (found, role)
+
+    def problem(found: Any, role: str, host: str, main_found: Any, pinned: str = "") -> str:
+        said = identity_problem(found, role, host, main_found, pinned)
+        assert said.startswith(f"{host} already holds a letsinfer {found['role']}"), said
+        return said
+
+    assert "which this inventory did not make" in problem(stray, "main", "main", stray)
+    assert "not the main of the inventory's cluster" in problem(
+        main, "main", "main", main, CA_OTHER
+    )
+    assert "makes main a child" in problem(main, "child", "main", {})
+    assert "makes n1 the main" in problem(node_json("child", "n1", CA_MAIN), "main", "n1", {})
+    other = node_json("child", "n2", CA_OTHER)
+    assert f"than the inventory's (CA sha256:{CA_MAIN})" in problem(other, "child", "n2", main)
+    assert "main has no node yet" in problem(other, "child", "n2", {})
+    assert "another cluster" in problem(node_json("child", "n2", CA_MAIN), "child", "n2", stray)
 
 
 @pytest.mark.parametrize(
@@ -336,7 +416,7 @@ def test_module_documentation_parses_and_states_check_mode() -> None:
     bindir = Path(sys.executable).parent
     names = [
         f"letsinfer.cluster.{m}"
-        for m in ("letsinfer_node", "letsinfer_model", "letsinfer_enrollment")
+        for m in ("letsinfer_node", "letsinfer_model", "letsinfer_enrollment", "warning")
     ]
     result = subprocess.run(
         [str(bindir / "ansible-doc"), "-t", "module", "--json", *names],

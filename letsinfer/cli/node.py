@@ -218,21 +218,25 @@ class PinMismatchRefused(click.ClickException):
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
 def requests(ctx: CliContext, as_json: bool) -> None:
-    """Enrollment requests this node has received (accept one with `node accept ID`).
-    A node in a cluster receives one only while `node move-into` allows it."""
+    """Enrollment requests this node has received, each with the fingerprint of the
+    requesting main's cluster CA: compare it with the main's `letsinfer status`
+    before `node accept ID --ca-fingerprint SHA256`. The name and address are the
+    requester's own words and prove nothing. A node in a cluster receives one
+    only while `node move-into` allows it."""
     rows = [
         {
             "id": r.id,
+            "ca_fingerprint": r.ca_fingerprint,
+            "main_id": r.main_id,
             "main": r.main_name,
             "main_address": r.main_address,
-            "cluster": r.ca_fingerprint,
             "expires": _when(r.expires_at),
         }
         for r in candidate.list_requests(ctx.home)
     ]
     emit(
         rows,
-        ["id", "main", "main_address", "cluster", "expires"],
+        ["id", "ca_fingerprint", "main_id", "main", "main_address", "expires"],
         as_json=as_json,
         title="enrollment requests",
     )
@@ -249,14 +253,35 @@ def _refuse_move(ctx: CliContext, store: AuthorityStore, action: str, target: st
     return note
 
 
+def _fingerprint_option(
+    _ctx: click.Context, _param: click.Parameter, value: str | None
+) -> str | None:
+    if value is None:
+        return None
+    try:
+        return pki.normalize_fingerprint(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
 @scoped(node, "accept", scope="all")
 @click.argument("request_id")
+@click.option(
+    "--ca-fingerprint",
+    metavar="SHA256",
+    callback=_fingerprint_option,
+    help="Accept only if the request comes from the cluster whose CA has this "
+    "fingerprint (`ca_fingerprint` in the main's `letsinfer status --json`).",
+)
 @click.pass_obj
-def accept(ctx: CliContext, request_id: str) -> None:
+def accept(ctx: CliContext, request_id: str, ca_fingerprint: str | None) -> None:
     """Accept an enrollment request: send a CSR and join the main's cluster.
 
-    On a node already in a cluster (after `node move-into`) this is the move; on
-    a main, its own authority is retired in the same step (see docs/architecture.md)."""
+    With --ca-fingerprint, a request from any other cluster is refused (and
+    audited) and nothing changes. Either way the main reached must present a
+    certificate issued by the request's CA for the request's main id. On a node
+    already in a cluster (after `node move-into`) this is the move; on a main,
+    its own authority is retired in the same step (see docs/architecture.md)."""
     if ctx.identity is None:
         raise click.ClickException("this home is not a node yet: run `letsinfer node init`")
     req = candidate.get_request(ctx.home, request_id)
@@ -264,6 +289,14 @@ def accept(ctx: CliContext, request_id: str) -> None:
     store = open_authority(ctx.home)
     note = None
     try:
+        if ca_fingerprint is not None:
+            try:
+                candidate.check_cluster(req, ca_fingerprint)
+            except candidate.EnrollmentError as exc:
+                store.append_audit(
+                    "cli", "node.accept", "denied", target=req.main_name, detail=str(exc)
+                )
+                raise click.ClickException(str(exc)) from exc
         if ctx.identity.enrolled:
             note = _refuse_move(ctx, store, "node.move", req.main_name)
         settings = config.load(ctx.home.config_file)
@@ -330,7 +363,13 @@ def reject(ctx: CliContext, request_id: str) -> None:
     candidate.drop_request(ctx.home, req.id)
     store = open_authority(ctx.home)
     try:
-        store.append_audit("cli", "node.reject", "ok", target=req.main_name, detail=req.id)
+        store.append_audit(
+            "cli",
+            "node.reject",
+            "ok",
+            target=req.main_name,
+            detail=f"{req.id} from {req.main_address}, cluster CA sha256:{req.ca_fingerprint}",
+        )
     finally:
         store.close()
     console.print(f"enrollment request {req.id} from {req.main_name} rejected")

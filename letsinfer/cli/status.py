@@ -46,6 +46,9 @@ def status(ctx: CliContext, as_json: bool) -> None:
         "main": ident.main_address if ident else None,
         # What a main pins when it enrolls this node (`node add --fingerprint`).
         "fingerprint": presented_fingerprint(ctx.home, ident) if ident else None,
+        # The cluster CA's fingerprint (a main's own, a child's main's): what a
+        # candidate compares enrollment requests with (`node accept --ca-fingerprint`).
+        "ca_fingerprint": ident.cluster if ident else None,
         "placement_groups": [],
     }
     if ident is not None and ident.role == "main" and ctx.home.database.exists():
@@ -77,6 +80,8 @@ def status(ctx: CliContext, as_json: bool) -> None:
     state = f"[green]running[/green] (pid {pid})" if pid else "[red]not running[/red]"
     console.print(f"{ident.role} node [bold]{ident.name}[/bold] ({ident.node_id}): {state}")
     console.print(f"certificate sha256:{info['fingerprint']}")
+    if info["ca_fingerprint"]:
+        console.print(f"cluster CA sha256:{info['ca_fingerprint']}")
     emit(
         info["placement_groups"],
         ["id", "model", "target", "state", "endpoint", "restarts", "detail"],

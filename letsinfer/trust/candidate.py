@@ -90,6 +90,19 @@ def get_request(home: Home, request_id: str) -> PendingRequest:
     )
 
 
+def check_cluster(req: PendingRequest, expected: str) -> None:
+    """Refuse a request whose cluster CA is not the expected one: the CA is the
+    only thing in a request that a LAN host cannot choose (names and addresses
+    are the requester's own words)."""
+    if req.ca_fingerprint != expected:
+        raise EnrollmentError(
+            f"request {req.id} comes from the cluster whose CA fingerprint is "
+            f"sha256:{req.ca_fingerprint} (main {req.main_name!r} at {req.main_address}), "
+            f"not sha256:{expected}: not accepted, nothing changed "
+            f"(reject it with `letsinfer node reject {req.id}`)"
+        )
+
+
 def drop_request(home: Home, request_id: str) -> None:
     _path(home, request_id).unlink(missing_ok=True)
 

@@ -90,6 +90,15 @@ def fingerprint(cert: x509.Certificate | bytes) -> str:
     return hashlib.sha256(der).hexdigest()
 
 
+def normalize_fingerprint(text: str) -> str:
+    """A SHA-256 fingerprint as 64 lowercase hex digits, from the forms people
+    paste: with or without ``sha256:``, colons, any case. ValueError otherwise."""
+    value = text.strip().lower().removeprefix("sha256:").replace(":", "")
+    if len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
+        raise ValueError(f"{text!r} is not a SHA-256 fingerprint (64 hex digits)")
+    return value
+
+
 def public_key_fingerprint(key: ec.EllipticCurvePublicKey | x509.Certificate) -> str:
     pub = key.public_key() if isinstance(key, x509.Certificate) else key
     der = pub.public_bytes(

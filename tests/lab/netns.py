@@ -9,7 +9,10 @@ Layout of one lab (prefix ``P``, a fresh name per run so two runs never collide)
   own sshd (key login only, ``UsePAM no``, ``internal-sftp``) started inside a
   new mount and UTS namespace with overlayfs over ``/etc``, ``/var/lib`` and
   ``/opt`` (their upper layers on a tmpfs private to that namespace) and a
-  tmpfs on ``/run``, so the machine's real files are untouched;
+  tmpfs on ``/run``, so the machine's real files are untouched. letsinfer's
+  own paths start empty on every host: whiteouts hide ``/etc/letsinfer``,
+  ``/var/lib/letsinfer`` and ``/opt/letsinfer`` of the machine (a node it runs
+  itself, as after ``./dev up``, never shows through);
 - ``Pctl``: the controller's hop (no sshd): Ansible on the root namespace
   reaches hosts with ``ProxyCommand="ip netns exec Pctl nc %h %p"``. It is not
   a cluster member, so it is also the "outsider" that firewall checks use.
@@ -39,6 +42,9 @@ PREFIX_LEN = 24
 CTL_OCTET = 2
 FIRST_HOST_OCTET = 11
 OVERLAID = ("etc", "var/lib", "opt")
+# letsinfer's paths under OVERLAID: hidden from the lower layer (the machine's
+# own), so every host starts without a node. /run is a fresh tmpfs anyway.
+HIDDEN = ("etc/letsinfer", "var/lib/letsinfer", "opt/letsinfer")
 
 
 @dataclass(frozen=True)
@@ -215,6 +221,13 @@ mkdir -p "{workdir}/fs"
 mount -t tmpfs -o mode=0755 "lab-{name}-fs" "{workdir}/fs"
 for d in {overlaid}; do
   mkdir -p "{workdir}/fs/upper/$d" "{workdir}/fs/work/$d"
+done
+# a whiteout (a 0/0 character device in the upper layer) hides what the
+# machine has there; letsinfer creates its own directories above it
+for p in {hidden}; do
+  mknod "{workdir}/fs/upper/$p" c 0 0
+done
+for d in {overlaid}; do
   mount -t overlay "lab-{name}" \
     -o "lowerdir=/$d,upperdir={workdir}/fs/upper/$d,workdir={workdir}/fs/work/$d" "/$d"
 done
@@ -315,7 +328,9 @@ def _build(lab: Lab, hosts: list[str]) -> None:
         (hdir / "sshd_config").write_text(
             _SSHD_CONFIG.format(address=host.address, workdir=hdir, authorized_keys=authorized)
         )
-        script = _HOST_INIT.format(overlaid=" ".join(OVERLAID), workdir=hdir, name=host.name)
+        script = _HOST_INIT.format(
+            overlaid=" ".join(OVERLAID), hidden=" ".join(HIDDEN), workdir=hdir, name=host.name
+        )
         _run(
             [
                 "ip", "netns", "exec", host.namespace,

@@ -13,11 +13,20 @@ version_added: "1.0.0"
 description:
   - Drives letsinfer's enrollment commands. O(state=requested) runs on the main
     and sends a certificate-pinned enrollment request to the candidate
-    (C(letsinfer node add --address HOST:PORT)). O(state=accepted) runs on the
-    candidate and accepts the pending request that came from the main
-    (C(letsinfer node requests --json), then C(letsinfer node accept ID)).
-  - A node that already belongs to a cluster is left as it is; moving it is an
-    explicit adoption, never done here.
+    (C(letsinfer node add --address HOST:PORT --fingerprint SHA256)).
+    O(state=accepted) runs on the candidate and accepts the pending request
+    whose cluster CA fingerprint is O(ca_fingerprint)
+    (C(letsinfer node accept ID --ca-fingerprint SHA256)).
+  - Enrollment is bound to the main's identity, never to names or addresses. A
+    request names its main and address in words the requester chose, so any
+    host on the LAN can send one naming the real main. With O(state=accepted),
+    every other pending request on the candidate is rejected
+    (C(letsinfer node reject ID), audited on the candidate). Read
+    O(ca_fingerprint) from the inventory's main itself (C(ca_fingerprint) in its
+    C(letsinfer status --json)), never from the candidate.
+  - A node that already belongs to a cluster is left as it is when that is the
+    cluster of O(ca_fingerprint); one of another cluster fails, since moving it
+    is an explicit adoption, never done here.
   - The commands arrive with letsinfer's trust layer; with a letsinfer that
     lacks them the module fails and says so. The C(main) role calls it only
     when C(main_enroll_children) is true.
@@ -38,14 +47,21 @@ options:
     required: true
   address:
     description:
-      - With O(state=requested), the candidate's agent address C(HOST:PORT).
-      - With O(state=accepted), the main's address; only a request from it is accepted.
+      - With O(state=requested), the candidate's agent address C(HOST:PORT) (required).
+      - Not used with O(state=accepted), since an address proves nothing.
     type: str
-    required: true
   fingerprint:
     description:
       - With O(state=requested), the candidate's certificate fingerprint (its
         C(letsinfer status)); the request is pinned to it (C(--fingerprint)).
+    type: str
+  ca_fingerprint:
+    description:
+      - With O(state=accepted) (required), the SHA-256 fingerprint of the main's
+        cluster CA certificate, as the main reports it (C(ca_fingerprint) in
+        C(letsinfer status --json)); C(sha256:) and colons are allowed.
+      - Only a request from that cluster is accepted; every other pending one is rejected.
+      - Empty in check mode when the main does not exist yet (this run would create it).
     type: str
   executable:
     description: Path of the C(letsinfer) command on the host.
@@ -59,16 +75,23 @@ author:
 """
 
 EXAMPLES = r"""
-- name: Enroll | Ask the main to enroll this child
+- name: Enroll | Read the main's cluster CA fingerprint
+  letsinfer.cluster.letsinfer_node:
+    state: info
+  delegate_to: "{{ groups['letsinfer_main'][0] }}"
+  register: main_node
+
+- name: Enroll | Ask the main to enroll this child, pinned to its certificate
   letsinfer.cluster.letsinfer_enrollment:
     state: requested
     address: "{{ hostvars[item].ansible_host }}:8444"
+    fingerprint: "{{ child_status.node.fingerprint }}"
   delegate_to: "{{ groups['letsinfer_main'][0] }}"
 
-- name: Enroll | Accept the main's request on the child
+- name: Enroll | Accept the main's request on the child, bound to the main's CA
   letsinfer.cluster.letsinfer_enrollment:
     state: accepted
-    address: "{{ hostvars[groups['letsinfer_main'][0]].ansible_host }}"
+    ca_fingerprint: "{{ main_node.node.ca_fingerprint }}"
 """
 
 RETURN = r"""
@@ -76,6 +99,13 @@ request:
   description: The enrollment request that was sent or accepted.
   returned: changed
   type: dict
+rejected:
+  description:
+    - With O(state=accepted), the pending requests from any other cluster (or
+      older ones from the same main) that were rejected, or would be in check mode.
+  returned: when O(state=accepted) and the node was a candidate
+  type: list
+  elements: dict
 role:
   description: This node's role after the call (C(main) or C(child)).
   returned: always
@@ -101,11 +131,20 @@ def _host(address):
     return address.rsplit(":", 1)[0] if address.count(":") == 1 else address
 
 
+def _normalized(fingerprint):
+    """A SHA-256 fingerprint as 64 lowercase hex digits, or None."""
+    value = str(fingerprint or "").strip().lower()
+    value = value[len("sha256:") :] if value.startswith("sha256:") else value
+    value = value.replace(":", "")
+    if len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
+        return None
+    return value
+
+
 def _mentions(record, host):
-    """Whether an address field of ``record`` names ``host`` (exactly, not as a prefix)."""
-    return bool(host) and any(
-        _host(v) == host for k, v in record.items() if "address" in k or k == "main"
-    )
+    """Whether an address field of ``record`` (a row of the main's own node
+    list) names ``host`` (exactly, not as a prefix)."""
+    return bool(host) and any(_host(v) == host for k, v in record.items() if "address" in k)
 
 
 class Enrollment:
@@ -157,48 +196,72 @@ class Enrollment:
             request = self.cli.json(*args)
         return {"changed": True, "role": "main", "request": request}
 
-    def accept(self, main_address):
-        """On the candidate: accept the pending request that came from ``main_address``."""
+    def accept(self, ca_fingerprint):
+        """On the candidate: accept the pending request from the cluster whose CA
+        fingerprint is ``ca_fingerprint``; reject every other pending request."""
         predicted = self._predicted("child")
         if predicted:
             return predicted
+        wanted = _normalized(ca_fingerprint)
+        if wanted is None and not self.check_mode:
+            raise EnrollmentError(
+                f"ca_fingerprint {ca_fingerprint!r} is not a SHA-256 fingerprint; read it "
+                "from the main (`ca_fingerprint` in its `letsinfer status --json`)"
+            )
         self._require()
         status = self.cli.status()
+        if status.get("role") == "main":
+            raise EnrollmentError(
+                "this host is a main node; it cannot be enrolled as a child "
+                "(wipe it first, or make it the main in the inventory)"
+            )
         if status.get("role") == "child":
-            where = str(status.get("main") or "")
-            if _host(main_address) not in where:
+            theirs = _normalized(status.get("ca_fingerprint"))
+            if wanted is not None and theirs != wanted:
                 raise EnrollmentError(
-                    f"this node already belongs to the main at {where}; moving it is an "
-                    "explicit adoption, not done by this module"
+                    f"this node already belongs to another cluster (CA sha256:{theirs}, main "
+                    f"at {status.get('main')}), not the one of sha256:{wanted}; moving it is an "
+                    "explicit adoption (`letsinfer node move-into`), not done by this module"
                 )
             return {"changed": False, "role": "child"}
-        pending = [
-            r
-            for r in self.cli.json("node", "requests", "--json")
-            if _mentions(r, _host(main_address))
-        ]
-        if not pending and self.check_mode:
-            # The main's request is sent by this run's own (skipped) request step.
-            return {"changed": True, "role": "child"}
-        if not pending:
-            raise EnrollmentError(f"no pending enrollment request from {main_address}")
+        pending = self.cli.json("node", "requests", "--json")
+        ours = [r for r in pending if wanted and _normalized(r.get("ca_fingerprint")) == wanted]
         # A main that sent again (an earlier run stopped before accepting) left
         # several; the newest is the one it waits for.
-        request = max(pending, key=lambda r: str(r.get("expires") or ""))
+        chosen = max(ours, key=lambda r: str(r.get("expires") or "")) if ours else None
+        rejected = [r for r in pending if r is not chosen]
         if not self.check_mode:
-            self.cli.run("node", "accept", str(request["id"]))
-        return {"changed": True, "role": "child", "request": request}
+            for r in rejected:
+                self.cli.run("node", "reject", str(r["id"]))
+        if chosen is None and not self.check_mode:
+            raise EnrollmentError(
+                f"no pending enrollment request from the cluster of CA sha256:{wanted}"
+                + (f" (rejected {len(rejected)} from other clusters)" if rejected else "")
+            )
+        # In check mode without a request from the main yet: this run's own
+        # (skipped) request step would send it.
+        result = {"changed": True, "role": "child", "rejected": rejected}
+        if chosen is not None:
+            result["request"] = chosen
+            if not self.check_mode:
+                self.cli.run("node", "accept", str(chosen["id"]), "--ca-fingerprint", wanted)
+        return result
 
 
 def main():
     module = AnsibleModule(
         argument_spec={
             "state": {"type": "str", "required": True, "choices": ["requested", "accepted"]},
-            "address": {"type": "str", "required": True},
+            "address": {"type": "str"},
             "fingerprint": {"type": "str"},
+            "ca_fingerprint": {"type": "str"},
             "executable": {"type": "path", "default": "/opt/letsinfer/current/bin/letsinfer"},
             "home": {"type": "path"},
         },
+        required_if=[
+            ("state", "requested", ["address"]),
+            ("state", "accepted", ["ca_fingerprint"]),
+        ],
         supports_check_mode=True,
     )
     p = module.params
@@ -210,7 +273,7 @@ def main():
         if p["state"] == "requested":
             result = enrollment.request(p["address"], p["fingerprint"])
         else:
-            result = enrollment.accept(p["address"])
+            result = enrollment.accept(p["ca_fingerprint"])
     except EnrollmentError as exc:
         module.fail_json(msg=str(exc))
     except CliError as exc:
