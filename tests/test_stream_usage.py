@@ -16,8 +16,8 @@ USAGE = (
 DONE = b"data: [DONE]\n\n"
 
 
-def relay(stream: bytes, cuts: list[int]) -> tuple[bytes, UsageFilter]:
-    f = UsageFilter()
+def relay(stream: bytes, cuts: list[int], strip: bool = True) -> tuple[bytes, UsageFilter]:
+    f = UsageFilter(strip)
     out, start = [], 0
     for cut in [*cuts, len(stream)]:
         out.append(f.feed(stream[start:cut]))
@@ -36,6 +36,16 @@ def test_the_usage_event_is_removed_at_any_cut_and_nothing_else_is() -> None:
     crlf = stream.replace(b"\n\n", b"\r\n\r\n")
     out, f = relay(crlf, [len(crlf) - 30])
     assert out == wanted.replace(b"\n\n", b"\r\n\r\n") and f.completion_tokens == 14
+
+
+def test_usage_the_client_asked_for_is_counted_and_kept_however_it_is_cut() -> None:
+    stream = TOKEN * 3 + FINISH + USAGE + DONE
+    # The usage event cut in several places (a slow network): never lost.
+    for start in range(len(TOKEN * 3 + FINISH), len(stream) - len(DONE), 7):
+        cuts = [c for c in (start, start + 3, start + 11, start + 40) if c < len(stream)]
+        out, f = relay(stream, cuts, strip=False)
+        assert out == stream, start
+        assert (f.prompt_tokens, f.completion_tokens) == (23, 14), start
 
 
 def test_usage_the_engine_sends_on_its_own_stays() -> None:

@@ -199,7 +199,7 @@ class _Exchange:
         self.node: str | None = None
         self.endpoint = "-"
         self.stream = False
-        self.usage: UsageFilter | None = None  # set when the gateway asked for usage
+        self.usage: UsageFilter | None = None  # every streamed completion
         self.tokens: tuple[int | None, int | None] = (None, None)  # prompt, completion
         self.status = 0
         self.queue_s = 0.0
@@ -310,9 +310,12 @@ class InferenceEndpoints:
         ex.stream = parsed.stream
         if parsed.stream and isinstance(parsed, protocol._Sampling):
             options = parsed.stream_options
-            if not wants_usage(options):
+            asked = wants_usage(options)
+            if not asked:
                 body = ask_for_usage(body, options)
-                ex.usage = UsageFilter()
+            # Counted from the usage event itself (never a guess from the
+            # stream's last bytes, which a slow network splits anywhere).
+            ex.usage = UsageFilter(strip=not asked)
         hint = None
         if self.prefix_chars:
             hint = policy.prefix_hash(protocol.prompt_start(parsed, self.prefix_chars), gw.policy)

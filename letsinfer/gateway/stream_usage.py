@@ -47,9 +47,13 @@ def _event_end(data: bytes) -> int:
 
 
 class UsageFilter:
-    __slots__ = ("completion_tokens", "pending", "prompt_tokens")
+    """Notes a stream's usage event; with ``strip`` (the gateway asked for it,
+    not the client) also takes it out of the stream."""
 
-    def __init__(self) -> None:
+    __slots__ = ("completion_tokens", "pending", "prompt_tokens", "strip")
+
+    def __init__(self, strip: bool = True) -> None:
+        self.strip = strip
         self.pending = b""
         self.prompt_tokens: int | None = None
         self.completion_tokens: int | None = None
@@ -76,7 +80,7 @@ class UsageFilter:
         kept = []
         for i in range(0, len(parts), 2):
             event, sep = parts[i], parts[i + 1] if i + 1 < len(parts) else b""
-            if _USAGE in event and self._usage_only(event):
+            if _USAGE in event and self._usage_only(event) and self.strip:
                 continue  # the event the gateway asked for: not the client's
             kept.append(event + sep)
         return b"".join(kept)
