@@ -215,3 +215,32 @@ def test_key_refusals_reach_the_audit_chain_without_secrets(main_node: RunningNo
         time.sleep(0.3)
     text = json.dumps(records)
     assert "li-guess" not in text and made["key"] not in text
+
+
+def test_every_change_made_with_no_node_running_is_anchored(tmp_path: Path) -> None:
+    """The CLI writes the authority itself when no node runs: each of those
+    writes must sign the audit chain's head too, or a writer of the database
+    could cut them away unseen (docs/audit.md)."""
+    home = tmp_path / "home"
+    assert letsinfer(home, "node", "init", "--main").returncode == 0
+    from letsinfer.engines.tinymodel import write_tiny_model
+
+    model = write_tiny_model(tmp_path / "m.gguf")
+    for args in (
+        ("auth", "key", "create", "ci", "--json"),
+        ("auth", "key", "revoke", "ci"),
+        ("model", "add", "mine", "--gguf", str(model), "--no-serve"),
+        ("model", "stop", "mine"),
+        ("model", "start", "mine"),
+        ("node", "pause"),
+        ("node", "resume"),
+        ("model", "remove", "mine"),
+        ("node", "cleanup", "--yes"),
+    ):
+        done = letsinfer(home, *args, timeout=120)
+        assert done.returncode == 0, (args, done.stderr)
+    verified = letsinfer(home, "audit", "verify")
+    assert verified.returncode == 0, verified.stderr
+    assert "not anchored" not in verified.stdout, verified.stdout
+    actions = {r["action"] for r in json.loads(letsinfer(home, "audit", "list", "--json").stdout)}
+    assert {"auth.key.create", "model.add", "model.remove", "node.cleanup"} <= actions, actions
