@@ -41,6 +41,18 @@ class Home:
         return cls.under(data / "letsinfer")
 
     @property
+    def label(self) -> str:
+        """How messages name this home: DIR for ``--home DIR``, the config
+        directory (``/etc/letsinfer``) for root's defaults."""
+        root = self.etc.parent
+        if self.etc.name == "etc" and self.var == root / "var" and self.run == root / "run":
+            return str(root)
+        return str(self.etc)
+
+    def paths(self) -> dict[str, str]:
+        return {"etc": str(self.etc), "var": str(self.var), "run": str(self.run)}
+
+    @property
     def config_file(self) -> Path:
         return self.etc / "config.toml"
 

@@ -127,7 +127,7 @@ def active_child(lab: Lab, child: str, since: float = 0, timeout: float = 60) ->
 
 def node_status(lab: Lab, host: str) -> dict[str, object]:
     data = json.loads(sh(lab, host, "/opt/letsinfer/current/bin/letsinfer status --json"))
-    return dict(data[0])
+    return dict(data)
 
 
 def letsinfer_processes(lab: Lab, host: str) -> list[str]:

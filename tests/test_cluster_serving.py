@@ -90,7 +90,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 def pgs(c: Cluster, model: str) -> dict[str, dict[str, object]]:
-    info = json.loads(c.ok("main", "model", "show", model, "--json"))[0]
+    info = json.loads(c.ok("main", "model", "show", model, "--json"))
     return {str(pg["node"]): pg for pg in info["placement_groups"]}
 
 
@@ -647,7 +647,7 @@ def test_a_failed_upgrade_restores_the_first_group_and_touches_no_other(cluster:
 
 def test_rollback_reinstalls_the_release_the_model_ran_before(cluster: Cluster) -> None:
     c = cluster
-    info = json.loads(c.ok("main", "model", "show", "shared", "--json"))[0]
+    info = json.loads(c.ok("main", "model", "show", "shared", "--json"))
     ran = list(dict.fromkeys(h["release"] for h in info["releases"]))
     assert len(ran) >= 2
     unknown = c.cli("main", "model", "rollback", "shared", "--to", "llama.cpp-nothing")

@@ -119,7 +119,6 @@ def test_service_start_waits_for_a_candidates_agent_not_a_gateway(tmp_path: Path
         with socket.socket() as sock:  # and no gateway does
             assert sock.connect_ex(("127.0.0.1", port)) != 0
         status = json.loads(letsinfer(home, "status", "--json", env=env).stdout)
-        status = status[0] if isinstance(status, list) else status
         assert status["running"] and status["role"] == "candidate" and status["fingerprint"]
     finally:
         letsinfer(home, "service", "stop", env=env, timeout=60)

@@ -22,8 +22,10 @@ from letsinfer.authority.denials import record_denial
 from letsinfer.cli import cli
 from letsinfer.cli.adoption import move_blockers
 from letsinfer.cli.local import ask_node, node_runs_here, segment
-from letsinfer.cli.output import console, emit
+from letsinfer.cli.output import console, emit, emit_object
 from letsinfer.cli.scope import CliContext, ScopedCommand, scoped
+from letsinfer.cli.shown import read_scene, read_store
+from letsinfer.cli.views import group_object, node_object, when
 from letsinfer.control.removal_notice import tell_removed
 from letsinfer.identity import load_identity
 from letsinfer.store import AuthorityStore, StoreError
@@ -36,7 +38,10 @@ from letsinfer.trust.pinning import PeerUnreachable, PinMismatch, pinned_request
 
 @cli.group()
 def node() -> None:
-    """Nodes: initialise, enroll (add/requests/accept/reject), list, remove, move."""
+    """Nodes: initialise, enroll, list, pause, remove, move, disk use.
+
+    Enrollment: `node add` on the main, `node requests` and `node accept` on the
+    candidate."""
 
 
 def _when(ts: float | None) -> str | None:
@@ -380,32 +385,14 @@ def reject(ctx: CliContext, request_id: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
 def list_nodes(ctx: CliContext, show_all: bool, as_json: bool) -> None:
-    """Nodes of this cluster, with when each was last heard from."""
-    settings = config.load(ctx.home.config_file)
-    store = open_authority(ctx.home)
+    """Nodes of this cluster: state (active, paused, unreachable, down, removed)
+    and when each was last heard from."""
+    store = read_store(ctx.home)
     try:
-        nodes = store.list_nodes(include_removed=show_all)
+        scene = read_scene(ctx, store)
+        rows = [node_object(scene, n) for n in store.list_nodes(include_removed=show_all)]
     finally:
         store.close()
-    now = time.time()
-    rows = []
-    for n in nodes:
-        fresh = n.role == "main" or (
-            n.last_seen is not None and now - n.last_seen < settings.control.node_stale_after_s
-        )
-        rows.append(
-            {
-                "name": n.name,
-                "id": n.id,
-                "role": n.role,
-                "address": n.address,
-                "state": n.state if fresh or n.state == "removed" else "unreachable",
-                "paused": n.paused,
-                "last_seen": _when(n.last_seen),
-                "removed_at": _when(n.removed_at),
-                "fingerprint": n.cert_fingerprint,
-            }
-        )
     emit(
         rows,
         ["name", "id", "role", "address", "state", "last_seen"],
@@ -439,10 +426,13 @@ def info(ctx: CliContext, name: str, as_json: bool) -> None:
         ) from exc
     if resp.status_code != 200:
         raise click.ClickException(f"{target.name} refused: {resp.text}")
+    if as_json:
+        emit_object(resp.json())
+        return
     emit(
         [resp.json()],
         ["name", "node_id", "role", "version", "cpus", "memory_bytes"],
-        as_json=as_json,
+        as_json=False,
         title=target.name,
     )
 
@@ -590,10 +580,10 @@ def resume(ctx: CliContext, name: str | None) -> None:
 @click.pass_obj
 def topology(ctx: CliContext, as_json: bool) -> None:
     """Nodes, their GPUs, the placement groups on them and their data links."""
-    store = open_authority(ctx.home)
+    store = read_store(ctx.home)
     try:
+        scene = read_scene(ctx, store)
         out = []
-        names = {n.id: n.name for n in store.list_nodes(include_removed=True)}
         links = store.list_links()
         for n in store.list_nodes():
             pgs = [
@@ -604,9 +594,7 @@ def topology(ctx: CliContext, as_json: bool) -> None:
             gpus = (n.facts or {}).get("gpus", [])
             out.append(
                 {
-                    "node": n.name,
-                    "role": n.role,
-                    "paused": n.paused,
+                    **node_object(scene, n),
                     "targets": (n.facts or {}).get("targets", []),
                     "gpus": [
                         {
@@ -619,23 +607,12 @@ def topology(ctx: CliContext, as_json: bool) -> None:
                         }
                         for g in gpus
                     ],
-                    "placement_groups": [
-                        {
-                            "id": pg.id,
-                            "model": pg.service,
-                            "state": pg.state,
-                            "detail": pg.detail,
-                            "release": pg.release_id,
-                            "gpus": store.pg_gpus(pg.id),
-                            "tasks": len(store.pg_tasks(pg.id)),
-                        }
-                        for pg in pgs
-                    ],
+                    "placement_groups": [group_object(store, scene, pg) for pg in pgs],
                     "links": [
                         {
-                            "peer": names.get(other, other),
+                            "peer": scene.node_name(other),
                             "state": link.state,
-                            "changed_at": link.changed_at,
+                            "changed_at": when(link.changed_at),
                         }
                         for link in links
                         if n.id in (link.node_a, link.node_b)
@@ -654,8 +631,7 @@ def topology(ctx: CliContext, as_json: bool) -> None:
     tree = Tree("cluster")
     for n in out:
         branch = tree.add(
-            f"[bold]{n['node']}[/bold] ({n['role']}"
-            f"{', paused' if n['paused'] else ''}) targets: "
+            f"[bold]{escape(n['name'])}[/bold] ({n['role']}, {n['state']}) targets: "
             f"{', '.join(n['targets']) or '?'}"
         )
         for g in n["gpus"]:

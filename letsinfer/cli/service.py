@@ -31,7 +31,12 @@ def _raise(exc: service.ServiceError) -> None:
 
 @cli.group("service")
 def service_group() -> None:
-    """Start, stop and inspect this node in the background (no systemd needed)."""
+    """Run this node in the background: start, stop, status, restart.
+
+    `start`, `stop` and `status` are letsinfer's own supervisor (a detached
+    `letsinfer up`, no systemd needed; where systemd runs, use the unit the
+    Ansible node role installs). `restart` works with either and keeps the
+    node's engines serving."""
 
 
 @scoped(service_group, "init", scope="all")
@@ -205,7 +210,7 @@ def restart(
     identity = ctx.identity
     if identity is None:
         raise click.ClickException(
-            f"no letsinfer node in {ctx.home.etc.parent}: start one with `letsinfer service start`"
+            f"no letsinfer node in {ctx.home.label}: start one with `letsinfer service start`"
         )
     settings = config.load(ctx.home.config_file)
     is_main = identity.role == "main"

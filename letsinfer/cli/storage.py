@@ -38,7 +38,7 @@ def _size(n: int) -> str:
 
 def _identity(ctx: CliContext) -> NodeIdentity:
     if ctx.identity is None:
-        raise click.ClickException(f"no letsinfer node in {ctx.home.etc.parent}")
+        raise click.ClickException(f"no letsinfer node in {ctx.home.label}")
     return ctx.identity
 
 

@@ -28,7 +28,7 @@ def _lock_pid_file(ctx: CliContext) -> IO[str]:
     except BlockingIOError:
         fh.seek(0)
         raise click.ClickException(
-            f"a node is already running from {ctx.home.etc.parent} (pid {fh.read().strip()})"
+            f"a node is already running from {ctx.home.label} (pid {fh.read().strip()})"
         ) from None
     fh.seek(0)
     fh.truncate()
@@ -134,7 +134,7 @@ def up(
     models = ", ".join(s.name for s in store.list_services()) or "none yet"
     store.close()
     click.echo(f"letsinfer main node '{identity.name}' ({identity.node_id})")
-    click.echo(f"  home      {ctx.home.etc.parent}")
+    click.echo(f"  home      {ctx.home.label}")
     click.echo(f"  endpoint  {_endpoint(gw.host, gw.port)}")
     click.echo(f"  models    {models}")
     if first_key:

@@ -76,6 +76,11 @@ def lifecycle_router(sv: Serving, model_store: Path) -> APIRouter:
         except lifecycle.Refused as exc:
             raise HTTPException(409, f"{exc}. Nothing changed.") from exc
 
+    @router.get("/v1/local/draining")
+    async def draining() -> dict[str, Any]:
+        """Groups leaving service now: only this process knows (displays show it)."""
+        return {"draining": sorted(sv.routing.draining())}
+
     @router.post("/v1/ops/models/{name:path}/upgrade")
     async def upgrade(name: str, body: Upgrade, p: Operator) -> dict[str, Any]:
         async def work() -> dict[str, Any]:

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import sqlite3
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,11 +19,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import sqlite_utils
-
 from letsinfer.store.audit import AuditTables, HeadKeeper
 from letsinfer.store.migrations import MIGRATIONS
 
+
+def _import_sqlite_utils() -> Any:
+    """sqlite_utils imports numpy when it can, only to store numpy values
+    (never done here); numpy would cost every CLI call a tenth of a second.
+    It is hidden during that one import, and importable again afterwards."""
+    hidden = "numpy" not in sys.modules
+    if hidden:
+        sys.modules["numpy"] = None  # type: ignore[assignment]  # import fails: "not installed"
+    try:
+        import sqlite_utils
+    finally:
+        if hidden:
+            del sys.modules["numpy"]
+    return sqlite_utils
+
+
+sqlite_utils = _import_sqlite_utils()
 log = logging.getLogger("letsinfer.store")
 CLUSTER_STOPPED = "cluster.stopped"  # the settings key `cluster stop` writes
 
