@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import sqlite3
@@ -13,6 +14,7 @@ import pytest
 
 from letsinfer.engines.tinymodel import SENTENCE
 from letsinfer.identity import NodeIdentity, save_identity
+from tests import json_docs
 from tests.nodes import RunningNode, letsinfer
 
 
@@ -215,3 +217,53 @@ def test_key_refusals_reach_the_audit_chain_without_secrets(main_node: RunningNo
         time.sleep(0.3)
     text = json.dumps(records)
     assert "li-guess" not in text and made["key"] not in text
+
+
+def test_every_listing_prints_json_as_docs_json_md_documents_it(
+    main_node: RunningNode, tmp_path: Path
+) -> None:
+    """Each listing's --json, on a node where every listing has something to list,
+    against docs/json.md; and to a pipe, tables print whole values."""
+    client = main_node.client()
+    client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "hi"}],
+        extra_headers={"X-Request-Id": "json-schema-1"},
+    )
+    made = main_node.cli("auth", "key", "create", "schema-bot", "--json")
+    assert made.returncode == 0, made.stderr
+    assert main_node.cli("auth", "controller", "add", "--role", "viewer").returncode == 0
+    artifact = tmp_path / "blob.bin"
+    artifact.write_bytes(b"not referenced by anything")
+    digest = hashlib.sha256(artifact.read_bytes()).hexdigest()
+    added = main_node.cli("mirror", "add", str(artifact), "--sha256", digest)
+    assert added.returncode == 0, added.stderr
+
+    def run(command: str) -> object:
+        argv = command.replace("NAME", "tiny").replace("ID", "json-schema-1").split()
+        deadline = time.monotonic() + 10
+        while True:  # request records reach their database about a second later
+            result = main_node.cli(*argv)
+            assert result.returncode == 0, f"{command}: {result.stderr}"
+            data = json.loads(result.stdout)
+            if data != [] or time.monotonic() > deadline or command.startswith("node requests"):
+                return data
+            time.sleep(0.3)
+
+    printed = {}
+    for command in json_docs.commands():
+        data = run(command)
+        json_docs.printed(command, data)
+        printed[command] = data
+    # Something was checked in each (node requests: a main receives none here;
+    # tests/test_trust.py checks a candidate's).
+    assert all(printed[c] for c in printed if not c.startswith("node requests"))
+    keys = printed["auth key list --json"]
+    assert {k["name"]: k["models"] for k in keys}["schema-bot"] == []  # every model
+    assert "…" not in json.dumps(printed, ensure_ascii=False)
+
+    # Tables to a pipe: whole digests and ids, nothing cut.
+    [model] = printed["model list --json"]
+    listing = main_node.cli("model", "list").stdout
+    assert model["sha256"] in listing and "…" not in listing
+    assert digest in main_node.cli("mirror", "list").stdout

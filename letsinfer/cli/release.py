@@ -13,7 +13,7 @@ from letsinfer import config
 from letsinfer.authority.anchor import open_authority
 from letsinfer.bundle.archive import BundleError
 from letsinfer.cli import cli
-from letsinfer.cli.output import emit
+from letsinfer.cli.output import brief, emit
 from letsinfer.cli.scope import CliContext, scoped
 from letsinfer.engines import releases
 from letsinfer.engines.binary import BinaryError, identify
@@ -129,7 +129,7 @@ def sign(ctx: CliContext, file: Path, key_path: Path | None, out: Path | None) -
         tmp.write_bytes(signature.to_json())
         tmp.replace(target)
     click.echo(
-        f"signed {file} (sha256 {digest[:16]}…) with key {signature.key.fingerprint}: {target}"
+        f"signed {file} (sha256 {brief(digest, 16)}) with key {signature.key.fingerprint}: {target}"
     )
 
 

@@ -17,7 +17,7 @@ from letsinfer.agent import reattach
 from letsinfer.authority.anchor import open_authority
 from letsinfer.cli.local import ask_node
 from letsinfer.cli.node import node
-from letsinfer.cli.output import console, emit
+from letsinfer.cli.output import brief, console, emit
 from letsinfer.cli.scope import CliContext, scoped
 from letsinfer.home import Home
 from letsinfer.identity import NodeIdentity
@@ -82,7 +82,7 @@ def usage(ctx: CliContext, as_json: bool) -> None:
     emit(
         [
             {
-                "model file": f"sha256:{m['digest'][:12]}…",
+                "model file": "sha256:" + brief(m["digest"], 12),
                 "size": _size(m["bytes"]),
                 "in use": "yes" if m["in_use"] else "no",
                 "why": m["why"],
