@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from letsinfer.engines.tinymodel import write_tiny_model
-from tests.nodes import RunningNode, start_node
+from tests.nodes import RunningNode, free_port, start_node
 
 # No test reaches huggingface.co: every node (and huggingface_hub itself) that a
 # test does not point at its own local hub is pointed at a closed local port.
@@ -24,9 +24,11 @@ def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def main_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningNode]:
     """One main node on the embedded default, shared by a module's tests."""
-    node = start_node(
-        tmp_path_factory.mktemp("main") / "home", env={"LETSINFER_GATEWAY__MAX_BODY_BYTES": "65536"}
-    )
+    env = {
+        "LETSINFER_GATEWAY__MAX_BODY_BYTES": "65536",
+        "LETSINFER_GATEWAY__METRICS_PORT": str(free_port()),  # on loopback
+    }
+    node = start_node(tmp_path_factory.mktemp("main") / "home", env=env)
     try:
         yield node
     finally:

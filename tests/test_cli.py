@@ -267,3 +267,77 @@ def test_every_listing_prints_json_as_docs_json_md_documents_it(
     listing = main_node.cli("model", "list").stdout
     assert model["sha256"] in listing and "…" not in listing
     assert digest in main_node.cli("mirror", "list").stdout
+
+
+def test_the_node_log_says_each_change_and_refusal_once_and_never_a_secret(
+    main_node: RunningNode,
+) -> None:
+    """A scripted sequence (pause, resume, stop, start, key create, bad keys, a
+    streamed request), then what an operator finds in the node's log: one
+    line each, the access log with 401s and the stream's token counts,
+    counted in metrics too; no key secret, no repeated server start lines."""
+    node = main_node
+    metrics_url = f"http://127.0.0.1:{node.env['LETSINFER_GATEWAY__METRICS_PORT']}/metrics"
+
+    def refusals() -> float:
+        text = httpx.get(metrics_url, timeout=10).text
+        line = next(
+            (
+                x
+                for x in text.splitlines()
+                if x.startswith('letsinfer_gateway_requests_total{model="-",status="401"}')
+            ),
+            "x 0",
+        )
+        return float(line.split()[-1])
+
+    before = refusals()
+    for args in (
+        ("node", "pause"),
+        ("node", "resume"),
+        ("model", "stop", "tiny"),
+        ("model", "start", "tiny", "--wait"),
+    ):
+        done = node.cli(*args)
+        assert done.returncode == 0, (args, done.stderr)
+    made = json.loads(node.cli("auth", "key", "create", "log-bot", "--json").stdout)
+    bad = {"authorization": "Bearer li-not-a-key"}
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+    assert httpx.post(node.url + "/v1/chat/completions", json=chat, headers=bad).status_code == 401
+    assert httpx.get(node.url + "/v1/models", headers=bad).status_code == 401
+    assert refusals() == before + 2
+    stream = node.client().chat.completions.create(
+        **chat, stream=True, extra_headers={"X-Request-Id": "log-stream-1"}
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == SENTENCE
+
+    def audit_line(action: str, target: str) -> str:
+        return f"letsinfer.audit: {action} {target} by "
+
+    wanted = [
+        audit_line("node.pause", node.banner[0].split("'")[1]),
+        audit_line("node.resume", node.banner[0].split("'")[1]),
+        audit_line("model.stop", "tiny"),
+        audit_line("model.start", "tiny"),
+        audit_line("auth.key.create", "log-bot"),
+    ]
+    deadline = time.monotonic() + 10
+    while True:  # the node echoes audit records within a second
+        log = node.log()
+        streamed = [x for x in log.splitlines() if "request_id=log-stream-1 " in x]
+        if (all(w in log for w in wanted) and streamed) or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    lines = log.splitlines()
+    for w in wanted:
+        assert sum(w in x for x in lines) == 1, (w, log)
+    [line] = streamed
+    assert "status=200" in line and "prompt_tokens=-" not in line
+    assert "completion_tokens=-" not in line and "completion_tokens=" in line
+    refused = [x for x in lines if "letsinfer.access:" in x and "status=401" in x]
+    assert any("path=/v1/models" in x for x in refused) and len(refused) >= 2
+    # Never a secret: neither a key nor any li- secret, and no noise.
+    assert made["key"] not in log and node.key not in log and "li-not-a-key" not in log
+    assert "gguf_writer" not in log
+    assert sum("Started server process" in x for x in lines) <= 1
+    assert sum("gateway: listening on" in x for x in lines) == 1

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import json_docs
 from tests.cluster import PY, Cluster
 from tests.netlab import NetLab, can_make_namespaces
 
@@ -58,7 +59,9 @@ def test_discovery_then_pinned_enrollment_of_two_children(cluster: Cluster) -> N
     for n in ("n1", "n2"):
         out = c.ok("main", "node", "add", n, "--wait", "3")
         request_id = out.split("letsinfer node accept ")[1].split()[0]
-        [req] = json.loads(c.ok(n, "node", "requests", "--json"))
+        listed = json.loads(c.ok(n, "node", "requests", "--json"))
+        json_docs.printed("node requests --json", listed)
+        [req] = listed
         assert req["id"] == request_id and req["main"] == "main"
         c.ok(n, "node", "accept", request_id)
 
