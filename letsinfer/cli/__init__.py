@@ -64,10 +64,45 @@ COMMANDS: dict[str, tuple[tuple[str, ...], str]] = {
 }
 
 
-def _as_click_error(exc: Exception) -> click.ClickException | None:
-    """Errors of letsinfer's own that say what is wrong in a sentence. Their
-    modules are looked up only if already imported: an exception of a class
-    whose module was never imported cannot have been raised."""
+def _permission_error(ctx: click.Context, path: str | None) -> click.ClickException:
+    """The sentence for a file this user may not read or write: whose files
+    they are, and the group that would let them in."""
+    import getpass
+
+    from letsinfer.home import ADMIN_GROUP, Home, admin_gid
+
+    home = Home.resolve(ctx.params.get("home"))
+    what = f"permission denied on {path}" if path else "permission denied"
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "$USER"
+    join = (
+        f"ask an administrator to add you to the {ADMIN_GROUP!r} group "
+        f"(`usermod -aG {ADMIN_GROUP} {user}`, then log in again)"
+        if admin_gid() is not None
+        else f"this machine has no {ADMIN_GROUP!r} group yet (create it with "
+        f"`groupadd --system {ADMIN_GROUP}`, add users to it, and start the node again)"
+    )
+    return click.ClickException(
+        f"{what}: the node's files in {home.label} are for root and members of the "
+        f"{ADMIN_GROUP!r} group. Run the command as root (sudo), or {join}. "
+        "Keys and other secrets stay root's."
+    )
+
+
+def _as_click_error(ctx: click.Context, exc: Exception) -> click.ClickException | None:
+    """Errors of letsinfer's own that say what is wrong in a sentence, and
+    permission problems. Modules are looked up only if already imported: an
+    exception of a class whose module was never imported cannot have been
+    raised."""
+    if isinstance(exc, PermissionError):
+        return _permission_error(ctx, exc.filename)
+    sqlite3 = sys.modules.get("sqlite3")
+    if sqlite3 and isinstance(exc, sqlite3.OperationalError):
+        text = str(exc)
+        if "unable to open database" in text or "readonly database" in text:
+            return _permission_error(ctx, None)
     store = sys.modules.get("letsinfer.store.authority")
     artifacts = sys.modules.get("letsinfer.contracts.artifacts")
     config = sys.modules.get("letsinfer.config")
@@ -109,7 +144,7 @@ class _Root(click.Group):
         except click.ClickException:
             raise
         except Exception as exc:
-            err = _as_click_error(exc)
+            err = _as_click_error(ctx, exc)
             if err is None:
                 raise
             raise err from exc

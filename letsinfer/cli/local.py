@@ -18,9 +18,7 @@ from urllib.parse import quote
 
 import click
 
-from letsinfer.home import Home
-
-ADMIN_GROUP = "letsinfer"
+from letsinfer.home import ADMIN_GROUP, Home
 
 
 def segment(value: str) -> str:

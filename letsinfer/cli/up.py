@@ -22,7 +22,7 @@ from letsinfer.identity import load_identity
 
 
 def _lock_pid_file(ctx: CliContext) -> IO[str]:
-    ctx.home.run.mkdir(parents=True, exist_ok=True)
+    ctx.home.ensure_run()
     fh = ctx.home.pid_file.open("a+")
     try:
         fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from letsinfer.home import admin_gid, share_with_group
 from letsinfer.store.audit import AuditTables, HeadKeeper
 from letsinfer.store.migrations import MIGRATIONS
 
@@ -225,6 +226,7 @@ class AuthorityStore(AuditTables):
             # audit chain. SQLite gives its -wal/-shm files the same mode.
             os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o660))
             path.chmod(0o660)  # past the umask
+            share_with_group(path, admin_gid())  # the letsinfer group's CLI
         conn = sqlite3.connect(path, timeout=10.0, isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA busy_timeout=10000")
