@@ -117,7 +117,46 @@ def _as_click_error(ctx: click.Context, exc: Exception) -> click.ClickException 
     return None
 
 
+def _write_commands(formatter: click.HelpFormatter, rows: list[tuple[str, str]]) -> None:
+    """click's two-column listing, without breaking a word at a hyphen (an
+    option name such as --ca-fingerprint stays whole)."""
+    import textwrap
+
+    first = min(max(len(name) for name, _ in rows), 30) + 2
+    width = max((formatter.width or 80) - formatter.current_indent - first, 20)
+    with formatter.section("Commands"):
+        for name, text in rows:
+            lines = textwrap.wrap(text, width, break_on_hyphens=False) or [""]
+            pad = " " * formatter.current_indent
+            if len(name) + 2 > first:
+                formatter.write(f"{pad}{name}\n")
+                lines_at = 0
+            else:
+                formatter.write(f"{pad}{name:<{first}}{lines[0]}\n")
+                lines_at = 1
+            for line in lines[lines_at:]:
+                formatter.write(f"{pad}{' ' * first}{line}\n")
+
+
+class _Group(click.Group):
+    """Lists its subcommands with the whole first sentence of each one's help,
+    wrapped, where click would cut it at the terminal's width."""
+
+    group_class = type  # its subgroups are of this class too
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            if cmd is not None and not cmd.hidden:
+                rows.append((name, cmd.get_short_help_str(limit=1000)))
+        if rows:
+            _write_commands(formatter, rows)
+
+
 class _Root(click.Group):
+    group_class = _Group
+
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in self.commands and cmd_name in COMMANDS:
             for module in COMMANDS[cmd_name][0]:
@@ -135,8 +174,7 @@ class _Root(click.Group):
             )
             for name in self.list_commands(ctx)
         ]
-        with formatter.section("Commands"):
-            formatter.write_dl(rows)
+        _write_commands(formatter, rows)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

@@ -99,10 +99,11 @@ def bundle() -> None:
     "--model",
     "models",
     multiple=True,
-    metavar="NAME|PATH|NAME=PATH|REPO@REV[:FILE|:QUANT]",
-    help="A model service of this node, a GGUF file, or a hub repository at a revision "
-    "(every GGUF model in it, or the one FILE or QUANT names; repo and commit are "
-    "recorded for `model pull`); repeat for more.",
+    metavar="MODEL",
+    help="NAME (a model service of this node), PATH or NAME=PATH (a GGUF file), or "
+    "REPO@REV[:FILE|:QUANT] (a hub repository at a revision: every GGUF model in it, or "
+    "the one FILE or QUANT names; repo and commit are recorded for `model pull`); "
+    "repeat for more.",
 )
 @click.option(
     "--runtime",

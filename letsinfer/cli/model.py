@@ -179,7 +179,8 @@ def admit_gguf(
 @click.option(
     "--engine",
     type=click.Choice(["xllamacpp", "llama-server"]),
-    help="Engine for cpu targets (default: the configured one).",
+    metavar="ENGINE",
+    help="Engine for cpu targets: xllamacpp or llama-server (default: the configured one).",
 )
 @click.option(
     "--replace-existing",
@@ -522,8 +523,8 @@ def start(ctx: CliContext, name: str, wait: bool) -> None:
     """Start a model's placement groups again (parked ones start afresh).
 
     Without --wait it returns at once and says which groups are still
-    starting: until they are ready the gateway answers 503
-    no_healthy_replica with Retry-After."""
+    starting; until one is ready, requests for the model get 503
+    no_healthy_replica (retry shortly)."""
     model_name = _set_desired(ctx, name, "running")
     if not wait:
         now = settling.model_now(ctx, model_name)

@@ -64,7 +64,8 @@ def _audit_denied(ctx: CliContext, target: str, why: str) -> None:
 @click.option(
     "--engine",
     type=click.Choice(["xllamacpp", "llama-server"]),
-    help="Engine to run it (default: the node's configured engine).",
+    metavar="ENGINE",
+    help="Engine to run it: xllamacpp or llama-server (default: the node's configured one).",
 )
 @click.option(
     "--no-serve",

@@ -234,6 +234,7 @@ def list_releases(ctx: CliContext, as_json: bool) -> None:
     type=click.Choice(["cpu", "cuda", "rocm", "metal"]),
     default="cpu",
     show_default=True,
+    help="What the binary was built for: cpu, cuda, rocm or metal.",
 )
 @click.pass_obj
 def add_release(ctx: CliContext, binary: str, target: str) -> None:

@@ -73,8 +73,10 @@ def init(ctx: CliContext, name: str | None, as_json: bool) -> None:
 
 
 @scoped(service_group, "start", scope="all")
-@click.option("--host", help="Gateway listen address (default from config: 0.0.0.0).")
-@click.option("--port", type=int, help="Gateway port (default from config: 8000).")
+@click.option(
+    "--host", metavar="ADDRESS", help="Gateway listen address (default from config: 0.0.0.0)."
+)
+@click.option("--port", type=int, metavar="PORT", help="Gateway port (default from config: 8000).")
 @click.option("--name", help="This node's name when it is initialised (default: host name).")
 @click.option(
     "--timeout", type=click.FloatRange(min=1), default=60.0, show_default=True,

@@ -107,12 +107,15 @@ def _endpoint(host: str, port: int) -> str:
 
 
 @scoped(cli, "up", scope="all")
-@click.option("--host", help="Gateway listen address (default 0.0.0.0: the LAN).")
-@click.option("--port", type=int, help="Gateway port (default 8000).")
+@click.option(
+    "--host", metavar="ADDRESS", help="Gateway listen address (default 0.0.0.0, the LAN)."
+)
+@click.option("--port", type=int, metavar="PORT", help="Gateway port (default 8000).")
 @click.option(
     "--engine",
     type=click.Choice(["xllamacpp", "llama-server"]),
-    help="Engine for new models: the bundled llama.cpp (xllamacpp) or a llama-server binary.",
+    metavar="ENGINE",
+    help="Engine for new models: xllamacpp (the bundled llama.cpp) or llama-server.",
 )
 @click.option(
     "--llama-server",
@@ -133,7 +136,9 @@ def up(
     """Start this node in the foreground; Ctrl-C stops it and its engines.
 
     On a fresh home this makes it the main node: the authority, a first API key
-    (shown once) and the embedded default model.
+    and the embedded default model. The key is shown once, on the screen; when
+    the output goes to a file or a journal instead, it is written to
+    <etc>/first-api-key (mode 0600) and the output says where.
     """
     overrides: dict[str, dict[str, object]] = {"gateway": {}, "engine": {}}
     if host is not None:
