@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +17,15 @@ from tests.nodes import RunningNode, free_port, start_node
 for _name in ("LETSINFER_HUB__ENDPOINT", "HF_ENDPOINT"):
     os.environ.setdefault(_name, "http://127.0.0.1:9")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+# A CLI call a test makes without --home (`fleet apply`, a helper that forgot
+# it) must never reach this machine's own node: after `./dev up` as root that
+# is /etc/letsinfer, and a developer's LETSINFER_HOME may name theirs. Every
+# such call gets an empty home of the test run's own. (Lab hosts are other
+# machines: commands run there go through SSH or nsenter without this variable.)
+_DEFAULT_HOME = tempfile.mkdtemp(prefix="letsinfer-tests-home-")
+os.environ["LETSINFER_HOME"] = _DEFAULT_HOME
+atexit.register(shutil.rmtree, _DEFAULT_HOME, True)
 
 
 @pytest.fixture(scope="session")

@@ -142,7 +142,11 @@ def test_readme_commands_in_order_dev_up_then_the_lab_tests(tmp_path: Path) -> N
     first, _ = readme_commands()
     assert first == "./dev up"
     given = os.environ.get("LETSINFER_LAB_WHEELHOUSE")
-    wheels = Path(given) if given and Path(given).is_file() else wheelhouse.build(tmp_path / "wh")
+    wheels = (
+        Path(given).resolve()
+        if given and Path(given).is_file()
+        else wheelhouse.build(tmp_path / "wh")
+    )
     scratch = tmp_path / "machine"
     scratch.mkdir()
     real = [Path(p).exists() for p in ("/etc/letsinfer", "/var/lib/letsinfer", "/run/letsinfer")]
