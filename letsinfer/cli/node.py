@@ -2,38 +2,25 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import ssl
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-import httpx
 
-from letsinfer import config
-from letsinfer.agent.api import adoption_window
-from letsinfer.authority import enrollment, lifecycle, retirement
-from letsinfer.authority import removal as removal_mod
-from letsinfer.authority.anchor import open_authority
-from letsinfer.authority.bootstrap import init_candidate, init_main
-from letsinfer.authority.denials import record_denial
 from letsinfer.cli import cli
-from letsinfer.cli.adoption import move_blockers
 from letsinfer.cli.local import ask_node, node_runs_here, segment
 from letsinfer.cli.output import console, emit, emit_object
 from letsinfer.cli.scope import CliContext, ScopedCommand, scoped
 from letsinfer.cli.shown import read_scene, read_store
 from letsinfer.cli.views import group_object, node_object, when
-from letsinfer.control.removal_notice import tell_removed
 from letsinfer.identity import load_identity
-from letsinfer.store import AuthorityStore, StoreError
-from letsinfer.trust import candidate, pki
-from letsinfer.trust.client import ClusterClient, PeerMismatch
-from letsinfer.trust.discovery import Advert, browse
-from letsinfer.trust.material import ClusterCA, tls_files
-from letsinfer.trust.pinning import PeerUnreachable, PinMismatch, pinned_request
+
+if TYPE_CHECKING:  # the commands import what each uses: a call loads only its own
+    from letsinfer import config
+    from letsinfer.store import AuthorityStore
+    from letsinfer.trust.discovery import Advert
 
 
 @cli.group()
@@ -54,6 +41,10 @@ def _when(ts: float | None) -> str | None:
 @click.pass_obj
 def init(ctx: CliContext, as_main: bool, name: str | None) -> None:
     """Initialise this home: the main (with --main) or a candidate waiting to be enrolled."""
+    from letsinfer import config
+    from letsinfer.authority.bootstrap import init_candidate, init_main
+    from letsinfer.trust import pki
+
     if as_main:
         identity, key = init_main(ctx.home, config.load(ctx.home.config_file), name=name)
         console.print(f"main node [bold]{identity.name}[/bold] ({identity.node_id}) initialised")
@@ -67,6 +58,8 @@ def init(ctx: CliContext, as_main: bool, name: str | None) -> None:
 
 
 def _candidates(wait: float) -> list[Advert]:
+    from letsinfer.trust.discovery import browse
+
     return [a for a in browse(wait) if a.role == "candidate" and a.pairing == "open"]
 
 
@@ -92,6 +85,13 @@ def add(
 ) -> None:
     """Without arguments, list discovered candidates; with NAME or --address, send
     an enrollment request pinned to the candidate's certificate fingerprint."""
+    from letsinfer import config
+    from letsinfer.authority import enrollment
+    from letsinfer.authority.anchor import open_authority
+    from letsinfer.authority.denials import record_denial
+    from letsinfer.trust import pki
+    from letsinfer.trust.material import ClusterCA
+
     assert ctx.identity is not None
     settings = config.load(ctx.home.config_file)
     found: list[Advert] = [] if (address and fingerprint) else _candidates(wait)
@@ -207,6 +207,8 @@ def _pinned(
     fp: str,
     settings: config.Settings,
 ) -> tuple[int, dict[str, Any], bytes]:
+    from letsinfer.trust.pinning import PeerUnreachable, PinMismatch, pinned_request
+
     try:
         return pinned_request(target, settings.agent.api_port, method, path, body, fp)
     except PinMismatch as exc:
@@ -228,6 +230,8 @@ def requests(ctx: CliContext, as_json: bool) -> None:
     before `node accept ID --ca-fingerprint SHA256`. The name and address are the
     requester's own words and prove nothing. A node in a cluster receives one
     only while `node move-into` allows it."""
+    from letsinfer.trust import candidate
+
     rows = [
         {
             "id": r.id,
@@ -250,6 +254,8 @@ def requests(ctx: CliContext, as_json: bool) -> None:
 def _refuse_move(ctx: CliContext, store: AuthorityStore, action: str, target: str) -> str | None:
     """Refuse (audited, exit 1) while active work or children block leaving this
     cluster; otherwise the note to show when the main could not be asked."""
+    from letsinfer.cli.adoption import move_blockers
+
     blockers, note = move_blockers(ctx)
     if blockers:
         why = "; ".join(blockers)
@@ -261,6 +267,8 @@ def _refuse_move(ctx: CliContext, store: AuthorityStore, action: str, target: st
 def _fingerprint_option(
     _ctx: click.Context, _param: click.Parameter, value: str | None
 ) -> str | None:
+    from letsinfer.trust import pki
+
     if value is None:
         return None
     try:
@@ -287,6 +295,11 @@ def accept(ctx: CliContext, request_id: str, ca_fingerprint: str | None) -> None
     certificate issued by the request's CA for the request's main id. On a node
     already in a cluster (after `node move-into`) this is the move; on a main,
     its own authority is retired in the same step (see docs/architecture.md)."""
+    from letsinfer import config
+    from letsinfer.authority import retirement
+    from letsinfer.authority.anchor import open_authority
+    from letsinfer.trust import candidate
+
     if ctx.identity is None:
         raise click.ClickException("this home is not a node yet: run `letsinfer node init`")
     req = candidate.get_request(ctx.home, request_id)
@@ -346,6 +359,8 @@ def accept(ctx: CliContext, request_id: str, ca_fingerprint: str | None) -> None
 def _finish_retirement(ctx: CliContext) -> None:
     """Here when no node runs; else the running node does it as it stops its
     main planes (it holds the database open): wait for that."""
+    from letsinfer.authority import retirement
+
     if not node_runs_here(ctx.home):
         resting = retirement.complete(ctx.home)
         click.echo(f"the former authority is retired to {resting}")
@@ -364,6 +379,9 @@ def _finish_retirement(ctx: CliContext) -> None:
 @click.pass_obj
 def reject(ctx: CliContext, request_id: str) -> None:
     """Reject (drop) an enrollment request."""
+    from letsinfer.authority.anchor import open_authority
+    from letsinfer.trust import candidate
+
     req = candidate.get_request(ctx.home, request_id)
     candidate.drop_request(ctx.home, req.id)
     store = open_authority(ctx.home)
@@ -407,6 +425,15 @@ def list_nodes(ctx: CliContext, show_all: bool, as_json: bool) -> None:
 @click.pass_obj
 def info(ctx: CliContext, name: str, as_json: bool) -> None:
     """Ask a node's agent about itself, over mutual TLS."""
+    import ssl
+
+    import httpx
+
+    from letsinfer.authority.anchor import open_authority
+    from letsinfer.store import StoreError
+    from letsinfer.trust.client import ClusterClient, PeerMismatch
+    from letsinfer.trust.material import tls_files
+
     assert ctx.identity is not None
     store = open_authority(ctx.home)
     try:
@@ -446,6 +473,13 @@ def remove(ctx: CliContext, name: str, as_json: bool) -> None:
     stops routing to them, its certificate is revoked and its engines are told to
     stop. The row stays (`node list --all`); a wiped host may enroll again under
     the same name, with a new certificate."""
+    import asyncio
+
+    from letsinfer.authority import removal as removal_mod
+    from letsinfer.authority.anchor import open_authority
+    from letsinfer.control.removal_notice import tell_removed
+    from letsinfer.trust.material import tls_files
+
     assert ctx.identity is not None
     done = ask_node(ctx.home, "POST", f"/v1/local/nodes/{segment(name)}/remove")
     if done is None:  # no node runs here: write the authority, then tell the node
@@ -493,6 +527,9 @@ def move_into(ctx: CliContext, main_address: str, window: float) -> None:
     move itself happens at `letsinfer node accept`: models and caches stay;
     authority, certificates, controllers, keys and service state are replaced.
     """
+    from letsinfer.agent.api import adoption_window
+    from letsinfer.authority.anchor import open_authority
+
     ident = load_identity(ctx.home.identity_file)
     if ident is None or not ident.enrolled:
         raise click.ClickException("this node is not in a cluster; use `node accept` directly")
@@ -517,6 +554,15 @@ def move_into(ctx: CliContext, main_address: str, window: float) -> None:
 
 
 def _pause(ctx: CliContext, name: str | None, paused: bool) -> None:
+    import ssl
+
+    import httpx
+
+    from letsinfer.authority import lifecycle
+    from letsinfer.authority.anchor import open_authority
+    from letsinfer.trust.client import ClusterClient, PeerMismatch
+    from letsinfer.trust.material import tls_files
+
     ident = ctx.identity
     assert ident is not None
     word = "paused" if paused else "resumed"

@@ -14,7 +14,6 @@ from typing import Any
 import click
 
 from letsinfer import config, service
-from letsinfer.authority.bootstrap import init_main
 from letsinfer.cli import cli
 from letsinfer.cli.output import console
 from letsinfer.cli.scope import CliContext, scoped
@@ -53,6 +52,8 @@ def init(ctx: CliContext, name: str | None, as_json: bool) -> None:
     identity = ctx.identity
     if identity is None:
         settings = config.load(ctx.home.config_file)
+        from letsinfer.authority.bootstrap import init_main  # only on a fresh home
+
         identity, api_key = init_main(ctx.home, settings, name=name)
     info = {
         "initialised": api_key is not None,
@@ -110,6 +111,8 @@ def start(
     api_key = None
     identity = ctx.identity
     if identity is None and not before.running:
+        from letsinfer.authority.bootstrap import init_main  # only on a fresh home
+
         identity, api_key = init_main(ctx.home, settings, name=name)
     # A main answers on its gateway; a candidate or child runs only its agent.
     is_main = identity is None or identity.role == "main"
