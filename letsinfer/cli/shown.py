@@ -4,6 +4,8 @@ groups that node is draining right now (only it knows)."""
 
 from __future__ import annotations
 
+import click
+
 from letsinfer.authority.states import Scene
 from letsinfer.cli.local import ask_node, node_runs_here
 from letsinfer.cli.scope import CliContext
@@ -18,17 +20,20 @@ def read_store(home: Home) -> AuthorityStore:
 
 
 def read_scene(ctx: CliContext, store: AuthorityStore) -> Scene:
-    from letsinfer import config
-
+    """The running node's word where it runs (it holds its settings already);
+    the home's settings otherwise."""
     running = node_runs_here(ctx.home)
-    draining: list[str] = []
+    answer = None
     if running:
-        answer = ask_node(ctx.home, "GET", "/v1/local/draining", timeout=10)
-        draining = list((answer or {}).get("draining", []))
-    settings = config.load(ctx.home.config_file)
-    return Scene.read(
-        store,
-        main_running=running,
-        draining=draining,
-        stale_after_s=settings.control.node_stale_after_s,
-    )
+        try:
+            answer = ask_node(ctx.home, "GET", "/v1/local/scene", timeout=10)
+        except click.ClickException:  # a node of an older release (mid-upgrade)
+            answer = None
+    if answer is not None:
+        draining, stale_after_s = answer["draining"], float(answer["stale_after_s"])
+    else:
+        from letsinfer import config
+
+        draining = []
+        stale_after_s = config.load(ctx.home.config_file).control.node_stale_after_s
+    return Scene.read(store, main_running=running, draining=draining, stale_after_s=stale_after_s)

@@ -76,10 +76,12 @@ def lifecycle_router(sv: Serving, model_store: Path) -> APIRouter:
         except lifecycle.Refused as exc:
             raise HTTPException(409, f"{exc}. Nothing changed.") from exc
 
-    @router.get("/v1/local/draining")
-    async def draining() -> dict[str, Any]:
-        """Groups leaving service now: only this process knows (displays show it)."""
-        return {"draining": sorted(sv.routing.draining())}
+    @router.get("/v1/local/scene")
+    async def scene() -> dict[str, Any]:
+        """What displays need beside the authority (letsinfer.authority.states):
+        the groups leaving service now, which only this process knows, and when
+        a child counts as unreachable."""
+        return {"draining": sorted(sv.routing.draining()), "stale_after_s": sv.stale_after_s}
 
     @router.post("/v1/ops/models/{name:path}/upgrade")
     async def upgrade(name: str, body: Upgrade, p: Operator) -> dict[str, Any]:
