@@ -341,3 +341,64 @@ def test_the_node_log_says_each_change_and_refusal_once_and_never_a_secret(
     assert "gguf_writer" not in log
     assert sum("Started server process" in x for x in lines) <= 1
     assert sum("gateway: listening on" in x for x in lines) == 1
+
+
+def test_every_display_shows_a_paused_node_as_the_gateway_treats_it(
+    main_node: RunningNode,
+) -> None:
+    """After `node pause` no display says ready while the gateway answers 503;
+    `model start` says starting until the group is ready, `--wait` until then."""
+    node = main_node
+
+    def shown() -> dict[str, object]:
+        status = json.loads(node.cli("status", "--json").stdout)
+        [model] = [
+            m for m in json.loads(node.cli("model", "list", "--json").stdout) if m["name"] == "tiny"
+        ]
+        [main] = json.loads(node.cli("node", "list", "--json").stdout)
+        [topo] = json.loads(node.cli("topology", "--json").stdout)
+        cluster = json.loads(node.cli("cluster", "status", "--json").stdout)
+        show = json.loads(node.cli("model", "show", "tiny", "--json").stdout)
+        group = lambda groups: {g["state"] for g in groups if g["model"] == "tiny"}  # noqa: E731
+        return {
+            "status": (status["state"], status["paused"], group(status["placement_groups"])),
+            "model list": (model["state"], model["ready"], group(model["placement_groups"])),
+            "model show": (show["state"], group(show["placement_groups"])),
+            "node list": main["state"],
+            "topology": (topo["state"], group(topo["placement_groups"])),
+            "cluster status": group(cluster["nodes"][0]["placement_groups"]),
+        }
+
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+    url, auth = node.url + "/v1/chat/completions", {"authorization": f"Bearer {node.key}"}
+    assert node.cli("node", "pause").returncode == 0
+    try:
+        refused = httpx.post(url, json=chat, headers=auth)
+        assert refused.status_code == 503
+        assert shown() == {
+            "status": ("paused", True, {"paused"}),
+            "model list": ("paused", 0, {"paused"}),
+            "model show": ("paused", {"paused"}),
+            "node list": "paused",
+            "topology": ("paused", {"paused"}),
+            "cluster status": {"paused"},
+        }
+        text = node.cli("status").stdout
+        assert "paused: admits no new requests" in text and "│ ready " not in text
+    finally:
+        assert node.cli("node", "resume").returncode == 0
+    assert shown()["model list"] == ("serving", 1, {"ready"})
+
+    assert node.cli("model", "stop", "tiny").returncode == 0
+    assert shown()["model list"] == ("stopped", 0, {"stopped"})
+    started = node.cli("model", "start", "tiny")
+    assert started.returncode == 0, started.stderr
+    first = started.stdout.splitlines()[0]
+    if first == "model tiny: starting":  # what the gateway says meanwhile
+        assert "--wait" in started.stdout
+        assert httpx.post(url, json=chat, headers=auth).status_code in (200, 503)
+    else:  # it was quick: the state it reports is true already
+        assert first == "model tiny: serving", started.stdout
+    waited = node.cli("model", "start", "tiny", "--wait")
+    assert waited.returncode == 0 and waited.stdout.startswith("model tiny: serving")
+    assert httpx.post(url, json=chat, headers=auth).status_code == 200
