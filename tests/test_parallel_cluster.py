@@ -99,7 +99,7 @@ def task_states(c: Cluster, model: str) -> dict[str, str]:
 
 def link_state(c: Cluster, a: str, b: str) -> str | None:
     topo = json.loads(c.ok("main", "topology", "--json"))
-    node = next(n for n in topo if n["node"] == a)
+    node = next(n for n in topo if n["name"] == a)
     return next((link["state"] for link in node["links"] if link["peer"] == b), None)
 
 
