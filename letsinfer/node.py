@@ -33,6 +33,7 @@ from letsinfer.agent.runtime import (
 from letsinfer.agent.supervisor import EngineStatus, EngineSupervisor, SupervisionPolicy
 from letsinfer.authority import engine_keys
 from letsinfer.authority.anchor import SignedHead, open_authority, witness
+from letsinfer.authority.audit_echo import AuditEcho
 from letsinfer.authority.denials import DenialLog
 from letsinfer.authority.facts import FactLedger
 from letsinfer.authority.links import LinkBook, link_label, needed_links
@@ -83,6 +84,7 @@ class MainNode:
         self.identity = identity
         self.store = open_authority(home)
         self.denials = DenialLog(self.store, settings.audit.denial_interval_s)
+        self.audit_echo = AuditEcho(self.store)  # a log line per change and refusal
         self.routing = RoutingTable()
         self.directory = Directory(self.store)
         self.records = (
@@ -284,6 +286,7 @@ class MainNode:
         loop = asyncio.create_task(self._background())
         watch = asyncio.create_task(self._watch_identity())
         denials = asyncio.create_task(self.denials.run())
+        echo = asyncio.create_task(self.audit_echo.run())
         weigh = asyncio.create_task(self._weigh_own_engines())
         records = asyncio.create_task(self.records.run()) if self.records else None
         metrics = await start_metrics_server(self.gateway.metrics, self.settings.gateway)
@@ -292,7 +295,7 @@ class MainNode:
         finally:
             if metrics is not None:
                 await metrics.stop()
-            for task in (loop, watch, denials, weigh, records):
+            for task in (loop, watch, denials, echo, weigh, records):
                 if task is None:
                     continue
                 task.cancel()

@@ -90,7 +90,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 def pgs(c: Cluster, model: str) -> dict[str, dict[str, object]]:
-    info = json.loads(c.ok("main", "model", "show", model, "--json"))[0]
+    info = json.loads(c.ok("main", "model", "show", model, "--json"))
     return {str(pg["node"]): pg for pg in info["placement_groups"]}
 
 
@@ -218,7 +218,7 @@ def test_install_on_two_children_serves_through_both(cluster: Cluster) -> None:
         assert url.host == c.lab.hosts[node] and 21000 <= (url.port or 0) <= 29999, pg
 
     topo = json.loads(c.ok("main", "topology", "--json"))
-    n1 = next(n for n in topo if n["node"] == "n1")
+    n1 = next(n for n in topo if n["name"] == "n1")
     assert n1["targets"] == ["cpu", "cuda"] and {g["uuid"] for g in n1["gpus"]} == {
         "GPU-n1-a",
         "GPU-n1-b",
@@ -243,7 +243,7 @@ def test_a_group_on_a_hot_gpu_gets_fewer_requests(cluster: Cluster) -> None:
             path.write_text(json.dumps([{**g, "temperature_c": temperature} for g in gpus]))
 
         def reported() -> bool:
-            topology = {n["node"]: n for n in json.loads(c.ok("main", "topology", "--json"))}
+            topology = {n["name"]: n for n in json.loads(c.ok("main", "topology", "--json"))}
             return all(
                 {g["temperature_c"] for g in topology[node]["gpus"]} == {95 if node == hot else 45}
                 for node in files
@@ -647,7 +647,7 @@ def test_a_failed_upgrade_restores_the_first_group_and_touches_no_other(cluster:
 
 def test_rollback_reinstalls_the_release_the_model_ran_before(cluster: Cluster) -> None:
     c = cluster
-    info = json.loads(c.ok("main", "model", "show", "shared", "--json"))[0]
+    info = json.loads(c.ok("main", "model", "show", "shared", "--json"))
     ran = list(dict.fromkeys(h["release"] for h in info["releases"]))
     assert len(ran) >= 2
     unknown = c.cli("main", "model", "rollback", "shared", "--to", "llama.cpp-nothing")
@@ -686,7 +686,7 @@ def test_without_a_free_gpu_a_group_is_replaced_in_place_and_restored(cluster: C
     c.ok("main", "model", "remove", "gpu2", "--stop", timeout=120)
     assert load(c, "gpu2", n=1, threads=1) == [404]
     topo = json.loads(c.ok("main", "topology", "--json"))
-    [n1] = [n for n in topo if n["node"] == "n1"]
+    [n1] = [n for n in topo if n["name"] == "n1"]
     assert {g["uuid"]: g["placement_group"] for g in n1["gpus"]}["GPU-n1-b"] is None
 
 

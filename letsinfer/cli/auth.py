@@ -17,7 +17,10 @@ from letsinfer.cli.scope import CliContext, scoped
 
 @cli.group()
 def auth() -> None:
-    """API keys (and, later, controllers)."""
+    """API keys and controllers.
+
+    API keys are what clients send to the gateway (`auth key`); controllers are
+    operators' workstations paired with a role (`auth controller`)."""
 
 
 @auth.group()
@@ -77,8 +80,8 @@ def list_keys(ctx: CliContext, include_revoked: bool, as_json: bool) -> None:
     rows = [
         {
             "name": k.name,
-            "prefix": k.prefix + "…",
-            "models": list(k.models) or ["*"],
+            "prefix": k.prefix,
+            "models": list(k.models),  # empty: every model, as `auth key create` takes it
             "concurrency": k.concurrency,
             "created": _when(k.created_at),
             "revoked": _when(k.revoked_at),
@@ -89,7 +92,10 @@ def list_keys(ctx: CliContext, include_revoked: bool, as_json: bool) -> None:
         emit(rows, [], as_json=True)
         return
     emit(
-        [{**r, "models": ", ".join(r["models"])} for r in rows],
+        [
+            {**r, "prefix": r["prefix"] + "…", "models": ", ".join(r["models"]) or "all"}
+            for r in rows
+        ],
         ["name", "prefix", "models", "concurrency", "created", "revoked"],
         as_json=False,
         title="API keys",

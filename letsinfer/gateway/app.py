@@ -15,7 +15,13 @@ from letsinfer.gateway.availability import MEANT_TO_SERVE
 from letsinfer.gateway.directory import StoreUnavailable
 from letsinfer.gateway.errors import GatewayError, unknown_model
 from letsinfer.gateway.gateway import Gateway
-from letsinfer.gateway.serving import ROUTES, InferenceEndpoints, authenticate, note_refusal
+from letsinfer.gateway.serving import (
+    ROUTES,
+    InferenceEndpoints,
+    authenticate,
+    count_refusal,
+    note_refusal,
+)
 
 log = logging.getLogger("letsinfer.gateway")
 
@@ -83,6 +89,7 @@ def create_app(
             policy = authenticate(gw, request.headers.get("authorization"))
         except GatewayError as err:
             note_refusal(gw, request.scope, "-", err)
+            count_refusal(gw, request.scope, err)
             return err.response()
         data = [
             model_card(s.name, s.created, s.aliases)
@@ -97,6 +104,7 @@ def create_app(
             policy = authenticate(gw, request.headers.get("authorization"))
         except GatewayError as err:
             note_refusal(gw, request.scope, "-", err)
+            count_refusal(gw, request.scope, err)
             return err.response()
         try:
             entry = gw.directory.current().names.get(model)
@@ -122,6 +130,8 @@ def create_app(
         except StoreUnavailable:
             return JSONResponse({"status": "unavailable"}, status_code=503)
         except GatewayError as err:
+            note_refusal(gw, request.scope, "-", err)
+            count_refusal(gw, request.scope, err)
             return err.response()
         names = [s.name for s in snapshot.services if policy is None or policy.allows(s.name)]
         states = {name: gw.availability.state(name) for name in names}

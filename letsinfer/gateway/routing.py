@@ -159,6 +159,9 @@ class RoutingTable:
         self._draining |= pg_ids
         self._mark_draining()
 
+    def draining(self) -> frozenset[str]:
+        return frozenset(self._draining)
+
     def undrain(self, pg_ids: set[str]) -> None:
         self._draining -= pg_ids
         self._mark_draining()

@@ -104,6 +104,22 @@ def note_refusal(gw: Gateway, scope: Scope, key_name: str, err: GatewayError) ->
     gw.denials.note(who, "gateway.request", err.code or "")
 
 
+def count_refusal(gw: Gateway, scope: Scope, err: GatewayError) -> None:
+    """A refused request on a route other than the inference POSTs (``GET
+    /v1/models``, ``/health`` with a bad key): counted in metrics and written to
+    the access log like theirs, so no 401 goes unseen."""
+    gw.metrics.error(err.code or "error")
+    gw.metrics.request("-", err.status, 0.0, None)
+    given = next((v for k, v in scope["headers"] if k == b"x-request-id"), None)
+    access_log.info(
+        "request_id=%s key=- model=- served=- pg=- status=%d queue_ms=0.00 ttft_ms=- "
+        "total_ms=0.00 prompt_tokens=- completion_tokens=- path=%s",
+        request_id_from(given),
+        err.status,
+        scope["path"] if str(scope["path"]).isprintable() else repr(scope["path"]),
+    )
+
+
 def request_id_from(given: bytes | None) -> str:
     if given and _SANE_REQUEST_ID.match(given):
         return given.decode()

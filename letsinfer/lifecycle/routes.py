@@ -76,6 +76,13 @@ def lifecycle_router(sv: Serving, model_store: Path) -> APIRouter:
         except lifecycle.Refused as exc:
             raise HTTPException(409, f"{exc}. Nothing changed.") from exc
 
+    @router.get("/v1/local/scene")
+    async def scene() -> dict[str, Any]:
+        """What displays need beside the authority (letsinfer.authority.states):
+        the groups leaving service now, which only this process knows, and when
+        a child counts as unreachable."""
+        return {"draining": sorted(sv.routing.draining()), "stale_after_s": sv.stale_after_s}
+
     @router.post("/v1/ops/models/{name:path}/upgrade")
     async def upgrade(name: str, body: Upgrade, p: Operator) -> dict[str, Any]:
         async def work() -> dict[str, Any]:

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import sqlite3
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,11 +19,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import sqlite_utils
-
+from letsinfer.home import admin_gid, share_with_group
 from letsinfer.store.audit import AuditTables, HeadKeeper
 from letsinfer.store.migrations import MIGRATIONS
 
+
+def _import_sqlite_utils() -> Any:
+    """sqlite_utils imports numpy when it can, only to store numpy values
+    (never done here); numpy would cost every CLI call a tenth of a second.
+    It is hidden during that one import, and importable again afterwards."""
+    hidden = "numpy" not in sys.modules
+    if hidden:
+        sys.modules["numpy"] = None  # type: ignore[assignment]  # import fails: "not installed"
+    try:
+        import sqlite_utils
+    finally:
+        if hidden:
+            del sys.modules["numpy"]
+    return sqlite_utils
+
+
+sqlite_utils = _import_sqlite_utils()
 log = logging.getLogger("letsinfer.store")
 CLUSTER_STOPPED = "cluster.stopped"  # the settings key `cluster stop` writes
 
@@ -209,6 +226,7 @@ class AuthorityStore(AuditTables):
             # audit chain. SQLite gives its -wal/-shm files the same mode.
             os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o660))
             path.chmod(0o660)  # past the umask
+            share_with_group(path, admin_gid())  # the letsinfer group's CLI
         conn = sqlite3.connect(path, timeout=10.0, isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA busy_timeout=10000")

@@ -11,6 +11,8 @@ import sqlite3
 from pathlib import Path
 from typing import Literal, NamedTuple
 
+from letsinfer.home import admin_gid, share_with_group
+
 
 class RequestRecord(NamedTuple):
     ts: float  # wall clock at arrival, seconds since the epoch
@@ -80,6 +82,7 @@ class RequestStore:
         if not path.exists():  # like the authority: owner and the letsinfer group
             os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o660))
             path.chmod(0o660)
+            share_with_group(path, admin_gid())  # the letsinfer group's CLI
         self.conn = sqlite3.connect(path, timeout=10.0, check_same_thread=False)
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=NORMAL")  # WAL: durable at checkpoints, never corrupt
