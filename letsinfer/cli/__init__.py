@@ -51,6 +51,8 @@ def main() -> None:
         fleet,
         mirror,
         model,
+        model_adapter,
+        model_fallback,
         model_lifecycle,
         model_plan,
         model_pull,

@@ -18,6 +18,12 @@ from letsinfer.authority.links import ResumeRefused, resume_model
 from letsinfer.authority.models import add_gguf_model
 from letsinfer.cli import cli
 from letsinfer.cli.local import ask_node, segment
+from letsinfer.cli.model_external import (
+    add_external,
+    external_fields,
+    external_options,
+    show_external,
+)
 from letsinfer.cli.output import console, emit
 from letsinfer.cli.scope import CliContext, scoped
 from letsinfer.contracts.artifacts import artifact_path
@@ -65,6 +71,7 @@ def list_models(ctx: CliContext, as_json: bool) -> None:
                     "sha256": svc.artifact_digest,
                     "size": svc.artifact_size,
                     **origin_fields(svc),
+                    **external_fields(store, svc),
                     "placement_groups": [
                         {"id": p.id, "node": p.node_id, "state": p.state} for p in pgs
                     ],
@@ -83,7 +90,13 @@ def list_models(ctx: CliContext, as_json: bool) -> None:
             "aliases": ", ".join(r["aliases"]),
             "sha256": r["sha256"][:12],
             "size": f"{r['size'] / 1e6:.1f} MB",
-            "from": f"{r['repo']}@{r['commit'][:12]}" if r["repo"] else "file",
+            "from": (
+                r["external"]["url"]
+                if r["external"]
+                else f"{r['repo']}@{r['commit'][:12]}"
+                if r["repo"]
+                else "file"
+            ),
             "ready": f"{r['ready']}/{r['total']}",
         }
         for r in rows
@@ -101,7 +114,6 @@ def list_models(ctx: CliContext, as_json: bool) -> None:
 @click.option(
     "--gguf",
     "gguf_path",
-    required=True,
     type=click.Path(path_type=Path),
     help="A local GGUF file; it is checked and copied into the model store.",
 )
@@ -116,17 +128,39 @@ def list_models(ctx: CliContext, as_json: bool) -> None:
     is_flag=True,
     help="Only register it; place it later with `letsinfer model install`.",
 )
+@external_options
+@click.option(
+    "--fallback",
+    metavar="MODEL",
+    help="The model that answers when none of this one's groups can (parked, stopped, "
+    "full past the queue's wait, failing before the first byte).",
+)
 @click.pass_obj
 def add_model(
     ctx: CliContext,
     name: str,
-    gguf_path: Path,
+    gguf_path: Path | None,
     aliases: tuple[str, ...],
     engine: str | None,
     no_serve: bool,
+    fallback: str | None,
+    **external: Any,
 ) -> None:
-    """Add a model from a local GGUF file and serve it on this node."""
-    admit_gguf(ctx, name, gguf_path.expanduser(), aliases, engine, no_serve)
+    """Add a model from a local GGUF file and serve it on this node, or publish
+    an OpenAI-compatible provider's model under NAME (--external)."""
+    if (gguf_path is None) == (external["url"] is None):
+        raise click.UsageError("give exactly one of --gguf FILE or --external URL")
+    if external["url"] is not None:
+        if engine or no_serve:
+            raise click.UsageError("--engine and --no-serve are for --gguf models")
+        add_external(ctx, name, aliases, fallback, **external)
+        return
+    if any(v is not None for k, v in external.items() if k != "url"):
+        raise click.UsageError(
+            "--provider-model, --key-file, --ca-file and --concurrency are for --external"
+        )
+    assert gguf_path is not None
+    admit_gguf(ctx, name, gguf_path.expanduser(), aliases, engine, no_serve, fallback=fallback)
 
 
 def admit_gguf(
@@ -137,6 +171,7 @@ def admit_gguf(
     engine: str | None,
     no_serve: bool,
     origin: dict[str, Any] | None = None,
+    fallback: str | None = None,
 ) -> ServiceRecord:
     """The one way a model file enters the model store and the authority: `model
     add --gguf` and `model pull` (with the file's ``origin``) both come here."""
@@ -165,6 +200,7 @@ def admit_gguf(
             door=Door(
                 threads=settings.engine.threads, ready_timeout_s=settings.engine.ready_timeout_s
             ),
+            fallback=fallback,
         )
     finally:
         store.close()
@@ -596,6 +632,7 @@ def show(ctx: CliContext, name: str, as_json: bool) -> None:
             }
             for h in store.release_history(svc.name)
         ]
+        extra = external_fields(store, svc)
     finally:
         store.close()
     info = {
@@ -604,6 +641,7 @@ def show(ctx: CliContext, name: str, as_json: bool) -> None:
         "sha256": svc.artifact_digest,
         "size": svc.artifact_size,
         **origin_fields(svc),
+        **extra,
         "kind": svc.kind,
         "placement_groups": pgs,
         # Releases this model ran: what `model rollback --to` may reinstall.
@@ -612,10 +650,14 @@ def show(ctx: CliContext, name: str, as_json: bool) -> None:
     if as_json:
         emit([info], [], as_json=True)
         return
-    console.print(
-        f"[bold]{svc.name}[/bold] sha256:{svc.artifact_digest[:16]}… "
-        f"{svc.artifact_size / 1e6:.1f} MB"
-    )
+    if svc.is_external:
+        console.print(f"[bold]{svc.name}[/bold] external")
+    else:
+        console.print(
+            f"[bold]{svc.name}[/bold] sha256:{svc.artifact_digest[:16]}… "
+            f"{svc.artifact_size / 1e6:.1f} MB"
+        )
+    show_external(info)
     if info["repo"]:
         console.print(f"  repo     {info['repo']} (revision {info['revision']})")
         console.print(f"  commit   {info['commit']}")
