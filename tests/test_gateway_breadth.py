@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
+from letsinfer.authority.apikeys import create_key
 from letsinfer.authority.external import add_external_model, set_fallback
 from letsinfer.gateway.limits import period_bounds
 from letsinfer.gateway.mock_upstream import MockBehaviour
@@ -416,3 +418,31 @@ def test_an_unreadable_provider_key_is_a_clean_error_that_names_no_secret(
         r = post(h, "alice", chat() | {"model": "ext"})
         assert r.status_code == 502 and r.json()["error"]["code"] == "provider_key_unreadable"
         assert "sk-" not in r.text
+
+
+def test_a_bad_limit_change_is_refused_and_changes_nothing(tmp_path: Path) -> None:
+    from letsinfer.authority.apikeys import set_policy
+    from letsinfer.store import AuthorityStore, StoreError
+
+    store = AuthorityStore(tmp_path / "authority.db")
+    try:
+        create_key(store, "k", policy={"rpm": 10})
+        before = store.list_api_keys(name="k")[-1]
+        for change, words in (
+            ({"budget_tokens": 100}, "needs its period"),
+            ({"band": "urgent"}, "band must be one of"),
+            ({"rpm": 0}, "at least 1"),
+            ({"tpm": "many"}, "whole number"),
+        ):
+            with pytest.raises(StoreError, match=words):
+                set_policy(store, "k", change)
+        with pytest.raises(StoreError, match="no active API key"):
+            set_policy(store, "nobody", {"rpm": 5})
+        assert store.list_api_keys(name="k")[-1] == before
+        after = set_policy(store, "k", {"rpm": None, "budget_tokens": 9, "budget_period": "week"})
+        assert (after.rpm, after.budget_tokens, after.budget_period) == (None, 9, "week")
+        cleared = set_policy(store, "k", {"budget_tokens": None})
+        assert (cleared.budget_tokens, cleared.budget_period) == (None, None)
+        assert [r.action for r in store.list_audit()][-2:] == ["auth.key.limits"] * 2
+    finally:
+        store.close()

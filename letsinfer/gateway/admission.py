@@ -154,9 +154,10 @@ class Admission:
         exclude: frozenset[str],
         adapter: str | None = None,
     ) -> Replica | None:
-        replica = policy.choose(
-            self._replicas(service, adapter), time.monotonic(), self.policy, prefix_hash, exclude
-        )
+        replicas = self.routing.replicas(service)
+        if adapter is not None:
+            replicas = tuple(r for r in replicas if adapter in r.adapters)
+        replica = policy.choose(replicas, time.monotonic(), self.policy, prefix_hash, exclude)
         if replica is not None:
             replica.in_flight += 1
         return replica

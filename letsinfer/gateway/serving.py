@@ -372,7 +372,22 @@ class InferenceEndpoints:
             hint = policy.prefix_hash(protocol.prompt_start(parsed, self.prefix_chars), gw.policy)
         gw.admission.enter_key(key.name, key.concurrency)
         try:
-            started = await self._start(entry, key, path, body, ex, hint)
+            try:
+                started = await gw.upstream.start(
+                    entry.serves,
+                    key.name,
+                    path,
+                    body,
+                    stream=parsed.stream,
+                    request_id=ex.request_id,
+                    prefix_hash=hint,
+                    band=key.band,
+                    adapter=entry.name if entry.base is not None else None,
+                )
+            except GatewayError as err:
+                if entry.fallback is None or err.code not in FALLBACK_ON:
+                    raise
+                started = await self._fall_back(entry, key, path, body, ex, hint, err)
             ex.pg = started.replica.pg_id
             ex.node = started.replica.node_id or None
             ex.queue_s = started.queue_s
@@ -383,7 +398,7 @@ class InferenceEndpoints:
         finally:
             gw.admission.leave_key(key.name)
 
-    async def _start(
+    async def _fall_back(
         self,
         entry: ServiceEntry,
         key: KeyPolicy,
@@ -391,48 +406,34 @@ class InferenceEndpoints:
         body: bytes,
         ex: _Exchange,
         hint: int | None,
+        err: GatewayError,
     ) -> Started:
-        """An answer from the model's groups or, when none can take the request
-        and the model names a fallback, from the fallback (allowed or not to the
-        key: the allowlist applies to the model asked for)."""
-        upstream = self.gw.upstream
-        try:
-            return await upstream.start(
-                entry.serves,
-                key.name,
-                path,
-                body,
-                stream=ex.stream,
-                request_id=ex.request_id,
-                prefix_hash=hint,
-                band=key.band,
-                adapter=entry.name if entry.base is not None else None,
-            )
-        except GatewayError as err:
-            if entry.fallback is None or err.code not in FALLBACK_ON:
-                raise
-            other = self.gw.directory.current().names.get(entry.fallback)
-            if other is None or other.name == entry.name:
-                raise
-            log.info(
-                "request %s: model %s cannot take it (%s); its fallback %s answers",
-                ex.request_id,
-                entry.name,
-                err.code,
-                other.name,
-            )
-            ex.fallback = ex.served = other.name
-            return await upstream.start(
-                other.serves,
-                key.name,
-                path,
-                body,
-                stream=ex.stream,
-                request_id=ex.request_id,
-                prefix_hash=hint,
-                band=key.band,
-                adapter=other.name if other.base is not None else None,
-            )
+        """None of the model's groups can take the request: its fallback answers
+        (allowed or not to the key: the allowlist applies to the model asked
+        for). One hop: the fallback's own fallback is not followed."""
+        assert entry.fallback is not None
+        other = self.gw.directory.current().names.get(entry.fallback)
+        if other is None or other.name == entry.name:
+            raise err
+        log.info(
+            "request %s: model %s cannot take it (%s); its fallback %s answers",
+            ex.request_id,
+            entry.name,
+            err.code,
+            other.name,
+        )
+        ex.fallback = ex.served = other.name
+        return await self.gw.upstream.start(
+            other.serves,
+            key.name,
+            path,
+            body,
+            stream=ex.stream,
+            request_id=ex.request_id,
+            prefix_hash=hint,
+            band=key.band,
+            adapter=other.name if other.base is not None else None,
+        )
 
     async def _from_cache(
         self,
