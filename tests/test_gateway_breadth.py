@@ -318,7 +318,8 @@ def test_an_adapter_reaches_only_the_groups_that_loaded_it_with_its_id(tmp_path:
         # No group loaded it: a quick 503, not a wait.
         h.in_loop(lambda: h.routing.set_adapters(MODEL, "pg-b", ()))
         gone = post(h, "any", chat() | {"model": "mock-lora"})
-        assert gone.status_code == 503
+        assert gone.status_code == 503 and gone.headers["retry-after"]
+        assert "'mock-lora' is not loaded" in gone.json()["error"]["message"]
 
 
 # -- external providers and fallbacks ----------------------------------------------

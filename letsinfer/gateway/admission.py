@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from letsinfer.gateway import policy
-from letsinfer.gateway.errors import GatewayError, no_replica
+from letsinfer.gateway.errors import GatewayError, adapter_not_loaded, no_replica
 from letsinfer.gateway.routing import Replica, RoutingTable
 
 
@@ -191,6 +191,8 @@ class Admission:
             if replica is not None:
                 return replica
         if not self._any_usable(service, exclude, adapter):
+            if adapter is not None and self._any_usable(service, exclude, None):
+                raise adapter_not_loaded(adapter, service)
             raise self.unavailable(service, failures)
         if self.waiting >= self.limits.max_waiting:
             raise queue_full(service, self.retry_after)

@@ -491,7 +491,8 @@ class InferenceEndpoints:
         ex.status = started.status
         ex.responded = True
         if started.response is None:  # the whole answer is here
-            if ex.cache_key is not None and started.status == 200:
+            # (A fallback's answer is not kept: a hit would hide that it was one.)
+            if ex.cache_key is not None and started.status == 200 and ex.fallback is None:
                 self.gw.cache.put(ex.cache_key, started.first, started.content_type, ex.cache_ttl)
             headers.append((b"content-length", str(len(started.first)).encode()))
             await send(
