@@ -805,8 +805,8 @@ def test_cleanup_frees_only_a_stopped_groups_model_and_start_fetches_it_again(
     freed = [str(r["path"]) for r in done["freed"]]
     assert f"var/models/sha256/{digest}.gguf" in freed, freed
     # Besides it, only the logs of groups gone from n2 (earlier tests removed some).
-    models = ("shared", "big", "warm", "spare")
-    live = {str(pg["id"]) for m in models for pg in pgs(c, m).values()}
+    names = ("shared", "big", "warm", "spare")
+    live = {str(pg["id"]) for m in names for pg in pgs(c, m).values()}
     for path in set(freed) - {f"var/models/sha256/{digest}.gguf"}:
         assert path.startswith("var/logs/engines/pg-") and path.endswith(".log"), path
         assert Path(path).stem not in live, path
