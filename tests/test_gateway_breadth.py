@@ -447,3 +447,40 @@ def test_a_bad_limit_change_is_refused_and_changes_nothing(tmp_path: Path) -> No
         assert [r.action for r in store.list_audit()][-2:] == ["auth.key.limits"] * 2
     finally:
         store.close()
+
+
+def test_external_models_and_fallbacks_are_checked_before_anything_changes(
+    tmp_path: Path,
+) -> None:
+    from letsinfer.store import AuthorityStore, StoreError
+
+    store = AuthorityStore(tmp_path / "authority.db")
+    key = tmp_path / "key"
+    key.write_text("sk-x\n")
+    key.chmod(0o600)
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    empty.chmod(0o600)
+    try:
+        store.add_service("local", "0" * 64, 0, "gguf", None)
+        url = "https://api.example.com/v1"
+        for args, kwargs, words in (
+            (("e", "https://user:pw@api.example.com/v1", "m", key), {}, "no user, query"),
+            (("e", "https://api.example.com/v1?api-key=sk-x", "m", key), {}, "no user, query"),
+            (("e", "ftp://api.example.com", "m", key), {}, "is not an http"),
+            (("e", url, "m", tmp_path / "missing"), {}, "key file"),
+            (("e", url, "m", empty), {}, "exactly one line"),
+            (("e", "http://api.example.com/v1", "m", key), {"ca_file": key}, "CA file"),
+            (("e", url, "m", key), {"fallback": "nothing"}, "no such model"),
+            (("e", url, "m", key), {"fallback": "e"}, "no such model"),
+            (("local", url, "m", key), {}, "already exists"),
+        ):
+            with pytest.raises(StoreError, match=words):
+                add_external_model(store, *args, **kwargs)
+        assert [s.name for s in store.list_services()] == ["local"]
+        assert store.list_audit() == []
+        with pytest.raises(StoreError, match="its own fallback"):
+            set_fallback(store, "local", "local")
+        assert store.get_service("local").fallback is None  # type: ignore[union-attr]
+    finally:
+        store.close()
