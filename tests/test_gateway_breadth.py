@@ -452,6 +452,8 @@ def test_a_bad_limit_change_is_refused_and_changes_nothing(tmp_path: Path) -> No
 def test_external_models_and_fallbacks_are_checked_before_anything_changes(
     tmp_path: Path,
 ) -> None:
+    from letsinfer.authority import install
+    from letsinfer.authority.install import InstallRequest
     from letsinfer.store import AuthorityStore, StoreError
 
     store = AuthorityStore(tmp_path / "authority.db")
@@ -482,5 +484,11 @@ def test_external_models_and_fallbacks_are_checked_before_anything_changes(
         with pytest.raises(StoreError, match="its own fallback"):
             set_fallback(store, "local", "local")
         assert store.get_service("local").fallback is None  # type: ignore[union-attr]
+
+        add_external_model(store, "e", url, "m", key)
+        placing = InstallRequest("e", ("main",), "cpu", 1, (), "xllamacpp")
+        with pytest.raises(StoreError, match="is external"):
+            install.plan(store, placing, 20, "main-id")
+        assert store.list_placement_groups() == []
     finally:
         store.close()

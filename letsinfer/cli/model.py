@@ -407,8 +407,8 @@ def report_rollout(answer: dict[str, Any], as_json: bool = False) -> None:
 def model_shape(ctx: CliContext, store: AuthorityStore, name: str) -> ModelShape | None:
     """The model's shape from its file in the main's model store (for the memory fit)."""
     svc = store.resolve_service(name)
-    if svc is None:
-        return None  # planning says "no model" itself
+    if svc is None or svc.is_external:
+        return None  # planning says "no model" (or "external") itself
     try:
         return read_shape(artifact_path(ctx.home.model_store, svc.artifact_digest))
     except ShapeError as exc:
