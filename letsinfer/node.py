@@ -267,6 +267,7 @@ class MainNode:
         if self.store.anchor is not None:  # records appended without the key
             self.store.anchor.advance(self.store)
         self.directory.refresh()
+        await self.gateway.restore_usage()  # keys' spent budgets, before serving
         self.record_own_facts()
         await self.placements.adopt_running()  # engines a previous run left serving
         self.reconcile()
@@ -357,6 +358,10 @@ class MainNode:
         self.placements.apply(desired)
         paused = {n.id for n in self.store.list_nodes() if n.paused}
         self.routing.set_paused_nodes(paused)
+        for pg_id, adapters in self.placements.adapters.items():  # adopted engines' too
+            service = self.placements.services.get(pg_id)
+            if service is not None:
+                self.routing.set_adapters(service, pg_id, adapters)
 
     async def _weigh_own_engines(self) -> None:
         """This node's own engines, as a child's agent reports its own: every
@@ -396,7 +401,13 @@ class MainNode:
             self.routing.withdraw(service, pg_id, why)
 
     def _replica(
-        self, pg_id: str, service: str, base_url: str, capacity: int, node_id: str
+        self,
+        pg_id: str,
+        service: str,
+        base_url: str,
+        capacity: int,
+        node_id: str,
+        adapters: tuple[str, ...] = (),
     ) -> Replica:
         key = engine_keys.derive(self._engine_secret, pg_id, "0")
         return Replica(
@@ -406,6 +417,7 @@ class MainNode:
             authorization=f"Bearer {key}",
             capacity=capacity,
             node_id=node_id,
+            adapters=adapters,
         )
 
     def _on_engine_status(self, st: EngineStatus) -> None:
@@ -420,6 +432,7 @@ class MainNode:
                     st.base_url,
                     self.settings.engine.parallel,
                     self.identity.node_id,
+                    self.placements.adapters.get(st.pg_id, ()),
                 )
             )
             log.info(
@@ -495,7 +508,9 @@ class MainNode:
                 # release): its parked or failed engine is about to be replaced.
                 p = p.model_copy(update={"state": "starting", "detail": "starting afresh"})
             self.tasks.report(
-                p.pg_id, p.task, TaskReport(node.id, p.state, p.base_url, p.capacity, p.detail)
+                p.pg_id,
+                p.task,
+                TaskReport(node.id, p.state, p.base_url, p.capacity, p.detail, tuple(p.adapters)),
             )
             seen = (p.state, p.base_url, p.pid, p.capacity, p.restarts, p.detail, p.generation)
             # Facts arrive every interval: write an observation only when it changed.
@@ -572,7 +587,10 @@ class MainNode:
             self.routing.withdraw(pg.service, pg.id, why or "not ready")
             return False
         capacity = head.capacity if head and head.capacity else 1
-        self.routing.publish(self._replica(pg.id, pg.service, url, capacity, tasks[0].node_id))
+        adapters = head.adapters if head else ()
+        self.routing.publish(
+            self._replica(pg.id, pg.service, url, capacity, tasks[0].node_id, adapters)
+        )
         return True
 
     def _weigh(self, pg: PlacementGroupRecord) -> None:

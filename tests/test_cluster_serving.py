@@ -21,6 +21,7 @@ import httpx
 import pytest
 import yaml
 
+from letsinfer.engines.tinymodel import LORA_SENTENCE, SENTENCE, write_tiny_lora
 from tests.cluster import PY, Cluster, as_node
 from tests.db_writer import cut_audit, put_back, rewrite_audit_from
 from tests.firewall import render
@@ -224,6 +225,44 @@ def test_install_on_two_children_serves_through_both(cluster: Cluster) -> None:
         "GPU-n1-b",
         "GPU-n1-c",
     }
+
+
+def answer(c: Cluster, model: str) -> str:
+    """One chat answer through the main's gateway, from inside the main's namespace."""
+    main = c.lab.hosts["main"]
+    return c.py(
+        "main",
+        f"""
+import httpx
+r = httpx.post("http://{main}:8000/v1/chat/completions", timeout=60,
+               headers={{"authorization": "Bearer {c.key}"}},
+               json={{"model": "{model}", "messages": [{{"role": "user", "content": "hi"}}]}})
+assert r.status_code == 200, r.text
+print(r.json()["choices"][0]["message"]["content"], end="")
+""",
+    )
+
+
+def test_a_lora_adapter_travels_to_a_child_with_its_model(cluster: Cluster) -> None:
+    """The child fetches the adapter from the main beside the weights, its engine
+    loads it unapplied, and its facts say so: only then does the gateway route
+    the adapter's requests there, with the adapter's id."""
+    c = cluster
+    c.ok("main", "model", "add", "based", "--gguf", str(c.root / "shared.gguf"), "--no-serve")
+    c.ok("main", "model", "install", "based", "--node", "n1", "--target", "cpu", "--yes")
+    wait_ready(c, "based", {"n1"})
+    lora = write_tiny_lora(c.root / "tuned.gguf")
+    out = c.ok(
+        "main", "model", "adapter", "add", "based", "based-tuned", "--gguf", str(lora), timeout=300
+    )
+    assert "on n1: ready" in " ".join(out.split()), out
+    digest = hashlib.sha256(lora.read_bytes()).hexdigest()
+    assert (c.home("n1") / "var/models/sha256" / f"{digest}.gguf").is_file()
+    assert [answer(c, "based-tuned"), answer(c, "based")] == [LORA_SENTENCE, SENTENCE]
+    [pg] = [str(g["id"]) for g in pgs(c, "based").values()]
+    assert served_by(c, "based-tuned") == {pg: 1}
+    c.ok("main", "model", "stop", "based")
+    c.ok("main", "model", "remove", "based")
 
 
 def test_a_group_on_a_hot_gpu_gets_fewer_requests(cluster: Cluster) -> None:

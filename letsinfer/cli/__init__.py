@@ -40,7 +40,7 @@ COMMANDS: dict[str, tuple[tuple[str, ...], str]] = {
     ),
     "mirror": (("mirror",), "Imported artifacts, kept by sha256: add, list, find unused, remove."),
     "model": (
-        ("model", "model_lifecycle", "model_plan", "model_pull"),
+        ("model", "model_adapter", "model_fallback", "model_lifecycle", "model_plan", "model_pull"),
         "Model services: add, pull, place, start, stop, upgrade, remove.",
     ),
     "node": (

@@ -18,6 +18,12 @@ from letsinfer.authority.links import ResumeRefused, resume_model
 from letsinfer.authority.models import add_gguf_model
 from letsinfer.cli import cli, settling
 from letsinfer.cli.local import ask_node, segment
+from letsinfer.cli.model_external import (
+    add_external,
+    external_fields,
+    external_options,
+    show_external,
+)
 from letsinfer.cli.output import brief, console, emit, emit_object
 from letsinfer.cli.scope import CliContext, scoped
 from letsinfer.cli.shown import read_scene, read_store
@@ -49,7 +55,10 @@ def list_models(ctx: CliContext, as_json: bool) -> None:
     store = read_store(ctx.home)
     try:
         scene = read_scene(ctx, store)
-        rows = [model_object(store, scene, svc) for svc in store.list_services()]
+        rows = [
+            {**model_object(store, scene, svc), **external_fields(store, svc)}
+            for svc in store.list_services()
+        ]
     finally:
         store.close()
     if as_json:
@@ -61,7 +70,13 @@ def list_models(ctx: CliContext, as_json: bool) -> None:
             "aliases": ", ".join(r["aliases"]),
             "sha256": brief(r["sha256"], 12),
             "size": f"{r['size'] / 1e6:.1f} MB",
-            "from": f"{r['repo']}@{brief(r['commit'], 12)}" if r["repo"] else "file",
+            "from": (
+                r["external"]["url"]
+                if r["external"]
+                else f"{r['repo']}@{brief(r['commit'], 12)}"
+                if r["repo"]
+                else "file"
+            ),
             "ready": f"{r['ready']}/{r['total']}",
         }
         for r in rows
@@ -79,7 +94,6 @@ def list_models(ctx: CliContext, as_json: bool) -> None:
 @click.option(
     "--gguf",
     "gguf_path",
-    required=True,
     type=click.Path(path_type=Path),
     help="A local GGUF file; it is checked and copied into the model store.",
 )
@@ -94,17 +108,39 @@ def list_models(ctx: CliContext, as_json: bool) -> None:
     is_flag=True,
     help="Only register it; place it later with `letsinfer model install`.",
 )
+@external_options
+@click.option(
+    "--fallback",
+    metavar="MODEL",
+    help="The model that answers when none of this one's groups can (parked, stopped, "
+    "full past the queue's wait, failing before the first byte).",
+)
 @click.pass_obj
 def add_model(
     ctx: CliContext,
     name: str,
-    gguf_path: Path,
+    gguf_path: Path | None,
     aliases: tuple[str, ...],
     engine: str | None,
     no_serve: bool,
+    fallback: str | None,
+    **external: Any,
 ) -> None:
-    """Add a model from a local GGUF file and serve it on this node."""
-    admit_gguf(ctx, name, gguf_path.expanduser(), aliases, engine, no_serve)
+    """Add a model from a local GGUF file and serve it on this node, or publish
+    an OpenAI-compatible provider's model under NAME (--external)."""
+    if (gguf_path is None) == (external["url"] is None):
+        raise click.UsageError("give exactly one of --gguf FILE or --external URL")
+    if external["url"] is not None:
+        if engine or no_serve:
+            raise click.UsageError("--engine and --no-serve are for --gguf models")
+        add_external(ctx, name, aliases, fallback, **external)
+        return
+    if any(v is not None for k, v in external.items() if k != "url"):
+        raise click.UsageError(
+            "--provider-model, --key-file, --ca-file and --concurrency are for --external"
+        )
+    assert gguf_path is not None
+    admit_gguf(ctx, name, gguf_path.expanduser(), aliases, engine, no_serve, fallback=fallback)
 
 
 def admit_gguf(
@@ -115,6 +151,7 @@ def admit_gguf(
     engine: str | None,
     no_serve: bool,
     origin: dict[str, Any] | None = None,
+    fallback: str | None = None,
 ) -> ServiceRecord:
     """The one way a model file enters the model store and the authority: `model
     add --gguf` and `model pull` (with the file's ``origin``) both come here."""
@@ -143,6 +180,7 @@ def admit_gguf(
             door=Door(
                 threads=settings.engine.threads, ready_timeout_s=settings.engine.ready_timeout_s
             ),
+            fallback=fallback,
         )
     finally:
         store.close()
@@ -350,8 +388,8 @@ def report_rollout(answer: dict[str, Any], as_json: bool = False) -> None:
 def model_shape(ctx: CliContext, store: AuthorityStore, name: str) -> ModelShape | None:
     """The model's shape from its file in the main's model store (for the memory fit)."""
     svc = store.resolve_service(name)
-    if svc is None:
-        return None  # planning says "no model" itself
+    if svc is None or svc.is_external:
+        return None  # planning says "no model" (or "external") itself
     try:
         return read_shape(artifact_path(ctx.home.model_store, svc.artifact_digest))
     except ShapeError as exc:
@@ -579,18 +617,22 @@ def show(ctx: CliContext, name: str, as_json: bool) -> None:
         svc = store.resolve_service(name)
         if svc is None:
             raise StoreError(f"no model {name!r}")
-        info = model_object(store, read_scene(ctx, store), svc)
+        info = {**model_object(store, read_scene(ctx, store), svc), **external_fields(store, svc)}
     finally:
         store.close()
     if as_json:
         emit_object(info)
         return
-    console.print(
-        f"[bold]{svc.name}[/bold] sha256:{brief(svc.artifact_digest, 16)} "
-        f"{svc.artifact_size / 1e6:.1f} MB: {info['state']}, "
-        f"{info['ready']}/{info['total']} placement group(s) ready",
-        highlight=False,
-    )
+    if svc.is_external:
+        console.print(f"[bold]{svc.name}[/bold] external: {info['state']}", highlight=False)
+    else:
+        console.print(
+            f"[bold]{svc.name}[/bold] sha256:{brief(svc.artifact_digest, 16)} "
+            f"{svc.artifact_size / 1e6:.1f} MB: {info['state']}, "
+            f"{info['ready']}/{info['total']} placement group(s) ready",
+            highlight=False,
+        )
+    show_external(info)
     if info["repo"]:
         console.print(f"  repo     {info['repo']} (revision {info['revision']})")
         console.print(f"  commit   {info['commit']}")

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from letsinfer.authority import controllers, lifecycle
 from letsinfer.control.ops import actor_of
-from letsinfer.lifecycle import cluster, rollout
+from letsinfer.lifecycle import adapters, cluster, rollout
 from letsinfer.lifecycle.serving import Busy, Serving
 from letsinfer.trust.peer import Peer, gated_peer
 
@@ -163,6 +163,14 @@ def lifecycle_router(sv: Serving, model_store: Path) -> APIRouter:
             return {**done.to_json(), "cut": cut}
 
         return await exclusive(f"removal of {name}", work)  # type: ignore[no-any-return]
+
+    @router.post("/v1/ops/models/{name:path}/reload")
+    async def reload(name: str, p: Operator) -> dict[str, Any]:
+        """The model's groups start afresh one at a time (its LoRA adapters changed)."""
+        return await exclusive(  # type: ignore[no-any-return]
+            f"reload of {name}",
+            lambda: adapters.reload(sv, name, actor=actor_of(store, p), role=p.identity.role),
+        )
 
     @router.post("/v1/ops/cluster/stop")
     async def cluster_stop(p: Operator) -> dict[str, Any]:

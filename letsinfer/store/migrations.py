@@ -233,4 +233,32 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE nodes ADD COLUMN cert_not_after REAL;
     """,
+    # 10: the gateway's breadth. Per API key: a priority band, rate limits and
+    # a token budget, an opt-in response cache. Per model: an external
+    # (OpenAI-compatible) upstream instead of placement groups (JSON: url,
+    # provider model, key file, CA file, concurrency; never the key itself), and
+    # a fallback model. LoRA adapters, each named in the models' namespace and
+    # served by its base model's groups.
+    """
+    ALTER TABLE api_keys ADD COLUMN band TEXT NOT NULL DEFAULT 'standard'
+        CHECK (band IN ('interactive', 'standard', 'batch'));
+    ALTER TABLE api_keys ADD COLUMN rpm INTEGER;
+    ALTER TABLE api_keys ADD COLUMN tpm INTEGER;
+    ALTER TABLE api_keys ADD COLUMN budget_tokens INTEGER;
+    ALTER TABLE api_keys ADD COLUMN budget_period TEXT
+        CHECK (budget_period IN ('day', 'week', 'month'));
+    ALTER TABLE api_keys ADD COLUMN cache_ttl_s INTEGER;
+    ALTER TABLE api_keys ADD COLUMN cache_sampled INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE model_services ADD COLUMN external TEXT;
+    ALTER TABLE model_services ADD COLUMN fallback TEXT;
+    CREATE TABLE model_adapters (
+        name TEXT PRIMARY KEY,
+        service TEXT NOT NULL REFERENCES model_services(name) ON DELETE CASCADE,
+        artifact_digest TEXT NOT NULL,
+        artifact_size INTEGER NOT NULL,
+        source TEXT,
+        created_at REAL NOT NULL
+    );
+    CREATE INDEX model_adapters_service ON model_adapters(service);
+    """,
 ]
