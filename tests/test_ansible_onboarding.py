@@ -605,6 +605,71 @@ finally:
 """
 
 
+def test_a_removed_and_wiped_child_comes_back_under_its_name_serving(
+    lab: Lab, wheels: Path, story: Story
+) -> None:
+    """`node remove`, then wipe.yml, then site.yml: the host is enrolled again
+    under its name with a new identity; the old one stays removed and revoked."""
+
+    def nodes(*args: str) -> dict[str, dict[str, object]]:
+        listed = json.loads(sh(lab, "main", f"{LETSINFER} node list --json {' '.join(args)}"))
+        return {f"{n['name']}/{n['id']}": n for n in listed}
+
+    [old] = [n for n in nodes().values() if n["name"] == "n2"]
+    sh(lab, "main", f"{LETSINFER} node remove n2")
+    assert not any(n["name"] == "n2" for n in nodes().values())
+    n2_added = inventory_file(lab, "n2", {}, {"n2": {"ansible_host": lab.hosts["n2"].address}})
+    wiped = playbook(
+        lab, wheels, "wipe.yml", "--limit", "n2", "-e", "wipe_confirm=n2", inventories=(n2_added,)
+    )
+    assert wiped.returncode == 0, wiped.stdout[-4000:]
+    assert on(lab, "n2", "test -e /etc/letsinfer/node.json").returncode != 0
+
+    again = playbook(lab, wheels, "site.yml", inventories=(n2_added,))
+    assert again.returncode == 0, again.stdout[-6000:]
+    [back] = [n for n in nodes().values() if n["name"] == "n2"]
+    assert back["state"] == "active" and back["id"] != old["id"]
+    assert back["fingerprint"] != old["fingerprint"]
+    removed = nodes("--all")[f"n2/{old['id']}"]
+    assert removed["state"] == "removed"
+
+    # And it serves: a model placed on it answers through the main's gateway.
+    sh(lab, "main", f"{LETSINFER} model install tiny --node n2 --target cpu --yes")
+    key = Path(lab.workdir, "api-key").read_text().strip()
+    deadline = time.monotonic() + 120
+    while True:
+        show = json.loads(sh(lab, "main", f"{LETSINFER} model show tiny --json"))
+        groups = {g["node"]: g for g in one(show)["placement_groups"]}  # type: ignore[union-attr]
+        if groups.get("n2", {}).get("state") == "ready":
+            break
+        assert time.monotonic() < deadline, groups
+        time.sleep(1)
+    # Only n2 admits while the others pause: every answer is n2's.
+    for other in ("main", "n1"):
+        sh(lab, "main", f"{LETSINFER} node pause {other}")
+    try:
+        for _ in range(2):
+            reply = sh(
+                lab,
+                "n1",
+                "curl -s -D - -o /dev/null http://{main}:8000/v1/chat/completions "
+                "-H 'Authorization: Bearer {key}' -H 'Content-Type: application/json' "
+                '-d \'{{"model": "tiny", "messages": [{{"role": "user", '
+                '"content": "hi"}}]}}\''.format(main=lab.hosts["main"].address, key=key),
+            )
+            assert reply.startswith("HTTP/1.1 200"), reply
+    finally:
+        for other in ("main", "n1"):
+            sh(lab, "main", f"{LETSINFER} node resume {other}")
+    deadline = time.monotonic() + 30
+    while True:  # records reach their store in batches
+        records = json.loads(sh(lab, "main", f"{LETSINFER} usage --by node --json"))
+        if any(r.get("node") == "n2" and int(r["requests"]) >= 2 for r in records):
+            break
+        assert time.monotonic() < deadline, records
+        time.sleep(1)
+
+
 def test_lab_hosts_never_see_the_machine_s_own_node(tmp_path: Path) -> None:
     """A node the machine itself runs (its /etc/letsinfer, /var/lib/letsinfer,
     /opt/letsinfer) never shows through on a lab host, so `./dev up` then the lab
