@@ -454,7 +454,7 @@ def test_no_moment_of_onboarding_opens_a_member_s_planes_to_the_outsider(
     assert watch.closed_since("n2") is not None  # its hand-started candidate, closed by run 2
 
     # the watch saw what it was meant to watch, engines included
-    show = json.loads(sh(lab, "main", f"{LETSINFER} model show tiny --json"))[0]
+    show = json.loads(sh(lab, "main", f"{LETSINFER} model show tiny --json"))
     engines = [
         (pg["node"], urlsplit(pg["endpoint"]).port)
         for pg in show["placement_groups"]

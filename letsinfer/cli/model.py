@@ -20,7 +20,6 @@ from letsinfer.cli import cli, settling
 from letsinfer.cli.local import ask_node, segment
 from letsinfer.cli.model_external import (
     add_external,
-    external_fields,
     external_options,
     show_external,
 )
@@ -55,10 +54,7 @@ def list_models(ctx: CliContext, as_json: bool) -> None:
     store = read_store(ctx.home)
     try:
         scene = read_scene(ctx, store)
-        rows = [
-            {**model_object(store, scene, svc), **external_fields(store, svc)}
-            for svc in store.list_services()
-        ]
+        rows = [model_object(store, scene, svc) for svc in store.list_services()]
     finally:
         store.close()
     if as_json:
@@ -617,7 +613,7 @@ def show(ctx: CliContext, name: str, as_json: bool) -> None:
         svc = store.resolve_service(name)
         if svc is None:
             raise StoreError(f"no model {name!r}")
-        info = {**model_object(store, read_scene(ctx, store), svc), **external_fields(store, svc)}
+        info = model_object(store, read_scene(ctx, store), svc)
     finally:
         store.close()
     if as_json:

@@ -13,7 +13,6 @@ from letsinfer.authority.anchor import open_authority
 from letsinfer.authority.external import add_external_model
 from letsinfer.cli.output import console
 from letsinfer.cli.scope import CliContext
-from letsinfer.store import AuthorityStore, ServiceRecord
 
 
 def external_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -91,16 +90,6 @@ def add_external(
         console.print(
             "[yellow]warning[/yellow]: the provider's key travels unencrypted over http://"
         )
-
-
-def external_fields(store: AuthorityStore, svc: ServiceRecord) -> dict[str, Any]:
-    """A model's provider (None for a model its own engines serve), its fallback
-    and its LoRA adapters, as `model list` and `model show` put them."""
-    return {
-        "external": dict(svc.external) if svc.external else None,
-        "fallback": svc.fallback,
-        "adapters": [a.name for a in store.list_adapters(svc.name)],
-    }
 
 
 def show_external(info: dict[str, Any]) -> None:

@@ -71,6 +71,7 @@ def model_object(store: AuthorityStore, scene: Scene, svc: ServiceRecord) -> dic
         "ready": sum(scene.group_state(pg) == "ready" for pg in pgs),
         "total": len(pgs),
         "placement_groups": [group_object(store, scene, pg) for pg in pgs],
+        **external_fields(store, svc),
         # Releases this model ran: what `model rollback --to` may reinstall.
         "releases": [
             {
@@ -82,6 +83,16 @@ def model_object(store: AuthorityStore, scene: Scene, svc: ServiceRecord) -> dic
             }
             for h in store.release_history(svc.name)
         ],
+    }
+
+
+def external_fields(store: AuthorityStore, svc: ServiceRecord) -> dict[str, Any]:
+    """A model's provider (None for a model its own engines serve), its fallback
+    and its LoRA adapters, as `model list` and `model show` put them."""
+    return {
+        "external": dict(svc.external) if svc.external else None,
+        "fallback": svc.fallback,
+        "adapters": [a.name for a in store.list_adapters(svc.name)],
     }
 
 
