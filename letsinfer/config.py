@@ -167,6 +167,8 @@ class ControlSettings(_Section):
     pairing_code_ttl_s: float = Field(600.0, gt=0)
     heartbeat_interval_s: float = Field(5.0, gt=0)
     node_stale_after_s: float = Field(20.0, gt=0)
+    # A node certificate (30 days) is renewed this long before it expires.
+    renew_certificates_before_s: float = Field(10 * 24 * 3600, gt=0)
 
 
 class HardwareSettings(_Section):

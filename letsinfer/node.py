@@ -67,7 +67,7 @@ from letsinfer.storage.uses import groups_for_child, main_uses
 from letsinfer.store import PlacementGroupRecord
 from letsinfer.telemetry.collector import ClusterCollector
 from letsinfer.telemetry.view import ClusterView
-from letsinfer.trust import pki
+from letsinfer.trust import pki, renewal
 from letsinfer.trust.material import ClusterCA, presented_fingerprint, tls_files
 from letsinfer.trust.peer import Peer, server_context
 from letsinfer.usage.recorder import RequestLog
@@ -315,6 +315,7 @@ class MainNode:
         rounds = 0
         while True:
             if rounds % 10 == 0:
+                self._renew_own_certificate()
                 self.record_own_facts()
             rounds += 1
             await asyncio.sleep(min(interval, self.settings.gateway.key_cache_ttl_s))
@@ -337,6 +338,16 @@ class MainNode:
         self.store.record_node_facts(
             self.identity.node_id, _hardware(facts), cert_not_after=self._own_cert_expiry()
         )
+
+    def _renew_own_certificate(self) -> None:
+        """Children ask the main for theirs; the main issues its own."""
+        files = tls_files(self.home, self.identity)
+        try:
+            if renewal.due(files, self.settings.control.renew_certificates_before_s):
+                ca = ClusterCA(self.home, self.identity)
+                renewal.renew_main(files, ca, self.store, self.identity.node_id)
+        except Exception:  # said in the log and by doctor; the next round tries again
+            log.exception("could not renew this node's certificate")
 
     def _own_cert_expiry(self) -> float | None:
         """When the certificate on disk expires (the one the next start presents)."""

@@ -47,15 +47,13 @@ from letsinfer.service import handover
 from letsinfer.storage.routes import storage_router
 from letsinfer.storage.uses import child_uses, save_groups
 from letsinfer.store import AuthorityStore
-from letsinfer.trust import pki
+from letsinfer.trust import pki, renewal
 from letsinfer.trust.client import ClusterClient, PeerMismatch, error_code, error_message
 from letsinfer.trust.discovery import Advertiser, local_addresses, txt_record
 from letsinfer.trust.material import presented_fingerprint, tls_files
 from letsinfer.trust.peer import NODE_REMOVED, client_context, server_context
 
 log = logging.getLogger("letsinfer.agent")
-
-RENEW_BEFORE_S = 10 * 24 * 3600
 
 
 def instance_name(identity: NodeIdentity) -> str:
@@ -502,17 +500,18 @@ class AgentNode:
         return fetch
 
     async def _renew_if_due(self, client: ClusterClient, url: str) -> None:
-        cert = pki.load_cert(self.files.cert.read_bytes())
-        left = cert.not_valid_after_utc.timestamp() - time.time()
-        if left > RENEW_BEFORE_S:
+        if not renewal.due(self.files, self.settings.control.renew_certificates_before_s):
             return
         key = pki.read_private_key(self.files.key)
         resp = await client.arequest(
             "POST", url + "/renew", json={"csr": pki.make_csr(key, self.identity.node_id).decode()}
         )
-        if resp.status_code == 200:
-            new = pki.load_cert(resp.json()["certificate"].encode())
-            assert self.files.ca is not None
-            pki.verify_issued_by(new, pki.load_cert(self.files.ca.read_bytes()))
-            pki.write_pem(self.files.cert, pki.cert_pem(new))
-            log.info("node certificate renewed until %s", new.not_valid_after_utc)
+        if resp.status_code != 200:
+            log.warning("the main refused to renew this node's certificate: %s", resp.text[:200])
+            return
+        try:
+            new = renewal.install(self.files, resp.json()["certificate"].encode())
+        except (pki.CertificateError, KeyError, ValueError) as exc:
+            log.error("the renewed certificate from the main was not installed: %s", exc)
+            return
+        log.info("node certificate renewed until %s", new.not_valid_after_utc)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,12 +156,36 @@ class PeerGate:
         await self.app(scope, receive, send)
 
 
+# Every live context that presents a node certificate, by the certificate's
+# path: a renewal reloads them all, so running planes and clients present the
+# new certificate at their next handshake, with no restart (letsinfer.trust.renewal).
+_presenting: dict[Path, weakref.WeakSet[ssl.SSLContext]] = {}
+
+
+def _presents(ctx: ssl.SSLContext, cert: Path, key: Path) -> None:
+    ctx.load_cert_chain(cert, key)
+    _presenting.setdefault(Path(cert).resolve(), weakref.WeakSet()).add(ctx)
+
+
+def reload_certificate(cert: Path, key: Path) -> int:
+    """Load ``cert`` (renewed in place) into every live context presenting it;
+    return how many. A client context forgets the TLS sessions it kept: a
+    resumed session would show the server the old certificate."""
+    contexts = list(_presenting.get(Path(cert).resolve(), ()))
+    for ctx in contexts:
+        ctx.load_cert_chain(cert, key)
+        sessions = getattr(ctx, "sessions", None)
+        if isinstance(sessions, dict):
+            sessions.clear()
+    return len(contexts)
+
+
 def server_context(cert: Path, key: Path, ca: Path | None) -> ssl.SSLContext:
     """TLS for a plane: our certificate; client certificates verified against
     the cluster CA when presented (the gate then requires them)."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(cert, key)
+    _presents(ctx, cert, key)
     if ca is not None:
         ctx.load_verify_locations(cafile=str(ca))
         ctx.verify_mode = ssl.CERT_OPTIONAL
@@ -176,5 +201,5 @@ def client_context(ca: Path, cert: Path | None = None, key: Path | None = None) 
     ctx.verify_mode = ssl.CERT_REQUIRED
     ctx.load_verify_locations(cafile=str(ca))
     if cert is not None and key is not None:
-        ctx.load_cert_chain(cert, key)
+        _presents(ctx, cert, key)
     return ctx

@@ -1,0 +1,126 @@
+"""A renewed node certificate is installed only if it is for this node's key
+and from this cluster's CA; then every context presenting the old one
+presents the new one (tests/test_trust.py shows it across a running cluster)."""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import ssl
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from letsinfer.trust import pki, renewal
+from letsinfer.trust.material import TlsFiles
+from letsinfer.trust.peer import server_context
+
+
+@dataclass
+class Node:
+    files: TlsFiles
+    key: ec.EllipticCurvePrivateKey
+    ca_key: ec.EllipticCurvePrivateKey
+    ca_cert: x509.Certificate
+
+    def issued(self, days: int, key: ec.EllipticCurvePrivateKey | None = None) -> bytes:
+        public = (key or self.key).public_key()
+        cert = pki.issue(
+            self.ca_key, self.ca_cert, public, kind="node", subject_id="n1", role="child", days=days
+        )
+        return pki.cert_pem(cert)
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Node:
+    ca_key, ca_cert = pki.create_ca("cluster")
+    files = TlsFiles(tmp_path / "node.crt", tmp_path / "node.key", tmp_path / "ca.crt")
+    made = Node(files, pki.new_key(), ca_key, ca_cert)
+    pki.write_private_key(files.key, made.key)
+    pki.write_pem(tmp_path / "ca.crt", pki.cert_pem(ca_cert))
+    pki.write_pem(files.cert, made.issued(days=1))
+    return made
+
+
+@pytest.fixture
+def plane(node: Node) -> Iterator[tuple[str, int]]:
+    """A TLS server on 127.0.0.1 presenting the node's certificate, as a plane does."""
+    ctx = server_context(node.files.cert, node.files.key, node.files.ca)
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                with ctx.wrap_socket(conn, server_side=True):
+                    pass
+            except (OSError, ssl.SSLError):
+                conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield listener.getsockname()
+    stop.set()
+    listener.close()
+    thread.join(timeout=5)
+
+
+def presented(address: tuple[str, int]) -> str:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    with socket.create_connection(address, timeout=5) as raw, ctx.wrap_socket(raw) as tls:
+        der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    return hashlib.sha256(der).hexdigest()
+
+
+def on_disk(files: TlsFiles) -> str:
+    return pki.fingerprint(pki.load_cert(files.cert.read_bytes()))
+
+
+def test_a_running_plane_presents_the_renewed_certificate_at_once(
+    node: Node, plane: tuple[str, int]
+) -> None:
+    first = presented(plane)
+    assert first == on_disk(node.files)
+    assert renewal.due(node.files, renew_before_s=10 * 86400)
+    assert not renewal.due(node.files, renew_before_s=3600)
+
+    renewal.install(node.files, node.issued(days=30))
+
+    assert on_disk(node.files) != first
+    assert presented(plane) == on_disk(node.files)
+    assert not renewal.due(node.files, renew_before_s=10 * 86400)
+
+
+@pytest.mark.parametrize("forged", ["another cluster's CA", "another node's key"])
+def test_a_certificate_not_from_our_ca_or_not_for_our_key_changes_nothing(
+    node: Node, plane: tuple[str, int], forged: str
+) -> None:
+    before = node.files.cert.read_bytes()
+    if forged == "another cluster's CA":
+        other_key, other_ca = pki.create_ca("elsewhere")
+        pem = pki.cert_pem(
+            pki.issue(
+                other_key, other_ca, node.key.public_key(),
+                kind="node", subject_id="n1", role="child", days=30,
+            )
+        )  # fmt: skip
+        said = "not issued by this cluster's CA"
+    else:
+        pem = node.issued(days=30, key=pki.new_key())
+        said = "not for this node's key"
+    with pytest.raises(pki.CertificateError, match=said):
+        renewal.install(node.files, pem)
+    assert node.files.cert.read_bytes() == before
+    assert presented(plane) == on_disk(node.files)
