@@ -9,6 +9,7 @@ DIR, so several nodes can share one machine (tests, the lab).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import grp
 import os
 from dataclasses import dataclass
@@ -147,6 +148,22 @@ class Home:
     @property
     def pid_file(self) -> Path:
         return self.run / "node.pid"
+
+    def running_pid(self) -> int | None:
+        """The pid of the node running on this home (it holds the pid file's
+        lock), -1 when one runs but its pid cannot be read, None when none runs."""
+        try:
+            fh = self.pid_file.open()
+        except FileNotFoundError:
+            return None
+        with fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                text = fh.read().strip()
+                return int(text) if text.isdigit() else -1
+            fcntl.flock(fh, fcntl.LOCK_UN)
+        return None
 
     @property
     def handover_request(self) -> Path:

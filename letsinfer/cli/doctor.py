@@ -65,7 +65,6 @@ def _cluster(ctx: CliContext) -> list[Finding]:
     from letsinfer import config
     from letsinfer.authority.anchor import HeadAnchor, check_anchor, open_authority
     from letsinfer.doctor.cluster import check_cluster, gather
-    from letsinfer.doctor.host import running_pid
     from letsinfer.trust import pki
     from letsinfer.trust.material import tls_files
 
@@ -82,7 +81,7 @@ def _cluster(ctx: CliContext) -> list[Finding]:
         state = gather(
             store,
             ctx.identity.node_id,
-            running_pid(ctx.home),
+            ctx.home.running_pid(),
             not_after,
             list(anchored.problems),
             settings.control.node_stale_after_s,

@@ -7,7 +7,6 @@ certificate files), no HTTP client library.
 
 from __future__ import annotations
 
-import fcntl
 from typing import Any
 
 import click
@@ -15,22 +14,6 @@ import click
 from letsinfer.cli import cli
 from letsinfer.cli.scope import CliContext, scoped
 from letsinfer.trust.presented import file_fingerprint, presented_cert
-
-
-def _running_pid(ctx: CliContext) -> int | None:
-    path = ctx.home.pid_file
-    try:
-        fh = path.open()
-    except FileNotFoundError:
-        return None
-    with fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:  # the node holds the lock: it is running
-            text = fh.read().strip()
-            return int(text) if text.isdigit() else -1
-        fcntl.flock(fh, fcntl.LOCK_UN)
-    return None
 
 
 def _served(ctx: CliContext, node_id: str) -> dict[str, Any]:
@@ -65,7 +48,7 @@ def status(ctx: CliContext, as_json: bool) -> None:
     list`, `node list` and `topology` (ready, starting, paused, draining,
     parked, stopped, system stopped, down...)."""
     ident = ctx.identity
-    pid = _running_pid(ctx)
+    pid = ctx.home.running_pid()
     info: dict[str, Any] = {
         "home": ctx.home.label,
         "paths": ctx.home.paths(),

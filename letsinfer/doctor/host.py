@@ -9,7 +9,6 @@ only: what needs an installed letsinfer arrives as ``extra`` checks.
 
 from __future__ import annotations
 
-import fcntl
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -34,22 +33,6 @@ class HostPlan:
     # run first; empty before install.
     extra: list[Callable[[], list[Finding]]] = field(default_factory=list)
     installed: bool = True
-
-
-def running_pid(home: Home) -> int | None:
-    """The pid of the node running on ``home`` (it holds the pid file's lock)."""
-    try:
-        fh = home.pid_file.open()
-    except OSError:
-        return None
-    with fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            text = fh.read().strip()
-            return int(text) if text.isdigit() else None
-        fcntl.flock(fh, fcntl.LOCK_UN)
-    return None
 
 
 def firewall_finding(loaded: bool | None, installed: bool = True) -> Finding:
@@ -82,7 +65,7 @@ def check_host(plan: HostPlan) -> list[Finding]:
     findings.append(system.locked_memory(has_gpus))
     findings.append(system.disk(plan.home.var))
     findings.append(check_clock(plan.clock, MAIN_NO_REFERENCE if plan.main else NO_REFERENCE))
-    pid = running_pid(plan.home)
+    pid = plan.home.running_pid()
     own = {pid} if pid else set()
     findings += [check_port(p, own) for p in plan.ports]
     findings.append(mdns.check_mdns(plan.discovery))

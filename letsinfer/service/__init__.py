@@ -13,7 +13,6 @@ systemd runs it); the new process adopts the engines.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import signal
 import socket
@@ -46,25 +45,8 @@ def log_file(home: Home) -> Path:
     return home.var / "logs" / "node.log"
 
 
-def running_pid(home: Home) -> int | None:
-    """The pid of the node holding this home's pid-file lock, or None."""
-    path = home.pid_file
-    try:
-        fh = path.open()
-    except FileNotFoundError:
-        return None
-    with fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            text = fh.read().strip()
-            return int(text) if text.isdigit() else -1
-        fcntl.flock(fh, fcntl.LOCK_UN)
-    return None
-
-
 def status(home: Home) -> ServiceState:
-    pid = running_pid(home)
+    pid = home.running_pid()
     return ServiceState(running=pid is not None, pid=pid, log=log_file(home))
 
 
@@ -170,7 +152,7 @@ def _launch(
             raise ServiceError(
                 f"letsinfer up exited with status {code}; the end of {log}:\n" + _since(log, offset)
             )
-        pid = running_pid(home)
+        pid = home.running_pid()
         if pid == proc.pid and ready(probe, port):
             return ServiceState(running=True, pid=pid, log=log)
         if time.monotonic() > deadline:
@@ -195,7 +177,7 @@ def _since(log: Path, offset: int) -> str:
 
 def stop(home: Home, timeout: float = 30.0) -> bool:
     """Stop the running node; True if one was running. SIGKILL after ``timeout``."""
-    pid = running_pid(home)
+    pid = home.running_pid()
     if pid is None:
         return False
     if pid <= 0:
@@ -205,7 +187,7 @@ def stop(home: Home, timeout: float = 30.0) -> bool:
     except ProcessLookupError:
         return True
     deadline = time.monotonic() + timeout
-    while running_pid(home) is not None:
+    while home.running_pid() is not None:
         if time.monotonic() > deadline:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -300,7 +282,7 @@ def restart(
     upgrade). Through ``unit`` (or the systemd service found running it) it is
     ``systemctl restart``. A node that was not running is started."""
     probe, port, ready = _readiness(gateway, agent)
-    pid = running_pid(home)
+    pid = home.running_pid()
     if pid is not None and pid <= 0:
         raise ServiceError(f"{home.pid_file} is locked but holds no pid; stop that process by hand")
     unit = unit or (systemd_unit(pid) if pid else None)
@@ -339,7 +321,7 @@ def _wait_running(
 ) -> ServiceState:
     deadline = time.monotonic() + timeout
     while True:
-        pid = running_pid(home)
+        pid = home.running_pid()
         if pid is not None and pid != old and ready(probe, port):
             return ServiceState(running=True, pid=pid, log=log_file(home))
         if time.monotonic() > deadline:
