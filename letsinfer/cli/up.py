@@ -97,7 +97,12 @@ def up(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per probe is noise
-    from letsinfer.connections import GuardedServer, gateway_limits, raise_file_limit
+    from letsinfer.connections import (
+        RESERVED_FDS,
+        GuardedServer,
+        gateway_limits,
+        raise_file_limit,
+    )
 
     file_limit = raise_file_limit()  # connections are capped below it
     from letsinfer.authority.modelstore import clean_partials
@@ -158,6 +163,8 @@ def up(
             gw.header_timeout_s,
             gw.idle_timeout_s,
             file_limit,
+            # the control plane holds a connection per node
+            reserved=RESERVED_FDS + node.control_limits().max_connections,
         ),
         name="gateway",
     )

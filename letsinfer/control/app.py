@@ -11,13 +11,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi import HTTPException, Request
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from letsinfer.authority import adoption, controllers, enrollment, lifecycle
 from letsinfer.authority.denials import DenialLog
+from letsinfer.authority.factwriter import NotRecorded
 from letsinfer.contracts.artifacts import artifact_path
 from letsinfer.contracts.facts import FactError
 from letsinfer.control.ops import actor_of, ops_router
@@ -33,6 +35,21 @@ from letsinfer.trust.peer import NODE_REMOVED, Peer, PeerGate, Refusal, Scope, g
 OPEN_PATHS = ("/v1/enroll/complete", "/v1/pair/ca", "/v1/pair/controller", "/v1/time")
 
 
+class ReportIntake(Protocol):
+    """Where nodes' signed facts go (letsinfer.authority.reports.ReportDesk)."""
+
+    def admit(self) -> int | None:
+        """None: take the next report now; else shed it: the seconds of
+        ``Retry-After`` to answer 503 with."""
+
+    def heard(self, node_id: str) -> None:
+        """A shed report's node: alive, nothing taken."""
+
+    async def report(self, peer: Peer, cert_der: bytes, envelope: dict[str, Any]) -> dict[str, Any]:
+        """Desired state for the node; raises FactError (refused) or
+        NotRecorded (not written: 503)."""
+
+
 @dataclass
 class ControlContext:
     store: AuthorityStore
@@ -40,8 +57,7 @@ class ControlContext:
     identity: NodeIdentity
     gateway_url: str
     heartbeat_interval_s: float
-    # (peer, its certificate, signed envelope) -> desired state; raises FactError
-    on_facts: Callable[[Peer, bytes, dict[str, Any]], dict[str, Any]]
+    reports: ReportIntake
     model_store: Path
     mirror: MirrorLayout
     release_key: str  # the cluster's release-signing public key, for new nodes
@@ -144,15 +160,30 @@ def create_control_app(ctx: ControlContext) -> PeerGate:
         return {"time": time.time()}
 
     # -- nodes --------------------------------------------------------------
-    @app.post("/v1/agent/facts")
-    async def facts(body: FactEnvelope, request: Request) -> dict[str, Any]:
+    def busy(retry_after: int, why: str) -> JSONResponse:
+        return JSONResponse(
+            {"error": {"message": why, "code": "main_busy"}},
+            status_code=503,
+            headers={"Retry-After": str(retry_after)},
+        )
+
+    @app.post("/v1/agent/facts", response_model=None)
+    async def facts(body: FactEnvelope, request: Request) -> dict[str, Any] | JSONResponse:
         p = gated_peer(request)
+        retry = ctx.reports.admit()
+        if retry is not None:  # behind: a short answer now beats a timeout later
+            ctx.reports.heard(p.identity.id)
+            return busy(retry, "the main is busy; report again after Retry-After")
         der = request.scope["extensions"]["tls"]["client_cert_der"]
         try:
-            return ctx.on_facts(p, der, body.model_dump())
+            return await ctx.reports.report(p, der, body.model_dump())
         except FactError as exc:
             ctx.denials.note(actor(p), "node.facts", exc.reason)
             raise HTTPException(422, f"facts refused: {exc}") from exc
+        except NotRecorded:
+            return busy(
+                max(1, round(ctx.heartbeat_interval_s)), "the main could not record the facts"
+            )
 
     @app.post("/v1/agent/pause")
     async def agent_pause(body: Pause, request: Request) -> dict[str, Any]:

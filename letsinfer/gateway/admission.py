@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -127,14 +126,14 @@ class Admission:
         self, service: str, prefix_hash: int | None, exclude: frozenset[str]
     ) -> Replica | None:
         replica = policy.choose(
-            self.routing.replicas(service), time.monotonic(), self.policy, prefix_hash, exclude
+            self.routing.replicas(service), self.routing.clock(), self.policy, prefix_hash, exclude
         )
         if replica is not None:
             replica.in_flight += 1
         return replica
 
     def _any_usable(self, service: str, exclude: frozenset[str]) -> bool:
-        now = time.monotonic()
+        now = self.routing.clock()
         return any(
             r.pg_id not in exclude and policy.usable(r, now, self.policy)
             for r in self.routing.replicas(service)

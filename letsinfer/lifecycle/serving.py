@@ -76,7 +76,9 @@ class Serving:
             return "its node is gone"
         if node.role == "main":
             return None
-        if node.facts_at is None or time.time() - node.facts_at > self.stale_after_s:
+        # Heard: its facts, or a report the main shed while busy (it is alive).
+        heard = max(node.facts_at or 0.0, node.last_seen or 0.0)
+        if node.facts_at is None or time.time() - heard > self.stale_after_s:
             return f"its node {node.name} is unreachable (no fresh facts from its agent)"
         return None
 

@@ -167,10 +167,66 @@ def server_context(cert: Path, key: Path, ca: Path | None) -> ssl.SSLContext:
     return ctx
 
 
+class ResumingContext(ssl.SSLContext):
+    """A client context that offers each server the TLS session it last gave
+    this context (:meth:`remember`), so a reconnecting agent resumes instead
+    of a full handshake: no certificate signature or chain check on either
+    side. A server that cannot resume it (it restarted) just runs a full one.
+    The session carries the verified peer certificate: identity checks see it
+    as after a full handshake."""
+
+    sessions: dict[str, ssl.SSLSession]
+
+    def _session(self, server_hostname: str | None) -> ssl.SSLSession | None:
+        sessions = getattr(self, "sessions", None)
+        return sessions.get(server_hostname or "") if sessions else None
+
+    def remember(self, ssl_object: ssl.SSLObject | ssl.SSLSocket) -> None:
+        session = ssl_object.session
+        if session is not None and session.has_ticket:
+            if not hasattr(self, "sessions"):
+                self.sessions = {}
+            self.sessions[ssl_object.server_hostname or ""] = session
+
+    def wrap_bio(  # type: ignore[override]
+        self,
+        incoming: ssl.MemoryBIO,
+        outgoing: ssl.MemoryBIO,
+        server_side: bool = False,
+        server_hostname: str | None = None,
+        session: ssl.SSLSession | None = None,
+    ) -> ssl.SSLObject:
+        return super().wrap_bio(
+            incoming,
+            outgoing,
+            server_side,
+            server_hostname,
+            session=session or self._session(server_hostname),
+        )
+
+    def wrap_socket(  # type: ignore[override]
+        self,
+        sock: Any,
+        server_side: bool = False,
+        do_handshake_on_connect: bool = True,
+        suppress_ragged_eofs: bool = True,
+        server_hostname: str | None = None,
+        session: ssl.SSLSession | None = None,
+    ) -> ssl.SSLSocket:
+        return super().wrap_socket(
+            sock,
+            server_side,
+            do_handshake_on_connect,
+            suppress_ragged_eofs,
+            server_hostname,
+            session=session or self._session(server_hostname),
+        )
+
+
 def client_context(ca: Path, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
     """Verify the server against the cluster CA only; identity is checked by
     node id in its certificate, not by host name (nodes move between addresses)."""
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx = ResumingContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_REQUIRED
