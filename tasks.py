@@ -160,6 +160,7 @@ def test(c: Context, k: str = "") -> None:
         "json": "write the gateway figures to this file too",
         "before": "also measure the gateway of another letsinfer checkout (A/B)",
         "records": "also the request-records benchmark (their cost, the authority's writes)",
+        "scale": "also one main under 100, 1,000 and 3,000 simulated nodes (about 15 minutes)",
     }
 )
 def bench(
@@ -169,6 +170,7 @@ def bench(
     json: str = "",
     before: str = "",
     records: bool = False,
+    scale: bool = False,
 ) -> None:
     """The gateway benchmark (direct, nginx, LiteLLM, letsinfer); see docs/benchmarks.md."""
     flags = (" --short" if short else "") + (f" --json {json}" if json else "")
@@ -178,3 +180,6 @@ def bench(
         c.run(f"{PY} -m benchmarks.records" + (" --short" if short else ""), pty=False)
     if prefix:
         c.run(f"{PY} -m benchmarks.prefix" + (" --short" if short else ""), pty=False)
+    if scale:
+        sizes = " --nodes 50,200 --warm 10 --measure 20" if short else ""
+        c.run(f"{PY} -m benchmarks.scale{sizes}", pty=False)

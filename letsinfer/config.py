@@ -172,7 +172,7 @@ class ControlSettings(_Section):
     # Nodes' facts are written in batches: one transaction per this interval
     # for every node that reported meanwhile (a report is answered once its
     # batch is on disk).
-    facts_batch_interval_s: float = Field(0.2, gt=0, le=5)
+    facts_batch_interval_s: float = Field(0.1, gt=0, le=5)
     # Tests and benchmarks of overload only: each report's facts cost this many
     # more seconds to write, inside their batch's transaction.
     report_cost_s: float = Field(0.0, ge=0, le=10)

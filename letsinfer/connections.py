@@ -79,7 +79,8 @@ def control_limits(
     """The main's control plane: every node keeps one connection open across
     its reports, so the cap leaves room for them all (at most a quarter of
     ``file_limit``), and an idle connection outlives the heartbeat interval
-    by far (agents keep theirs a little past two intervals, and close first)."""
+    by far (agents keep theirs three intervals and close first, see
+    letsinfer/agent/pacing.py)."""
     cap = max(16, min(max_connections, file_limit // 4))
     if cap < max_connections:
         log.info(
@@ -93,7 +94,7 @@ def control_limits(
         max_connections=cap,
         per_client=min(per_client, cap),
         header_timeout_s=PLANE_LIMITS.header_timeout_s,
-        idle_timeout_s=max(PLANE_LIMITS.idle_timeout_s, 3 * heartbeat_interval_s + 5),
+        idle_timeout_s=max(PLANE_LIMITS.idle_timeout_s, 4 * heartbeat_interval_s + 5),
     )
 
 

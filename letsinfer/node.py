@@ -71,6 +71,7 @@ from letsinfer.planes import RunningPlane, tls_server
 from letsinfer.release import runtime
 from letsinfer.storage.routes import storage_router
 from letsinfer.storage.uses import main_uses
+from letsinfer.store import FactsUpdate
 from letsinfer.telemetry.collector import ClusterCollector
 from letsinfer.telemetry.view import ClusterView
 from letsinfer.trust import pki
@@ -93,7 +94,8 @@ class MainNode:
         self.control_store = open_authority(home)  # the control thread's
         # Stands still while the control plane sheds load: nodes' facts age on it.
         self.attention = AttentionClock()
-        self.denials = DenialLog(self.store, settings.audit.denial_interval_s)
+        # Refusals are counted from both threads and written by the control thread.
+        self.denials = DenialLog(self.control_store, settings.audit.denial_interval_s)
         self.routing = RoutingTable(clock=self.attention.now)
         self.directory = Directory(self.store)
         self.records = (
@@ -236,6 +238,7 @@ class MainNode:
             await plane.start()
         self.control.spawn(self._control_rounds)
         self.control.spawn(self.shedder.watch)
+        self.control.spawn(self.denials.run)
 
     async def _control_down(self) -> None:
         for plane in self._planes:
@@ -358,16 +361,22 @@ class MainNode:
             await adv.start()
         loop = asyncio.create_task(self._background())
         watch = asyncio.create_task(self._watch_identity())
-        denials = asyncio.create_task(self.denials.run())
         weigh = asyncio.create_task(self._weigh_own_engines())
         records = asyncio.create_task(self.records.run()) if self.records else None
-        metrics = await start_metrics_server(self.gateway.metrics, self.settings.gateway)
+
+        async def serve_metrics() -> RunningPlane | None:
+            return await start_metrics_server(self.gateway.metrics, self.settings.gateway)
+
+        # Scrapes are served on the control thread: a big cluster's series take
+        # a while to make, and requests must not wait for them.
+        metrics = await self.control.run(serve_metrics)
         try:
             yield
         finally:
             if metrics is not None:
-                await metrics.stop()
-            for task in (loop, watch, denials, weigh, records):
+                stopping = metrics
+                await self.control.run(stopping.stop)
+            for task in (loop, watch, weigh, records):
                 if task is None:
                     continue
                 task.cancel()
@@ -408,7 +417,10 @@ class MainNode:
             }
         )
         expiry = self._own_cert_expiry()
-        self.store.record_node_facts(self.identity.node_id, facts, cert_not_after=expiry)
+        # Written with the nodes' facts, on the control thread; before it runs, here.
+        update = FactsUpdate(self.identity.node_id, facts, time.time(), 0, cert_not_after=expiry)
+        if not self.control.call_soon(self.writer.stage, update):
+            self.store.record_node_facts(self.identity.node_id, facts, cert_not_after=expiry)
         self.view.note_facts(
             self.identity.node_id,
             facts,

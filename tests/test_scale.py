@@ -254,3 +254,60 @@ def test_a_nonsense_retry_after_is_ignored(header: str) -> None:
 
     assert retry_after(httpx.Response(503, headers={"retry-after": header})) is None
     assert retry_after(httpx.Response(503, headers={"retry-after": "12"})) == 12.0
+
+
+# -- cheap reports: one connection kept, TLS sessions resumed ------------------------
+def test_an_agent_keeps_its_connection_and_resumes_its_tls_session(tmp_path: Path) -> None:
+    from letsinfer.agent.pacing import keepalive_s
+    from letsinfer.connections import control_limits
+    from letsinfer.planes import RunningPlane, tls_server
+    from letsinfer.trust.client import ClusterClient
+    from letsinfer.trust.material import TlsFiles
+    from letsinfer.trust.peer import server_context
+
+    ca_key, ca_cert = pki.create_ca("cluster")
+    pki.write_pem(tmp_path / "ca.crt", pki.cert_pem(ca_cert))
+    for name, role in (("main", "main"), ("node", "child")):
+        key = pki.new_key()
+        cert = pki.issue(
+            ca_key, ca_cert, key.public_key(), kind="node", subject_id=name, role=role, days=3
+        )
+        pki.write_pem(tmp_path / f"{name}.crt", pki.cert_pem(cert))
+        pki.write_private_key(tmp_path / f"{name}.key", key)
+    files = TlsFiles(tmp_path / "node.crt", tmp_path / "node.key", tmp_path / "ca.crt")
+
+    async def ok(scope: dict, receive: object, send: object) -> None:  # type: ignore[type-arg]
+        await send({"type": "http.response.start", "status": 200, "headers": []})  # type: ignore[operator]
+        await send({"type": "http.response.body", "body": b"{}"})  # type: ignore[operator]
+
+    async def scenario() -> tuple[int, int, int, int]:
+        limits = control_limits(4096, 64, 5.0, 20_000)
+        ctx = server_context(tmp_path / "main.crt", tmp_path / "main.key", tmp_path / "ca.crt")
+        server = tls_server(ok, "127.0.0.1", 0, ctx, name="control plane", limits=limits)
+        plane = RunningPlane(server)
+        await plane.start()
+        listener = server.listener
+        assert listener is not None
+        url = f"https://127.0.0.1:{server.port}/v1/agent/facts"
+        try:
+            kept = ClusterClient(files, expect_node="main", keepalive_s=keepalive_s(5.0))
+            for _ in range(3):
+                assert (await kept.arequest("POST", url, json={})).status_code == 200
+            one = (listener.handshakes, listener.resumed)
+            await kept.aclose()  # its connection is gone (the main restarted, say)
+            assert (await kept.arequest("POST", url, json={})).status_code == 200
+            await kept.aclose()
+            fresh = ClusterClient(files, expect_node="main")  # a connection per call
+            for _ in range(3):
+                assert (await fresh.arequest("POST", url, json={})).status_code == 200
+            return (*one, listener.handshakes, listener.resumed)
+        finally:
+            await plane.stop()
+
+    kept_handshakes, kept_resumed, handshakes, resumed = asyncio.run(scenario())
+    assert (kept_handshakes, kept_resumed) == (1, 0), "three reports over one connection"
+    # The reconnection resumed; so did each of the fresh client's after its first.
+    assert (handshakes, resumed) == (5, 3)
+    # The main keeps an idle connection longer than an agent does, at any heartbeat.
+    for interval in (0.5, 5.0, 60.0):
+        assert control_limits(4096, 64, interval, 20_000).idle_timeout_s > keepalive_s(interval)

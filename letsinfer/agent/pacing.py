@@ -27,6 +27,14 @@ BUSY_JITTER = 0.5  # a busy answer's wait: Retry-After times 1 to 1 + this
 REFUSED_INTERVALS = 20
 
 
+def keepalive_s(interval_s: float) -> float:
+    """How long an agent keeps its idle connection to the main: past the
+    longest wait between two reports it expects to make (a busy answer's
+    Retry-After of two intervals, spread), and below the main's own idle
+    timeout (letsinfer.connections.control_limits), so the agent closes first."""
+    return 3 * interval_s + 2
+
+
 @dataclass
 class ReportPacing:
     interval_s: float

@@ -27,7 +27,7 @@ from letsinfer.agent.api import create_agent_app
 from letsinfer.agent.engine_load import EngineLoad, read_loads
 from letsinfer.agent.firewall import FirewallProbe
 from letsinfer.agent.hardware import gpu_probe, host_facts
-from letsinfer.agent.pacing import ReportPacing, retry_after
+from letsinfer.agent.pacing import ReportPacing, keepalive_s, retry_after
 from letsinfer.agent.placement import Fetch, PlacementRunner
 from letsinfer.agent.supervisor import EngineSupervisor, SupervisionPolicy
 from letsinfer.authority.anchor import HeadAnchor, head_report
@@ -444,8 +444,9 @@ class AgentNode:
         unreachable (agent/pacing.py)."""
         ident = self.identity
         interval = self.settings.control.heartbeat_interval_s
-        # Kept open a little past two intervals; the main keeps it longer.
-        client = ClusterClient(self.files, expect_node=ident.main_id, keepalive_s=2 * interval + 2)
+        client = ClusterClient(
+            self.files, expect_node=ident.main_id, keepalive_s=keepalive_s(interval)
+        )
         key = pki.read_private_key(self.files.key)
         url = f"https://{ident.main_address}/v1/agent"
         engine = self.settings.engine

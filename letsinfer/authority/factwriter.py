@@ -68,14 +68,18 @@ class FactWriter:
         """Stage a node's accepted facts; the future resolves when they are on
         disk (or fails with NotRecorded). Newer facts of the same node replace
         older ones still waiting."""
+        self.stage(update)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append(done)
+        return done
+
+    def stage(self, update: FactsUpdate) -> None:
+        """Stage facts nobody waits for (the main's own)."""
         old = self._facts.get(update.node_id)
         if old is not None and old.seq > update.seq:
             update = old
         self._facts[update.node_id] = update
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.append(done)
         self._schedule()
-        return done
 
     def heard(self, node_id: str) -> None:
         """The node reported (the main shed it): it is alive."""

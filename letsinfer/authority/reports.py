@@ -153,7 +153,7 @@ class ReportDesk:
     ) -> dict[str, object]:
         """Raises FactError (refused and audited by the caller), or
         NotRecorded (its batch could not be written: 503)."""
-        node = self.store.get_node(peer.identity.id)
+        node = self.store.get_node(peer.identity.id, facts=False)
         if node is None:
             raise FactError("unknown node")
         facts = self.ledger.accept(peer, cert_der, envelope, persisted_seq=node.facts_seq)

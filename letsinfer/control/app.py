@@ -14,14 +14,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from fastapi import HTTPException, Request
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from letsinfer.authority import adoption, controllers, enrollment, lifecycle
 from letsinfer.authority.denials import DenialLog
-from letsinfer.authority.factwriter import NotRecorded
 from letsinfer.contracts.artifacts import artifact_path
-from letsinfer.contracts.facts import FactError
+from letsinfer.control.facts_route import FactsRoute
 from letsinfer.control.ops import actor_of, ops_router
 from letsinfer.control.typed_app import typed_app
 from letsinfer.identity import NodeIdentity
@@ -80,11 +78,6 @@ class EnrollComplete(_Body):
 class PairController(_Body):
     code: str
     csr: str
-
-
-class FactEnvelope(_Body):
-    facts: str = Field(max_length=256_000)
-    signature: str = Field(max_length=512)
 
 
 class Pause(_Body):
@@ -160,31 +153,6 @@ def create_control_app(ctx: ControlContext) -> PeerGate:
         return {"time": time.time()}
 
     # -- nodes --------------------------------------------------------------
-    def busy(retry_after: int, why: str) -> JSONResponse:
-        return JSONResponse(
-            {"error": {"message": why, "code": "main_busy"}},
-            status_code=503,
-            headers={"Retry-After": str(retry_after)},
-        )
-
-    @app.post("/v1/agent/facts", response_model=None)
-    async def facts(body: FactEnvelope, request: Request) -> dict[str, Any] | JSONResponse:
-        p = gated_peer(request)
-        retry = ctx.reports.admit()
-        if retry is not None:  # behind: a short answer now beats a timeout later
-            ctx.reports.heard(p.identity.id)
-            return busy(retry, "the main is busy; report again after Retry-After")
-        der = request.scope["extensions"]["tls"]["client_cert_der"]
-        try:
-            return await ctx.reports.report(p, der, body.model_dump())
-        except FactError as exc:
-            ctx.denials.note(actor(p), "node.facts", exc.reason)
-            raise HTTPException(422, f"facts refused: {exc}") from exc
-        except NotRecorded:
-            return busy(
-                max(1, round(ctx.heartbeat_interval_s)), "the main could not record the facts"
-            )
-
     @app.post("/v1/agent/pause")
     async def agent_pause(body: Pause, request: Request) -> dict[str, Any]:
         p = gated_peer(request)
@@ -231,7 +199,7 @@ def create_control_app(ctx: ControlContext) -> PeerGate:
 
     def admit(p: Peer, path: str) -> str | None:
         ident = p.identity
-        node = store.get_node(ident.id) if ident.kind == "node" else None
+        node = store.get_node(ident.id, facts=False) if ident.kind == "node" else None
         if node is not None and node.state == "removed":
             # Said first, with its code: the node stops its engines on hearing it.
             return Refusal(
@@ -255,4 +223,9 @@ def create_control_app(ctx: ControlContext) -> PeerGate:
         who = actor(p) if p is not None else f"anonymous:{(scope.get('client') or ('?',))[0]}"
         ctx.denials.note(who, "control:request", reason)
 
-    return PeerGate(app, OPEN_PATHS, admit, denied)
+    def facts_refused(p: Peer, reason: str) -> None:
+        ctx.denials.note(actor(p), "node.facts", reason)
+
+    # Nodes' reports (every node, every heartbeat) take a route of their own.
+    reports = FactsRoute(app, ctx.reports, facts_refused, ctx.heartbeat_interval_s)
+    return PeerGate(reports, OPEN_PATHS, admit, denied)

@@ -132,6 +132,18 @@ class ControlThread:
         assert self.loop is not None
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work(), self.loop))
 
+    def call_soon(self, fn: Callable[..., Any], *args: Any) -> bool:
+        """Run ``fn(*args)`` on the control loop, from any thread; False when
+        the loop is not running (before start, after stop)."""
+        loop = self.loop
+        if loop is None or loop.is_closed() or not loop.is_running():
+            return False
+        try:
+            loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # closed meanwhile
+            return False
+        return True
+
     def spawn(self, work: Callable[[], Awaitable[Any]]) -> None:
         """Start a task on the control loop (from that loop's own thread)."""
         assert self.loop is not None

@@ -159,7 +159,8 @@ class RoutingTable:
         return self._parked.get(service, {})
 
     def all_parked(self) -> dict[str, dict[str, str]]:
-        return self._parked
+        """A copy (metrics read it from the control plane's thread)."""
+        return {service: dict(groups) for service, groups in dict(self._parked).items()}
 
     def drain(self, pg_ids: set[str]) -> None:
         """Admit nothing new to these groups; their requests in flight finish."""

@@ -307,7 +307,9 @@ class AuthorityStore(AuditTables):
     def _rows(
         self, sql: str, params: tuple[Any, ...] | dict[str, Any] = ()
     ) -> list[dict[str, Any]]:
-        rows = list(self.db.query(sql, params))
+        cursor = self.db.conn.execute(sql, params)
+        keys = [d[0] for d in cursor.description]
+        rows = [dict(zip(keys, row, strict=True)) for row in cursor.fetchall()]
         self.queries += 1
         self.rows_read += len(rows)
         return rows
@@ -372,8 +374,11 @@ class AuthorityStore(AuditTables):
         assert node is not None
         return node
 
-    def get_node(self, node_id: str) -> NodeRecord | None:
-        rows = self._rows("SELECT * FROM nodes WHERE id = ?", (node_id,))
+    def get_node(self, node_id: str, facts: bool = True) -> NodeRecord | None:
+        """``facts``: False leaves the node's facts unread (``facts`` None): a
+        report's path needs its membership and sequence, not its last facts."""
+        columns = "*" if facts else _NODE_NO_FACTS
+        rows = self._rows(f"SELECT {columns} FROM nodes WHERE id = ?", (node_id,))
         return _node(rows[0]) if rows else None
 
     def list_nodes(self, include_removed: bool = False) -> list[NodeRecord]:
@@ -1087,6 +1092,12 @@ def _statements(script: str) -> list[str]:
     if buf.strip(" \n;"):
         out.append(buf.strip())
     return out
+
+
+_NODE_NO_FACTS = (
+    "id, name, role, address, state, paused, created_at, cert_fingerprint, last_seen, "
+    "facts_at, removed_at, facts_seq, audit_head, audit_problem, cert_not_after"
+)
 
 
 def _node(r: dict[str, Any]) -> NodeRecord:

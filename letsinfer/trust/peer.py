@@ -11,6 +11,7 @@ without one before any handler runs (only explicitly open paths pass).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import ssl
 from collections.abc import Callable, Iterable
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives import serialization
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from letsinfer.trust.pki import CertIdentity, CertificateError, identity_of, load_cert
 
@@ -52,8 +53,9 @@ def _with_tls(app: ASGIApp, der: bytes | None) -> ASGIApp:
     return wrapped
 
 
-class PeerCertProtocol(H11Protocol):
-    """uvicorn's h11 protocol, plus the verified client certificate in scope."""
+class PeerCertProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol (its C parser: every node's reports come
+    through here), plus the verified client certificate in scope."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -62,13 +64,19 @@ class PeerCertProtocol(H11Protocol):
         self.app = _with_tls(self.app, der)
 
 
+@functools.lru_cache(maxsize=8192)
+def _identity(der: bytes) -> CertIdentity:
+    """A verified certificate's identity, parsed once per certificate."""
+    return identity_of(load_cert(der))
+
+
 def peer_of(scope: Scope) -> Peer | None:
     tls = scope.get("extensions", {}).get("tls") or {}
     der = tls.get("client_cert_der")
     if not der:
         return None
     try:
-        ident = identity_of(load_cert(der))
+        ident = _identity(der)
     except CertificateError:
         return None
     client = scope.get("client")
@@ -177,9 +185,13 @@ class ResumingContext(ssl.SSLContext):
 
     sessions: dict[str, ssl.SSLSession]
 
-    def _session(self, server_hostname: str | None) -> ssl.SSLSession | None:
+    def _session(self, server_hostname: str | bytes | None) -> ssl.SSLSession | None:
         sessions = getattr(self, "sessions", None)
-        return sessions.get(server_hostname or "") if sessions else None
+        if not sessions:
+            return None
+        if isinstance(server_hostname, bytes):  # as some callers pass it
+            server_hostname = server_hostname.decode("ascii", "replace")
+        return sessions.get(server_hostname or "")
 
     def remember(self, ssl_object: ssl.SSLObject | ssl.SSLSocket) -> None:
         session = ssl_object.session
@@ -193,7 +205,7 @@ class ResumingContext(ssl.SSLContext):
         incoming: ssl.MemoryBIO,
         outgoing: ssl.MemoryBIO,
         server_side: bool = False,
-        server_hostname: str | None = None,
+        server_hostname: str | bytes | None = None,
         session: ssl.SSLSession | None = None,
     ) -> ssl.SSLObject:
         return super().wrap_bio(
