@@ -160,6 +160,7 @@ def test(c: Context, k: str = "") -> None:
         "json": "write the gateway figures to this file too",
         "before": "also measure the gateway of another letsinfer checkout (A/B)",
         "records": "also the request-records benchmark (their cost, the authority's writes)",
+        "cli": "only the CLI's own timing: --help, status, ... against `python -c pass`",
         "scale": "also one main under 100, 1,000 and 3,000 simulated nodes (about 15 minutes)",
     }
 )
@@ -171,8 +172,12 @@ def bench(
     before: str = "",
     records: bool = False,
     scale: bool = False,
+    cli: bool = False,
 ) -> None:
     """The gateway benchmark (direct, nginx, LiteLLM, letsinfer); see docs/benchmarks.md."""
+    if cli:
+        c.run(f"{PY} -m benchmarks.cli" + (" --runs 3" if short else ""), pty=False)
+        return
     flags = (" --short" if short else "") + (f" --json {json}" if json else "")
     flags += f" --before {before}" if before else ""
     c.run(f"{PY} -m benchmarks.gateway{flags}", pty=False)

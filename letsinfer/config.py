@@ -55,6 +55,9 @@ class GatewaySettings(_Section):
     affinity_load_bound: float = Field(1.25, ge=1.0)
     # A replica whose reported facts are older than this is never chosen.
     fact_max_age_s: float = Field(10.0, gt=0)
+    # The response cache of keys that have one (`auth key limits --cache-ttl`):
+    # in memory, at most this many bytes of answers (least recently used go first).
+    cache_max_bytes: int = Field(64 * 1024 * 1024, ge=0)
     # Connections: at most max_connections open at once (fewer when the file
     # limit is low; new ones then wait in the kernel's queue), at most
     # max_connections_per_client of them from one address (more are closed at

@@ -8,11 +8,16 @@ DIR, so several nodes can share one machine (tests, the lab).
 
 from __future__ import annotations
 
+import contextlib
+import grp
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 HOME_ENV = "LETSINFER_HOME"
+# Who besides root may use a node's CLI: the admin socket, the authority,
+# node.json and config.toml (never a key).
+ADMIN_GROUP = "letsinfer"
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,18 @@ class Home:
             )
         data = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local/share")
         return cls.under(data / "letsinfer")
+
+    @property
+    def label(self) -> str:
+        """How messages name this home: DIR for ``--home DIR``, the config
+        directory (``/etc/letsinfer``) for root's defaults."""
+        root = self.etc.parent
+        if self.etc.name == "etc" and self.var == root / "var" and self.run == root / "run":
+            return str(root)
+        return str(self.etc)
+
+    def paths(self) -> dict[str, str]:
+        return {"etc": str(self.etc), "var": str(self.var), "run": str(self.run)}
 
     @property
     def config_file(self) -> Path:
@@ -137,14 +154,68 @@ class Home:
         return self.run / "handover.json"
 
     def ensure(self) -> None:
-        """Create the directories with owner-only modes where secrets live."""
+        """Create the directories. Where the ``letsinfer`` group exists, its
+        members may enter etc (to read node.json and config.toml; every key
+        and secret in there stays owner-only) and run (the admin socket);
+        otherwise both are owner-only."""
+        gid = admin_gid()
         for path, mode in (
-            (self.etc, 0o700),
+            (self.etc, 0o750 if gid is not None else 0o700),
             (self.var, 0o755),
-            (self.run, 0o700),
+            (self.run, 0o750 if gid is not None else 0o700),
             (self.model_store, 0o755),
             (self.engine_logs, 0o750),
             (self.engine_run, 0o700),
         ):
             path.mkdir(parents=True, exist_ok=True)
             path.chmod(mode)
+        self.share()
+
+    def ensure_run(self) -> None:
+        """The run directory (a tmpfs: gone after a reboot) as ensure() makes it."""
+        if not self.run.exists():
+            self.run.mkdir(parents=True)
+            self.run.chmod(0o700)
+        self.share()
+
+    def share(self) -> None:
+        """Let the ``letsinfer`` group, where it exists, use this home's CLI:
+        enter etc and run, read node.json and config.toml, read and write the
+        databases. Never a key or a secret (those stay 0600). Run at every
+        start, so a group made after the node was set up takes effect then.
+        Only widens, and only what this process owns."""
+        gid = admin_gid()
+        if gid is None:
+            return
+        for path, mode in (
+            (self.etc, 0o750),
+            (self.run, 0o750),
+            (self.identity_file, 0o640),
+            (self.config_file, 0o640),
+            (self.database, 0o660),
+            (self.requests_database, 0o660),
+        ):
+            try:
+                st = path.stat()
+            except OSError:
+                continue
+            if st.st_uid != os.geteuid():
+                continue
+            share_with_group(path, gid)
+            path.chmod((st.st_mode & 0o777) | mode)
+
+
+def admin_gid() -> int | None:
+    """The ``letsinfer`` group's id, or None where it does not exist."""
+    try:
+        return grp.getgrnam(ADMIN_GROUP).gr_gid
+    except KeyError:
+        return None
+
+
+def share_with_group(path: Path, gid: int | None) -> None:
+    """Give ``path`` the ``letsinfer`` group (its mode says what the group may)."""
+    if gid is None:
+        return
+    with contextlib.suppress(PermissionError):  # only root (or a member) may
+        os.chown(path, -1, gid)

@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
+from letsinfer.home import admin_gid, share_with_group
+
 Role = Literal["main", "child", "candidate"]
 
 
@@ -55,7 +57,12 @@ def load_identity(path: Path) -> NodeIdentity | None:
 def save_identity(path: Path, identity: NodeIdentity) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
+    # Not a secret: the CLI of a `letsinfer` group member reads it (scopes).
+    gid = admin_gid()
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
         json.dump(asdict(identity), fh, indent=2)
+    if gid is not None:
+        share_with_group(tmp, gid)
+        tmp.chmod(0o640)
     tmp.replace(path)

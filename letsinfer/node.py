@@ -40,6 +40,7 @@ from letsinfer.agent.runtime import (
 from letsinfer.agent.supervisor import EngineStatus, EngineSupervisor, SupervisionPolicy
 from letsinfer.authority import engine_keys
 from letsinfer.authority.anchor import open_authority
+from letsinfer.authority.audit_echo import AuditEcho
 from letsinfer.authority.denials import DenialLog
 from letsinfer.authority.factwriter import FactWriter
 from letsinfer.authority.overload import AttentionClock, Shedder
@@ -96,6 +97,7 @@ class MainNode:
         self.attention = AttentionClock()
         # Refusals are counted from both threads and written by the control thread.
         self.denials = DenialLog(self.control_store, settings.audit.denial_interval_s)
+        self.audit_echo = AuditEcho(self.store)  # a log line per change and refusal
         self.routing = RoutingTable(clock=self.attention.now)
         self.directory = Directory(self.store)
         self.records = (
@@ -328,6 +330,7 @@ class MainNode:
             self.store.anchor.advance(self.store)
         self.directory.refresh()
         self.view.load()  # the control thread keeps it from here
+        await self.gateway.restore_usage()  # keys' spent budgets, before serving
         self.record_own_facts()
         await self.placements.adopt_running()  # engines a previous run left serving
         self.reconcile()
@@ -361,6 +364,7 @@ class MainNode:
             await adv.start()
         loop = asyncio.create_task(self._background())
         watch = asyncio.create_task(self._watch_identity())
+        echo = asyncio.create_task(self.audit_echo.run())
         weigh = asyncio.create_task(self._weigh_own_engines())
         records = asyncio.create_task(self.records.run()) if self.records else None
 
@@ -376,7 +380,7 @@ class MainNode:
             if metrics is not None:
                 stopping = metrics
                 await self.control.run(stopping.stop)
-            for task in (loop, watch, weigh, records):
+            for task in (loop, watch, echo, weigh, records):
                 if task is None:
                     continue
                 task.cancel()
@@ -451,6 +455,10 @@ class MainNode:
         if nodes != self._nodes_rev:  # someone was paused, resumed, added or removed
             self.routing.set_paused_nodes(self.store.paused_node_ids())
             self._nodes_rev = nodes
+        for pg_id, adapters in self.placements.adapters.items():  # adopted engines' too
+            service = self.placements.services.get(pg_id)
+            if service is not None:
+                self.routing.set_adapters(service, pg_id, adapters)
 
     async def _weigh_own_engines(self) -> None:
         """This node's own engines, as a child's agent reports its own: every
@@ -502,6 +510,7 @@ class MainNode:
                     st.base_url,
                     self.settings.engine.parallel,
                     self.identity.node_id,
+                    self.placements.adapters.get(st.pg_id, ()),
                 )
             )
             log.info(

@@ -139,7 +139,7 @@ class Cluster:
         """`letsinfer service restart` on a running node; the new process is
         handled as this cluster's from then on."""
         out = self.ok(name, "service", "restart")
-        pid = json.loads(self.ok(name, "status", "--json"))[0]["pid"]
+        pid = json.loads(self.ok(name, "status", "--json"))["pid"]
         self.procs[name] = Detached(int(pid))
         return out
 

@@ -1,19 +1,31 @@
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from letsinfer.engines.tinymodel import write_tiny_model
-from tests.nodes import RunningNode, start_node
+from tests.nodes import RunningNode, free_port, start_node
 
 # No test reaches huggingface.co: every node (and huggingface_hub itself) that a
 # test does not point at its own local hub is pointed at a closed local port.
 for _name in ("LETSINFER_HUB__ENDPOINT", "HF_ENDPOINT"):
     os.environ.setdefault(_name, "http://127.0.0.1:9")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+# A CLI call a test makes without --home (`fleet apply`, a helper that forgot
+# it) must never reach this machine's own node: after `./dev up` as root that
+# is /etc/letsinfer, and a developer's LETSINFER_HOME may name theirs. Every
+# such call gets an empty home of the test run's own. (Lab hosts are other
+# machines: commands run there go through SSH or nsenter without this variable.)
+_DEFAULT_HOME = tempfile.mkdtemp(prefix="letsinfer-tests-home-")
+os.environ["LETSINFER_HOME"] = _DEFAULT_HOME
+atexit.register(shutil.rmtree, _DEFAULT_HOME, True)
 
 
 @pytest.fixture(scope="session")
@@ -24,9 +36,11 @@ def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def main_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningNode]:
     """One main node on the embedded default, shared by a module's tests."""
-    node = start_node(
-        tmp_path_factory.mktemp("main") / "home", env={"LETSINFER_GATEWAY__MAX_BODY_BYTES": "65536"}
-    )
+    env = {
+        "LETSINFER_GATEWAY__MAX_BODY_BYTES": "65536",
+        "LETSINFER_GATEWAY__METRICS_PORT": str(free_port()),  # on loopback
+    }
+    node = start_node(tmp_path_factory.mktemp("main") / "home", env=env)
     try:
         yield node
     finally:

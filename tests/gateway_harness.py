@@ -8,6 +8,8 @@ gateway over HTTP like any client.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import threading
 import time
 from collections.abc import Callable, Coroutine
@@ -24,6 +26,7 @@ from letsinfer.gateway.directory import Directory
 from letsinfer.gateway.mock_upstream import MockBehaviour, MockUpstream
 from letsinfer.gateway.routing import Replica, RoutingTable
 from letsinfer.store import AuthorityStore
+from letsinfer.usage.recorder import RequestLog
 
 T = TypeVar("T")
 MODEL = "mock"
@@ -38,19 +41,37 @@ class GatewayHarness:
         capacity: int = 4,
         keys: dict[str, int | None] | None = None,
         tracing: TracingSettings | None = None,
+        policies: dict[str, dict[str, Any]] | None = None,
+        records: bool = False,
         **settings: Any,
     ) -> None:
-        self.store = AuthorityStore(tmp_path / "authority.db")
-        self.store.add_service(MODEL, "0" * 64, 0, "gguf", None, aliases=("mock-alias",))
-        self.keys = {
-            name: create_key(self.store, name, concurrency=limit).secret
-            for name, limit in (keys or {"alice": None, "bob": None}).items()
-        }
+        """``policies``: a key's band, limits and cache (apikeys.check_policy);
+        ``records``: keep request records in ``tmp_path``. A harness started
+        again on the same ``tmp_path`` finds its store, keys and records (a
+        gateway restart)."""
+        db = tmp_path / "authority.db"
+        secrets_file = tmp_path / "keys.json"
+        again = db.exists()
+        self.store = AuthorityStore(db)
+        if again:
+            self.keys = json.loads(secrets_file.read_text())
+        else:
+            self.store.add_service(MODEL, "0" * 64, 0, "gguf", None, aliases=("mock-alias",))
+            self.keys = {
+                name: create_key(
+                    self.store, name, concurrency=limit, policy=(policies or {}).get(name)
+                ).secret
+                for name, limit in (keys or {"alice": None, "bob": None}).items()
+            }
+            secrets_file.write_text(json.dumps(self.keys))
         self.settings = GatewaySettings(metrics_port=0, **settings)
         self.routing = RoutingTable()
         self.directory = Directory(self.store)
         self.directory.refresh()
-        self.gateway = Gateway.build(self.directory, self.routing, self.settings, tracing=tracing)
+        self.records = RequestLog(tmp_path / "requests.db") if records else None
+        self.gateway = Gateway.build(
+            self.directory, self.routing, self.settings, records=self.records, tracing=tracing
+        )
         self.engines = engines
         self.capacity = capacity
         self.mocks: dict[str, MockUpstream] = {}
@@ -74,6 +95,9 @@ class GatewayHarness:
             self.store.close()
 
     async def _start(self) -> None:
+        if self.records is not None:
+            self._writer = asyncio.ensure_future(self.records.run())
+        await self.gateway.restore_usage()  # as the node does before it serves
         for pg_id, behaviour in self.engines.items():
             mock = await MockUpstream(behaviour).start()
             self.mocks[pg_id] = mock
@@ -102,6 +126,10 @@ class GatewayHarness:
         for mock in self.mocks.values():
             await mock.close()
         await self.gateway.aclose()
+        if self.records is not None:  # what is left is written as it stops
+            self._writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._writer
 
     # -- helpers ---------------------------------------------------------------
     def call(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -115,12 +143,12 @@ class GatewayHarness:
 
         return self.call(run())
 
-    def publish(self, pg_id: str, **facts: Any) -> None:
+    def publish(self, pg_id: str, service: str = MODEL, **facts: Any) -> None:
         mock = self.mocks[pg_id]
         self.routing.publish(
             Replica(
                 pg_id=pg_id,
-                service=MODEL,
+                service=service,
                 base_url=mock.url,
                 authorization=f"Bearer engine-key-{pg_id}",
                 capacity=self.capacity,
@@ -135,8 +163,12 @@ class GatewayHarness:
     def auth(self, key: str = "alice") -> dict[str, str]:
         return {"authorization": f"Bearer {self.keys[key]}"}
 
-    def replica(self, pg_id: str) -> Replica:
-        return next(r for r in self.routing.replicas(MODEL) if r.pg_id == pg_id)
+    def replica(self, pg_id: str, service: str = MODEL) -> Replica:
+        return next(r for r in self.routing.replicas(service) if r.pg_id == pg_id)
+
+    def refresh(self) -> None:
+        """Apply what the test wrote to the store (as the node's background refresh does)."""
+        self.in_loop(lambda: self.directory.refresh(force=True))
 
     def wait_until(self, check: Callable[[], bool], timeout: float = 10) -> None:
         """Poll ``check`` in the servers' loop until true (bounded)."""

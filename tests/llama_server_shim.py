@@ -40,8 +40,9 @@ def main() -> int:
         "--n-gpu-layers",
     ):
         ap.add_argument(flag)
-    for flag in ("--slots", "--metrics", "--embeddings"):
+    for flag in ("--slots", "--metrics", "--embeddings", "--lora-init-without-apply"):
         ap.add_argument(flag, action="store_true")
+    ap.add_argument("--lora-scaled", action="append", default=[])
     args = ap.parse_args()
     told = os.environ.get("LLAMA_SHIM_FAIL")
     flag = os.environ.get("LLAMA_SHIM_FAIL_WHILE")
@@ -74,6 +75,7 @@ def main() -> int:
         "n_ctx": int(args.ctx_size),
         "parallel": int(args.parallel),
         "embedding": args.embeddings,
+        "loras": [item.rsplit(":", 1)[0] for item in args.lora_scaled],
     }
     return llamacpp_launcher.main(["shim", json.dumps(spec)])
 

@@ -8,6 +8,7 @@ import json
 import os
 import stat
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ from letsinfer.control.ops import ops_router
 from letsinfer.control.typed_app import typed_app
 from letsinfer.identity import NodeIdentity
 from letsinfer.store import AuthorityStore
-from tests.nodes import RunningNode
+from tests.nodes import RunningNode, letsinfer
 
 NOBODY = 65534
 
@@ -165,3 +166,37 @@ def test_refusal_admits_root_the_node_user_and_nobody_else() -> None:
     assert refusal(Credentials(pid=-1, uid=1234, gid=1234), node_uid=1234) is None
     why = refusal(Credentials(pid=-1, uid=NOBODY, gid=NOBODY), node_uid=1234, group="no-group")
     assert why is not None and "'no-group' group" in why
+
+
+def test_a_user_outside_the_group_gets_a_sentence_not_a_traceback(open_dir: Path) -> None:
+    """User nobody runs the CLI against root's node: each command says which
+    file, whose files they are and which group lets a user in."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run the CLI as another user")
+    home = open_dir / "home"
+    made = letsinfer(home, "node", "init", "--main", "--name", "rootnode")
+    assert made.returncode == 0, made.stderr
+    home.chmod(0o755)
+    for argv in (
+        ["status"],
+        ["status", "--json"],
+        ["model", "list"],
+        ["node", "pause"],
+        ["auth", "key", "list", "--json"],
+        ["up"],
+    ):
+        done = subprocess.run(
+            [
+                *("setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"),
+                *(sys.executable, "-m", "letsinfer", "--home", str(home), *argv),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 1, (argv, done.stdout, done.stderr)
+        assert "Traceback" not in done.stderr, (argv, done.stderr)
+        assert f"permission denied on {home}/etc/node.json" in done.stderr, (argv, done.stderr)
+        assert "'letsinfer' group" in done.stderr and "sudo" in done.stderr, done.stderr
+    # Nothing was made or changed by the refused calls.
+    assert not (home / "run" / "node.pid").exists()

@@ -267,9 +267,7 @@ def test_a_second_run_of_bundle_and_site_changes_nothing(
     lab: Lab, bundle: Bundle, onboarded: Runs
 ) -> None:
     assert onboarded.site.returncode == 0
-    pid = json.loads(sh(lab, "main", "/opt/letsinfer/current/bin/letsinfer status --json"))[0][
-        "pid"
-    ]
+    pid = json.loads(sh(lab, "main", "/opt/letsinfer/current/bin/letsinfer status --json"))["pid"]
 
     again = playbook(lab, "bundle.yml", bundle.path, bundle.public_key)
     assert again.returncode == 0, again.stdout
@@ -279,7 +277,7 @@ def test_a_second_run_of_bundle_and_site_changes_nothing(
     assert changed(site) == dict.fromkeys(HOSTS, 0), site.stdout
 
     status = json.loads(sh(lab, "main", "/opt/letsinfer/current/bin/letsinfer status --json"))
-    assert status[0]["pid"] == pid
+    assert status["pid"] == pid
 
 
 def test_upgrade_yml_moves_the_site_to_a_newer_bundle(

@@ -127,7 +127,7 @@ def active_child(lab: Lab, child: str, since: float = 0, timeout: float = 60) ->
 
 def node_status(lab: Lab, host: str) -> dict[str, object]:
     data = json.loads(sh(lab, host, "/opt/letsinfer/current/bin/letsinfer status --json"))
-    return dict(data[0])
+    return dict(data)
 
 
 def letsinfer_processes(lab: Lab, host: str) -> list[str]:
@@ -177,7 +177,7 @@ def tiny_on(lab: Lab, node: str) -> dict[str, object]:
     """The tiny model's placement group on ``node``, as the main shows it."""
     cli = "/opt/letsinfer/current/bin/letsinfer"
     shown = json.loads(sh(lab, "main", f"{cli} model show tiny --json"))
-    return next(pg for pg in shown[0]["placement_groups"] if pg["node"] == node)
+    return next(pg for pg in shown["placement_groups"] if pg["node"] == node)
 
 
 def served_by(lab: Lab, pg_id: object) -> int:
@@ -242,6 +242,18 @@ def test_upgrade_to_a_broken_build_stops_at_the_first_host_and_restores_it(
     lab = converged
     n1_before = node_status(lab, "n1")
     assert n1_before["running"]
+    main_before = node_status(lab, "main")
+
+    # A release the site's source (node_wheelhouse, as site.yml used) does not
+    # hold: it cannot be installed, and nothing else changes (no restart).
+    missing = playbook(lab, wheels, "upgrade.yml", "-e", "upgrade_version=0.1.3")
+    out = " ".join(missing.stdout.split())
+    assert missing.returncode != 0
+    assert "Upgrading main from 0.1.0 to 0.1.3 failed at 'Release | Install letsinfer" in out
+    assert "--no-index --find-links /opt/letsinfer/wheelhouse" in out, out  # offline, as site.yml
+    assert node_status(lab, "main")["pid"] == main_before["pid"], "the main was never stopped"
+    assert sh(lab, "main", "readlink /opt/letsinfer/current") == "/opt/letsinfer/releases/0.1.0"
+
     broken = wheelhouse.build_variant(tmp_path / "broken", "0.1.1", broken=True)
 
     result = playbook(
@@ -276,7 +288,10 @@ def test_upgrade_to_a_good_build_keeps_the_previous_release_and_runs_once(
 ) -> None:
     lab = converged
     good = wheelhouse.build_variant(tmp_path / "good", "0.1.2", broken=False)
-    args = ("--limit", "n1", "-e", "upgrade_version=0.1.2", "-e", f"upgrade_wheelhouse={good}")
+    # The new release comes from where site.yml took letsinfer: the inventory's
+    # node_wheelhouse (the lab's inventory reads it from LETSINFER_LAB_WHEELHOUSE).
+    wheels = good
+    args = ("--limit", "n1", "-e", "upgrade_version=0.1.2")
     assert node_status(lab, "n1")["role"] == "child"  # enrolled by site.yml: no gateway
 
     # The tiny model also runs on n1 (main_placements): it serves on through the

@@ -55,7 +55,7 @@ class FakeNode:
         if args == ["--version"]:
             return 0, "letsinfer, version 0.1.0\n", ""
         if args == ["status", "--json"]:
-            return 0, json.dumps([self.state]), ""
+            return 0, json.dumps(self.state), ""
         if args == ["model", "list", "--json"]:
             return 0, json.dumps(self.models), ""
         self.calls.append(args)

@@ -258,7 +258,7 @@ def sh(lab: Lab, host: str, command: str) -> str:
 
 
 def one(data: object) -> dict[str, object]:
-    """`status --json`: one object (a one-item list in older releases)."""
+    """`status --json`: one object (a one-item list in releases before 0.2)."""
     return dict(data[0] if isinstance(data, list) else data)  # type: ignore[arg-type]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import sqlite3
@@ -13,6 +14,7 @@ import pytest
 
 from letsinfer.engines.tinymodel import SENTENCE
 from letsinfer.identity import NodeIdentity, save_identity
+from tests import json_docs
 from tests.nodes import RunningNode, letsinfer
 
 
@@ -215,3 +217,217 @@ def test_key_refusals_reach_the_audit_chain_without_secrets(main_node: RunningNo
         time.sleep(0.3)
     text = json.dumps(records)
     assert "li-guess" not in text and made["key"] not in text
+
+
+def test_every_change_made_with_no_node_running_is_anchored(tmp_path: Path) -> None:
+    """The CLI writes the authority itself when no node runs: each of those
+    writes must sign the audit chain's head too, or a writer of the database
+    could cut them away unseen (docs/audit.md)."""
+    home = tmp_path / "home"
+    assert letsinfer(home, "node", "init", "--main").returncode == 0
+    from letsinfer.engines.tinymodel import write_tiny_model
+
+    model = write_tiny_model(tmp_path / "m.gguf")
+    for args in (
+        ("auth", "key", "create", "ci", "--json"),
+        ("auth", "key", "revoke", "ci"),
+        ("model", "add", "mine", "--gguf", str(model), "--no-serve"),
+        ("model", "stop", "mine"),
+        ("model", "start", "mine"),
+        ("node", "pause"),
+        ("node", "resume"),
+        ("model", "remove", "mine"),
+        ("node", "cleanup", "--yes"),
+    ):
+        done = letsinfer(home, *args, timeout=120)
+        assert done.returncode == 0, (args, done.stderr)
+    verified = letsinfer(home, "audit", "verify")
+    assert verified.returncode == 0, verified.stderr
+    assert "not anchored" not in verified.stdout, verified.stdout
+    actions = {r["action"] for r in json.loads(letsinfer(home, "audit", "list", "--json").stdout)}
+    assert {"auth.key.create", "model.add", "model.remove", "node.cleanup"} <= actions, actions
+
+
+def test_every_listing_prints_json_as_docs_json_md_documents_it(
+    main_node: RunningNode, tmp_path: Path
+) -> None:
+    """Each listing's --json, on a node where every listing has something to list,
+    against docs/json.md; and to a pipe, tables print whole values."""
+    client = main_node.client()
+    client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "hi"}],
+        extra_headers={"X-Request-Id": "json-schema-1"},
+    )
+    made = main_node.cli("auth", "key", "create", "schema-bot", "--json")
+    assert made.returncode == 0, made.stderr
+    assert main_node.cli("auth", "controller", "add", "--role", "viewer").returncode == 0
+    artifact = tmp_path / "blob.bin"
+    artifact.write_bytes(b"not referenced by anything")
+    digest = hashlib.sha256(artifact.read_bytes()).hexdigest()
+    added = main_node.cli("mirror", "add", str(artifact), "--sha256", digest)
+    assert added.returncode == 0, added.stderr
+
+    def run(command: str) -> object:
+        argv = command.replace("NAME", "tiny").replace("ID", "json-schema-1").split()
+        deadline = time.monotonic() + 10
+        while True:  # request records reach their database about a second later
+            result = main_node.cli(*argv)
+            assert result.returncode == 0, f"{command}: {result.stderr}"
+            data = json.loads(result.stdout)
+            if data != [] or time.monotonic() > deadline or command.startswith("node requests"):
+                return data
+            time.sleep(0.3)
+
+    printed = {}
+    for command in json_docs.commands():
+        data = run(command)
+        json_docs.printed(command, data)
+        printed[command] = data
+    # Something was checked in each (node requests: a main receives none here;
+    # tests/test_trust.py checks a candidate's).
+    assert all(printed[c] for c in printed if not c.startswith("node requests"))
+    keys = printed["auth key list --json"]
+    assert {k["name"]: k["models"] for k in keys}["schema-bot"] == []  # every model
+    assert "…" not in json.dumps(printed, ensure_ascii=False)
+
+    # Tables to a pipe: whole digests and ids, nothing cut.
+    [model] = [m for m in printed["model list --json"] if m["name"] == "tiny"]
+    listing = main_node.cli("model", "list").stdout
+    assert model["sha256"] in listing and "…" not in listing
+    assert digest in main_node.cli("mirror", "list").stdout
+
+
+def test_the_node_log_says_each_change_and_refusal_once_and_never_a_secret(
+    main_node: RunningNode,
+) -> None:
+    """A scripted sequence (pause, resume, stop, start, key create, bad keys, a
+    streamed request), then what an operator finds in the node's log: one
+    line each, the access log with 401s and the stream's token counts,
+    counted in metrics too; no key secret, no repeated server start lines."""
+    node = main_node
+    metrics_url = f"http://127.0.0.1:{node.env['LETSINFER_GATEWAY__METRICS_PORT']}/metrics"
+
+    def refusals() -> float:
+        text = httpx.get(metrics_url, timeout=10).text
+        line = next(
+            (
+                x
+                for x in text.splitlines()
+                if x.startswith('letsinfer_gateway_requests_total{model="-",status="401"}')
+            ),
+            "x 0",
+        )
+        return float(line.split()[-1])
+
+    before = refusals()
+    for args in (
+        ("node", "pause"),
+        ("node", "resume"),
+        ("model", "stop", "tiny"),
+        ("model", "start", "tiny", "--wait"),
+    ):
+        done = node.cli(*args)
+        assert done.returncode == 0, (args, done.stderr)
+    made = json.loads(node.cli("auth", "key", "create", "log-bot", "--json").stdout)
+    bad = {"authorization": "Bearer li-not-a-key"}
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+    assert httpx.post(node.url + "/v1/chat/completions", json=chat, headers=bad).status_code == 401
+    assert httpx.get(node.url + "/v1/models", headers=bad).status_code == 401
+    assert refusals() == before + 2
+    stream = node.client().chat.completions.create(
+        **chat, stream=True, extra_headers={"X-Request-Id": "log-stream-1"}
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == SENTENCE
+
+    def audit_line(action: str, target: str) -> str:
+        return f"letsinfer.audit: {action} {target} by "
+
+    wanted = [
+        audit_line("node.pause", node.banner[0].split("'")[1]),
+        audit_line("node.resume", node.banner[0].split("'")[1]),
+        audit_line("model.stop", "tiny"),
+        audit_line("model.start", "tiny"),
+        audit_line("auth.key.create", "log-bot"),
+    ]
+    deadline = time.monotonic() + 10
+    while True:  # the node echoes audit records within a second
+        log = node.log()
+        streamed = [x for x in log.splitlines() if "request_id=log-stream-1 " in x]
+        if (all(w in log for w in wanted) and streamed) or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    lines = log.splitlines()
+    for w in wanted:
+        assert sum(w in x for x in lines) == 1, (w, log)
+    [line] = streamed
+    assert "status=200" in line and "prompt_tokens=-" not in line
+    assert "completion_tokens=-" not in line and "completion_tokens=" in line
+    refused = [x for x in lines if "letsinfer.access:" in x and "status=401" in x]
+    assert any("path=/v1/models" in x for x in refused) and len(refused) >= 2
+    # Never a secret: neither a key nor any li- secret, and no noise.
+    assert made["key"] not in log and node.key not in log and "li-not-a-key" not in log
+    assert "gguf_writer" not in log
+    assert sum("Started server process" in x for x in lines) <= 1
+    assert sum("gateway: listening on" in x for x in lines) == 1
+
+
+def test_every_display_shows_a_paused_node_as_the_gateway_treats_it(
+    main_node: RunningNode,
+) -> None:
+    """After `node pause` no display says ready while the gateway answers 503;
+    `model start` says starting until the group is ready, `--wait` until then."""
+    node = main_node
+
+    def shown() -> dict[str, object]:
+        status = json.loads(node.cli("status", "--json").stdout)
+        [model] = [
+            m for m in json.loads(node.cli("model", "list", "--json").stdout) if m["name"] == "tiny"
+        ]
+        [main] = json.loads(node.cli("node", "list", "--json").stdout)
+        [topo] = json.loads(node.cli("topology", "--json").stdout)
+        cluster = json.loads(node.cli("cluster", "status", "--json").stdout)
+        show = json.loads(node.cli("model", "show", "tiny", "--json").stdout)
+        group = lambda groups: {g["state"] for g in groups if g["model"] == "tiny"}  # noqa: E731
+        return {
+            "status": (status["state"], status["paused"], group(status["placement_groups"])),
+            "model list": (model["state"], model["ready"], group(model["placement_groups"])),
+            "model show": (show["state"], group(show["placement_groups"])),
+            "node list": main["state"],
+            "topology": (topo["state"], group(topo["placement_groups"])),
+            "cluster status": group(cluster["nodes"][0]["placement_groups"]),
+        }
+
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+    url, auth = node.url + "/v1/chat/completions", {"authorization": f"Bearer {node.key}"}
+    assert node.cli("node", "pause").returncode == 0
+    try:
+        refused = httpx.post(url, json=chat, headers=auth)
+        assert refused.status_code == 503
+        assert shown() == {
+            "status": ("paused", True, {"paused"}),
+            "model list": ("paused", 0, {"paused"}),
+            "model show": ("paused", {"paused"}),
+            "node list": "paused",
+            "topology": ("paused", {"paused"}),
+            "cluster status": {"paused"},
+        }
+        text = node.cli("status").stdout
+        assert "paused: admits no new requests" in text and "│ ready " not in text
+    finally:
+        assert node.cli("node", "resume").returncode == 0
+    assert shown()["model list"] == ("serving", 1, {"ready"})
+
+    assert node.cli("model", "stop", "tiny").returncode == 0
+    assert shown()["model list"] == ("stopped", 0, {"stopped"})
+    started = node.cli("model", "start", "tiny")
+    assert started.returncode == 0, started.stderr
+    first = started.stdout.splitlines()[0]
+    if first == "model tiny: starting":  # what the gateway says meanwhile
+        assert "--wait" in started.stdout
+        assert httpx.post(url, json=chat, headers=auth).status_code in (200, 503)
+    else:  # it was quick: the state it reports is true already
+        assert first == "model tiny: serving", started.stdout
+    waited = node.cli("model", "start", "tiny", "--wait")
+    assert waited.returncode == 0 and waited.stdout.startswith("model tiny: serving")
+    assert httpx.post(url, json=chat, headers=auth).status_code == 200

@@ -21,6 +21,7 @@ import httpx
 import pytest
 import yaml
 
+from letsinfer.engines.tinymodel import LORA_SENTENCE, SENTENCE, write_tiny_lora
 from tests.cluster import PY, Cluster, as_node
 from tests.db_writer import cut_audit, put_back, rewrite_audit_from
 from tests.firewall import render
@@ -90,7 +91,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 def pgs(c: Cluster, model: str) -> dict[str, dict[str, object]]:
-    info = json.loads(c.ok("main", "model", "show", model, "--json"))[0]
+    info = json.loads(c.ok("main", "model", "show", model, "--json"))
     return {str(pg["node"]): pg for pg in info["placement_groups"]}
 
 
@@ -218,12 +219,50 @@ def test_install_on_two_children_serves_through_both(cluster: Cluster) -> None:
         assert url.host == c.lab.hosts[node] and 21000 <= (url.port or 0) <= 29999, pg
 
     topo = json.loads(c.ok("main", "topology", "--json"))
-    n1 = next(n for n in topo if n["node"] == "n1")
+    n1 = next(n for n in topo if n["name"] == "n1")
     assert n1["targets"] == ["cpu", "cuda"] and {g["uuid"] for g in n1["gpus"]} == {
         "GPU-n1-a",
         "GPU-n1-b",
         "GPU-n1-c",
     }
+
+
+def answer(c: Cluster, model: str) -> str:
+    """One chat answer through the main's gateway, from inside the main's namespace."""
+    main = c.lab.hosts["main"]
+    return c.py(
+        "main",
+        f"""
+import httpx
+r = httpx.post("http://{main}:8000/v1/chat/completions", timeout=60,
+               headers={{"authorization": "Bearer {c.key}"}},
+               json={{"model": "{model}", "messages": [{{"role": "user", "content": "hi"}}]}})
+assert r.status_code == 200, r.text
+print(r.json()["choices"][0]["message"]["content"], end="")
+""",
+    )
+
+
+def test_a_lora_adapter_travels_to_a_child_with_its_model(cluster: Cluster) -> None:
+    """The child fetches the adapter from the main beside the weights, its engine
+    loads it unapplied, and its facts say so: only then does the gateway route
+    the adapter's requests there, with the adapter's id."""
+    c = cluster
+    c.ok("main", "model", "add", "based", "--gguf", str(c.root / "shared.gguf"), "--no-serve")
+    c.ok("main", "model", "install", "based", "--node", "n1", "--target", "cpu", "--yes")
+    wait_ready(c, "based", {"n1"})
+    lora = write_tiny_lora(c.root / "tuned.gguf")
+    out = c.ok(
+        "main", "model", "adapter", "add", "based", "based-tuned", "--gguf", str(lora), timeout=300
+    )
+    assert "on n1: ready" in " ".join(out.split()), out
+    digest = hashlib.sha256(lora.read_bytes()).hexdigest()
+    assert (c.home("n1") / "var/models/sha256" / f"{digest}.gguf").is_file()
+    assert [answer(c, "based-tuned"), answer(c, "based")] == [LORA_SENTENCE, SENTENCE]
+    [pg] = [str(g["id"]) for g in pgs(c, "based").values()]
+    assert served_by(c, "based-tuned") == {pg: 1}
+    c.ok("main", "model", "stop", "based")
+    c.ok("main", "model", "remove", "based")
 
 
 def test_a_group_on_a_hot_gpu_gets_fewer_requests(cluster: Cluster) -> None:
@@ -243,7 +282,7 @@ def test_a_group_on_a_hot_gpu_gets_fewer_requests(cluster: Cluster) -> None:
             path.write_text(json.dumps([{**g, "temperature_c": temperature} for g in gpus]))
 
         def reported() -> bool:
-            topology = {n["node"]: n for n in json.loads(c.ok("main", "topology", "--json"))}
+            topology = {n["name"]: n for n in json.loads(c.ok("main", "topology", "--json"))}
             return all(
                 {g["temperature_c"] for g in topology[node]["gpus"]} == {95 if node == hot else 45}
                 for node in files
@@ -647,7 +686,7 @@ def test_a_failed_upgrade_restores_the_first_group_and_touches_no_other(cluster:
 
 def test_rollback_reinstalls_the_release_the_model_ran_before(cluster: Cluster) -> None:
     c = cluster
-    info = json.loads(c.ok("main", "model", "show", "shared", "--json"))[0]
+    info = json.loads(c.ok("main", "model", "show", "shared", "--json"))
     ran = list(dict.fromkeys(h["release"] for h in info["releases"]))
     assert len(ran) >= 2
     unknown = c.cli("main", "model", "rollback", "shared", "--to", "llama.cpp-nothing")
@@ -686,7 +725,7 @@ def test_without_a_free_gpu_a_group_is_replaced_in_place_and_restored(cluster: C
     c.ok("main", "model", "remove", "gpu2", "--stop", timeout=120)
     assert load(c, "gpu2", n=1, threads=1) == [404]
     topo = json.loads(c.ok("main", "topology", "--json"))
-    [n1] = [n for n in topo if n["node"] == "n1"]
+    [n1] = [n for n in topo if n["name"] == "n1"]
     assert {g["uuid"]: g["placement_group"] for g in n1["gpus"]}["GPU-n1-b"] is None
 
 
@@ -766,8 +805,8 @@ def test_cleanup_frees_only_a_stopped_groups_model_and_start_fetches_it_again(
     freed = [str(r["path"]) for r in done["freed"]]
     assert f"var/models/sha256/{digest}.gguf" in freed, freed
     # Besides it, only the logs of groups gone from n2 (earlier tests removed some).
-    models = ("shared", "big", "warm", "spare")
-    live = {str(pg["id"]) for m in models for pg in pgs(c, m).values()}
+    names = ("shared", "big", "warm", "spare")
+    live = {str(pg["id"]) for m in names for pg in pgs(c, m).values()}
     for path in set(freed) - {f"var/models/sha256/{digest}.gguf"}:
         assert path.startswith("var/logs/engines/pg-") and path.endswith(".log"), path
         assert Path(path).stem not in live, path

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -96,7 +97,9 @@ def test_service_start_detaches_a_serving_node_and_stop_ends_it(tmp_path: Path) 
         assert letsinfer(home, "service", "status", env=env).returncode == 3
         assert json.loads(letsinfer(home, "service", "stop", "--json").stdout)["stopped"] is False
         assert processes_using(home) == []
-        assert "Application shutdown complete" in (home / "var/logs/node.log").read_text()
+        log = (home / "var/logs/node.log").read_text()
+        assert "Application shutdown complete" in log
+        assert info["api_key"] not in log  # shown once, by `service start` only
     finally:
         letsinfer(home, "service", "stop", env=env, timeout=60)
 
@@ -119,7 +122,6 @@ def test_service_start_waits_for_a_candidates_agent_not_a_gateway(tmp_path: Path
         with socket.socket() as sock:  # and no gateway does
             assert sock.connect_ex(("127.0.0.1", port)) != 0
         status = json.loads(letsinfer(home, "status", "--json", env=env).stdout)
-        status = status[0] if isinstance(status, list) else status
         assert status["running"] and status["role"] == "candidate" and status["fingerprint"]
     finally:
         letsinfer(home, "service", "stop", env=env, timeout=60)
@@ -152,3 +154,39 @@ def test_checkconfig_names_the_bad_key(tmp_path: Path) -> None:
     assert subprocess.run([*run, str(good)], capture_output=True).returncode == 0
     result = subprocess.run([*run, str(bad)], capture_output=True, text=True)
     assert result.returncode == 2 and "gateway.port" in result.stderr
+
+
+def test_up_writing_to_a_log_keeps_the_first_key_out_of_it_and_leaves_no_pid_file(
+    tmp_path: Path,
+) -> None:
+    """`letsinfer up` whose output is a file (a service's log, the journal) on a
+    fresh home: the first API key goes to a 0600 file the log names, never into
+    the log; Ctrl-C leaves no pid file behind."""
+    home = tmp_path / "home"
+    out = tmp_path / "node.log"
+    port = free_port()
+    with out.open("w") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "letsinfer", "--home", str(home), "up", "--port", str(port)],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **loopback_env(port)},
+        )
+    try:
+        deadline = time.monotonic() + 90
+        while "Ctrl-C" not in out.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, out.read_text()
+            time.sleep(0.2)
+        assert (home / "run/node.pid").read_text().strip() == str(proc.pid)
+    finally:
+        proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
+        proc.wait(timeout=120)
+    log = out.read_text()
+    key_file = home / "etc/first-api-key"
+    key = key_file.read_text().strip()
+    assert key.startswith("li-") and key not in log
+    assert f"API key   in {key_file}" in log
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    assert not (home / "run/node.pid").exists()
+    assert processes_using(home) == []

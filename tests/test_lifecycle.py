@@ -43,7 +43,7 @@ class Lab:
         )
 
     def group(self, model: str) -> dict[str, object]:
-        show = json.loads(self.node.cli("model", "show", model, "--json").stdout)[0]
+        show = json.loads(self.node.cli("model", "show", model, "--json").stdout)
         [pg] = show["placement_groups"]
         return pg  # type: ignore[no-any-return]
 
@@ -189,7 +189,7 @@ def test_a_group_failing_to_start_is_parked_and_model_start_unparks_it(lab: Lab)
             node.url + "/health", headers={"authorization": f"Bearer {node.key}"}
         ).json()
         assert keyed["states"][model] == "parked" and keyed["status"] == "ok"
-        [status] = json.loads(node.cli("status", "--json").stdout)
+        status = json.loads(node.cli("status", "--json").stdout)
         [mine] = [g for g in status["placement_groups"] if g["model"] == model]
         assert mine["state"] == "parked" and "shim broken on purpose" in mine["detail"]
         [topo] = json.loads(node.cli("topology", "--json").stdout)

@@ -194,7 +194,7 @@ def test_request_records_and_usage_add_up_to_what_the_clients_saw(main_node) -> 
         assert int(got["total_tokens"]) == want["prompt_tokens"] + want["completion_tokens"]
 
     [record] = json.loads(main_node.cli("request", "stream-beta", "--json").stdout)
-    pg = json.loads(main_node.cli("model", "show", "tiny", "--json").stdout)[0]
+    pg = json.loads(main_node.cli("model", "show", "tiny", "--json").stdout)
     assert record["key"] == "beta" and record["model"] == "tiny" and record["status"] == 200
     assert record["stream"] is True and record["endpoint"] == "chat"
     assert record["placement_group"] == pg["placement_groups"][0]["id"]

@@ -198,7 +198,8 @@ def test_node_remove_without_a_running_main(tmp_path: Path) -> None:
     assert again.returncode == 1 and "already removed" in again.stderr
     assert "Nothing changed" in again.stderr
     listed = json.loads(letsinfer(home, "node", "list", "--all", "--json").stdout)
-    assert [(n["name"], n["state"]) for n in listed] == [("main", "active"), ("n1", "removed")]
+    # (no node process runs from this home: the main is down)
+    assert [(n["name"], n["state"]) for n in listed] == [("main", "down"), ("n1", "removed")]
     store = AuthorityStore(home / "var/authority.db")
     actions = [(r.action, r.outcome) for r in store.list_audit()]
     store.close()

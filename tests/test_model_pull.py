@@ -99,7 +99,7 @@ def node(tmp_path_factory: pytest.TempPathFactory, hub: FakeHub) -> Iterator[Run
 def shown(node: RunningNode, name: str) -> dict[str, object]:
     result = node.cli("model", "show", name, "--json")
     assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)[0]
+    return json.loads(result.stdout)  # type: ignore[no-any-return]
 
 
 def ok(result: object) -> str:
@@ -303,7 +303,7 @@ def test_a_host_with_no_route_to_the_hub_pulls_from_an_imported_bundle(
         ok(result)
         assert "hub not used" in result.stderr and "mirror" in result.stderr
         assert len(hub.seen) == seen  # nothing reached the hub
-        info = json.loads(run("model", "show", "org/tiny-gguf:Q8_0", "--json"))[0]
+        info = json.loads(run("model", "show", "org/tiny-gguf:Q8_0", "--json"))
         assert info["repo"] == "org/tiny-gguf"
         assert info["commit"] == hub.repos["org/tiny-gguf"].commit
         assert info["sha256"] == sha256_of(published["tiny-gguf-Q8_0.gguf"])

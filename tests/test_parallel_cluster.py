@@ -88,7 +88,7 @@ print(json.dumps([r.status_code, err]))
 
 
 def group(c: Cluster, model: str) -> dict[str, object]:
-    info = json.loads(c.ok("main", "model", "show", model, "--json"))[0]
+    info = json.loads(c.ok("main", "model", "show", model, "--json"))
     [pg] = info["placement_groups"]
     return pg  # type: ignore[no-any-return]
 
@@ -99,7 +99,7 @@ def task_states(c: Cluster, model: str) -> dict[str, str]:
 
 def link_state(c: Cluster, a: str, b: str) -> str | None:
     topo = json.loads(c.ok("main", "topology", "--json"))
-    node = next(n for n in topo if n["node"] == a)
+    node = next(n for n in topo if n["name"] == a)
     return next((link["state"] for link in node["links"] if link["peer"] == b), None)
 
 
@@ -109,7 +109,7 @@ def actions(c: Cluster) -> list[tuple[str, str, str | None]]:
 
 def ensure_wide(c: Cluster) -> None:
     """The parallel group over n1 and n2 (when a test runs on its own)."""
-    info = json.loads(c.ok("main", "model", "show", "wide", "--json"))[0]
+    info = json.loads(c.ok("main", "model", "show", "wide", "--json"))
     if not info["placement_groups"]:
         c.ok("main", "model", "install", "wide", "--parallel", "--node", "n1", "--node", "n2")
     c.wait(lambda: chat(c, "wide")[0] == 200, "the parallel group serving", timeout=90)
@@ -188,7 +188,7 @@ def test_core_never_splits_a_single_device_runtime(cluster: Cluster) -> None:
     assert "single-device runtime" in split.stderr and "Nothing changed" in split.stderr
     alone = c.cli("main", "model", "install", "solo", "--parallel", "--node", "n1", "--yes")
     assert alone.returncode == 1 and "two or more distinct nodes" in alone.stderr
-    info = json.loads(c.ok("main", "model", "show", "solo", "--json"))[0]
+    info = json.loads(c.ok("main", "model", "show", "solo", "--json"))
     assert info["placement_groups"] == []
     denied = [d for a, o, d in actions(c) if a == "model.install" and o == "denied"]
     assert any("single-device runtime" in (d or "") for d in denied)

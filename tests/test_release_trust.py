@@ -106,7 +106,7 @@ def test_the_node_refuses_to_run_an_unsigned_release(main_node: RunningNode) -> 
     deadline = time.monotonic() + 20
     while True:
         shown = json.loads(main_node.cli("model", "show", "unsigned-model", "--json").stdout)
-        [group] = shown[0]["placement_groups"]
+        [group] = shown["placement_groups"]
         if group["state"] == "failed":
             break
         assert time.monotonic() < deadline, group

@@ -44,7 +44,7 @@ def test_killed_engine_is_restarted_and_the_gap_is_503(tmp_path: Path) -> None:
         assert after.json()["choices"][0]["message"]["content"] == SENTENCE
         assert node.engine_pids() and engine not in node.engine_pids()
 
-        status = json.loads(node.cli("status", "--json").stdout)[0]
+        status = json.loads(node.cli("status", "--json").stdout)
         [pg] = status["placement_groups"]
         assert pg["state"] == "ready" and pg["restarts"] == 1
     finally:
@@ -99,7 +99,7 @@ def test_a_killed_node_adopts_its_engines_back_never_a_foreign_one(tmp_path: Pat
         nodes.append(again)
         assert again.engine_pids() == [engine]
         assert _serves(again) == SENTENCE
-        [pg] = json.loads(again.cli("status", "--json").stdout)[0]["placement_groups"]
+        [pg] = json.loads(again.cli("status", "--json").stdout)["placement_groups"]
         assert pg["state"] == "ready" and pg["pid"] == engine and pg["restarts"] == 0
         assert f"adopted the running engine of {pg['id']} (pid {engine})" in again.log()
         again.proc.kill()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import json_docs
 from tests.cluster import PY, Cluster
 from tests.netlab import NetLab, can_make_namespaces
 
@@ -58,7 +59,9 @@ def test_discovery_then_pinned_enrollment_of_two_children(cluster: Cluster) -> N
     for n in ("n1", "n2"):
         out = c.ok("main", "node", "add", n, "--wait", "3")
         request_id = out.split("letsinfer node accept ")[1].split()[0]
-        [req] = json.loads(c.ok(n, "node", "requests", "--json"))
+        listed = json.loads(c.ok(n, "node", "requests", "--json"))
+        json_docs.printed("node requests --json", listed)
+        [req] = listed
         assert req["id"] == request_id and req["main"] == "main"
         c.ok(n, "node", "accept", request_id)
 
@@ -70,10 +73,10 @@ def test_discovery_then_pinned_enrollment_of_two_children(cluster: Cluster) -> N
         )
 
     c.wait(heard_from_both, "heartbeats over mutual TLS from n1 and n2")
-    info = json.loads(c.ok("main", "node", "info", "n1", "--json"))[0]
+    info = json.loads(c.ok("main", "node", "info", "n1", "--json"))
     assert info["name"] == "n1" and info["role"] == "child"
 
-    status = json.loads(c.ok("n1", "status", "--json"))[0]
+    status = json.loads(c.ok("n1", "status", "--json"))
     assert status["role"] == "child" and status["main"].startswith(c.lab.hosts["main"])
 
 
@@ -213,7 +216,7 @@ def test_refusals_are_clear_and_audited(cluster: Cluster) -> None:
     ), "the main audits the pin mismatch"
 
     # A second main never adopts an enrolled node silently.
-    n1_before = json.loads(c.ok("n1", "status", "--json"))[0]
+    n1_before = json.loads(c.ok("n1", "status", "--json"))
     second = c.root / "adopter"  # a second main's home, on the "other" host
     c.ok("other", "node", "init", "--main", "--name", "second", home="adopter")
     adopt = c.cli(
@@ -234,7 +237,7 @@ def test_refusals_are_clear_and_audited(cluster: Cluster) -> None:
         ),
         "n1 auditing the refused adoption",
     )
-    n1_after = json.loads(c.ok("n1", "status", "--json"))[0]
+    n1_after = json.loads(c.ok("n1", "status", "--json"))
     assert (n1_after["role"], n1_after["main"]) == ("child", n1_before["main"])
     assert n1_after["fingerprint"] == n1_before["fingerprint"]
 
@@ -598,5 +601,5 @@ def test_a_main_without_work_moves_into_another_cluster_and_serves(cluster: Clus
         return json.loads(result.stdout or "[]") == [200] * 4
 
     c.wait(served, "tiny served through second's gateway")
-    shown = json.loads(c.ok("second", "model", "show", "tiny", "--json", home="second"))[0]
+    shown = json.loads(c.ok("second", "model", "show", "tiny", "--json", home="second"))
     assert any(pg["node"] == "main" and pg["state"] == "ready" for pg in shown["placement_groups"])

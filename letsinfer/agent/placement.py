@@ -52,6 +52,8 @@ class PlacementRunner:
     services: dict[str, str] = field(default_factory=dict)  # pg id -> model service
     tasks: dict[str, str] = field(default_factory=dict)  # pg id -> the task run here
     generations: dict[str, int] = field(default_factory=dict)  # pg id -> the one running
+    # pg id -> the LoRA adapters its engine was launched with, in load order
+    adapters: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # Wanted but not started, with why (reported as failed; tried again each apply).
     refused: dict[str, str] = field(default_factory=dict)
     _wanted: set[str] = field(default_factory=set)
@@ -110,6 +112,7 @@ class PlacementRunner:
             del self.refused[pg_id]
         for pg_id in set(self.generations) - self._wanted - set(self.supervisor.runners):
             del self.generations[pg_id]
+            self.adapters.pop(pg_id, None)
         for pg_id in set(self.supervisor.runners) - set(wanted):
             self._spawn(self.supervisor.stop(pg_id))
         for d in wanted.values():
@@ -131,10 +134,15 @@ class PlacementRunner:
                 continue
             if d.pg_id in self.refused and self.generations.get(d.pg_id) != d.generation:
                 self.refused.pop(d.pg_id)  # a new generation: say it again if it fails again
-            if not artifact_path(self.model_store, d.artifact_digest).exists() and fetch:
-                if d.artifact_digest not in self._fetching:
-                    self._fetching.add(d.artifact_digest)
-                    self._spawn(self._fetch_then_start(d, fetch))
+            missing = [
+                digest
+                for digest in d.digests()
+                if not artifact_path(self.model_store, digest).exists()
+            ]
+            if missing and fetch:  # the model and its adapters come from the main
+                if not self._fetching.intersection(missing):
+                    self._fetching.update(missing)
+                    self._spawn(self._fetch_then_start(d, missing, fetch))
                 continue
             self._start(d)
 
@@ -147,15 +155,20 @@ class PlacementRunner:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _fetch_then_start(self, d: DesiredPlacement, fetch: Fetch) -> None:
+    async def _fetch_then_start(
+        self, d: DesiredPlacement, digests: list[str], fetch: Fetch
+    ) -> None:
         try:
-            await fetch(d.artifact_digest)
-        except Exception as exc:  # a failed download must be visible, and retried later
-            log.warning("fetching sha256:%s failed: %s", d.artifact_digest[:12], exc)
-            self._refuse(d.pg_id, f"model download failed: {exc}")
-            return
+            for digest in digests:
+                try:
+                    await fetch(digest)
+                except Exception as exc:  # a failed download must be visible, and retried
+                    log.warning("fetching sha256:%s failed: %s", digest[:12], exc)
+                    what = "model" if digest == d.artifact_digest else "LoRA adapter"
+                    self._refuse(d.pg_id, f"{what} download failed: {exc}")
+                    return
         finally:
-            self._fetching.discard(d.artifact_digest)
+            self._fetching.difference_update(digests)
         self._start(d)
 
     async def _restart(self, pg_id: str, fetch: Fetch | None) -> None:
@@ -187,14 +200,17 @@ class PlacementRunner:
             self._refuse(d.pg_id, f"refused to run: {exc}")
             return
         try:
-            # An adopted engine runs the file its launch verified: no rehash at restart.
-            if d.artifact_digest not in self._verified and not adopted:
-                verify_artifact(self.model_store, d.artifact_digest)
-                self._verified.add(d.artifact_digest)
+            # An adopted engine runs the files its launch verified: no rehash at restart.
+            for digest in d.digests():
+                if digest not in self._verified and not adopted:
+                    verify_artifact(self.model_store, digest)
+                    self._verified.add(digest)
         except ModelFileError as exc:
             self._refuse(d.pg_id, str(exc))
             return
         model_path = artifact_path(self.model_store, d.artifact_digest)
+        adapter_paths = tuple(artifact_path(self.model_store, dg) for _, dg in d.adapters)
+        self.adapters[d.pg_id] = d.adapter_names
 
         if d.release.engine == "vllm":
             # engines/vllm.py plans it (Ray head + vLLM serve, Ray workers); this
@@ -219,6 +235,7 @@ class PlacementRunner:
                 context=d.context,
                 parallel=d.parallel,
                 proof=d.proof,
+                adapters=adapter_paths,
             )
             if d.release.engine == "parallel-command":
                 return plan_parallel_command(d.release, task, d.task, d.group, d.group_key or "")

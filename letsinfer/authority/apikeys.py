@@ -10,10 +10,13 @@ import hashlib
 import secrets
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from letsinfer.store import ApiKeyRecord, AuthorityStore, StoreError
 
 KEY_PREFIX = "li-"
+BANDS = ("interactive", "standard", "batch")  # served in this order when every group is full
+PERIODS = ("day", "week", "month")
 
 
 @dataclass(frozen=True)
@@ -28,7 +31,46 @@ class IssuedKey:
             "key": self.secret,
             "models": list(rec.models),
             "concurrency": rec.concurrency,
+            **policy_json(rec),
         }
+
+
+def policy_json(rec: ApiKeyRecord) -> dict[str, Any]:
+    """A key's band, limits and cache, as `auth key list --json` shows them."""
+    return {
+        "band": rec.band,
+        "rpm": rec.rpm,
+        "tpm": rec.tpm,
+        "budget_tokens": rec.budget_tokens,
+        "budget_period": rec.budget_period,
+        "cache_ttl_s": rec.cache_ttl_s,
+        "cache_sampled": rec.cache_sampled,
+    }
+
+
+def check_policy(policy: dict[str, Any], current: ApiKeyRecord | None = None) -> dict[str, Any]:
+    """A valid change of band, limits or cache (None clears a limit), or
+    StoreError naming what is wrong. ``current``: the key as it is, so a budget
+    keeps its period when only its size changes."""
+    out = dict(policy)
+    band = out.get("band")
+    if "band" in out and band not in BANDS:
+        raise StoreError(f"band must be one of {', '.join(BANDS)} (got {band!r})")
+    for field in ("rpm", "tpm", "budget_tokens", "cache_ttl_s"):
+        value = out.get(field)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise StoreError(f"{field} must be a whole number")
+        if value is not None and value < 1:
+            raise StoreError(f"{field} must be at least 1 (or cleared)")
+    if out.get("budget_period") is not None and out["budget_period"] not in PERIODS:
+        raise StoreError(f"budget period must be one of {', '.join(PERIODS)}")
+    budget = out.get("budget_tokens", current.budget_tokens if current else None)
+    period = out.get("budget_period", current.budget_period if current else None)
+    if budget is not None and period is None:
+        raise StoreError("a token budget needs its period (day, week or month)")
+    if budget is None and "budget_tokens" in out:
+        out["budget_period"] = None  # no budget, no period
+    return out
 
 
 def digest(secret: str) -> str:
@@ -41,19 +83,24 @@ def create_key(
     models: tuple[str, ...] = (),
     concurrency: int | None = None,
     actor: str = "cli",
+    policy: dict[str, Any] | None = None,
 ) -> IssuedKey:
-    """Create a key; every allowlisted model must exist (name or alias)."""
+    """Create a key; every allowlisted model must exist (name, alias or LoRA
+    adapter). ``policy``: its band, limits and cache (see :func:`check_policy`)."""
     if not name or len(name) > 64 or not name.replace("-", "").replace("_", "").isalnum():
         raise StoreError("key name must be 1-64 letters, digits, '-' or '_'")
     if concurrency is not None and concurrency < 1:
         raise StoreError("concurrency must be at least 1")
+    policy = check_policy({k: v for k, v in (policy or {}).items() if v is not None})
     canonical: list[str] = []
     for model in models:
         svc = store.resolve_service(model)
-        if svc is None:
+        adapter = store.get_adapter(model) if svc is None else None
+        if svc is None and adapter is None:
             raise StoreError(f"model {model!r} does not exist (see `letsinfer model list`)")
-        if svc.name not in canonical:
-            canonical.append(svc.name)
+        allowed = svc.name if svc is not None else model
+        if allowed not in canonical:
+            canonical.append(allowed)
     secret = KEY_PREFIX + secrets.token_urlsafe(32)
     with store.transaction():
         record = store.add_api_key(
@@ -63,9 +110,39 @@ def create_key(
             secret[: len(KEY_PREFIX) + 6],
             tuple(canonical),
             concurrency,
+            policy,
         )
-        store.append_audit(actor, "auth.key.create", "ok", target=name)
+        store.append_audit(
+            actor, "auth.key.create", "ok", target=name, detail=policy_text(policy) or None
+        )
     return IssuedKey(record=record, secret=secret)
+
+
+def policy_text(policy: dict[str, Any]) -> str:
+    """A change for the audit chain: 'band=batch rpm=60 tpm=off'."""
+    return " ".join(f"{k}={'off' if v is None else v}" for k, v in sorted(policy.items()))
+
+
+def set_policy(
+    store: AuthorityStore,
+    name: str,
+    policy: dict[str, Any],
+    actor: str = "cli",
+    role: str | None = None,
+) -> ApiKeyRecord:
+    """`auth key limits`: change an active key's band, limits or cache, with its
+    audit record, in one transaction. The gateway applies it at its next
+    directory refresh (at once when asked through the running node)."""
+    current = store.list_api_keys(name=name)
+    if not current:
+        raise StoreError(f"no active API key named {name!r}")
+    change = check_policy(policy, current[-1])
+    with store.transaction():
+        store.set_key_policy(name, change)
+        store.append_audit(
+            actor, "auth.key.limits", "ok", role=role, target=name, detail=policy_text(change)
+        )
+    return store.list_api_keys(name=name)[-1]
 
 
 def revoke_key(

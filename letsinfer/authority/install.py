@@ -83,6 +83,8 @@ def plan(
     svc = store.resolve_service(req.service)
     if svc is None:
         raise StoreError(f"no model {req.service!r}: add it first with `letsinfer model add`")
+    if svc.is_external:
+        raise StoreError(f"model {svc.name} is external: its provider serves it, not a node")
     out = InstallPlan(service=svc.name)
     existing = {pg.node_id: pg.id for pg in store.list_placement_groups(service=svc.name)}
     now = time.time()
@@ -263,6 +265,8 @@ def plan_parallel(
     svc = store.resolve_service(req.service)
     if svc is None:
         raise StoreError(f"no model {req.service!r}: add it first with `letsinfer model add`")
+    if svc.is_external:
+        raise StoreError(f"model {svc.name} is external: its provider serves it, not a node")
     if len(set(req.nodes)) < 2:
         raise StoreError("a parallel placement group needs two or more distinct nodes (--node)")
     if req.gpu_uuids:

@@ -118,25 +118,38 @@ def remove_model(
         store.append_audit(actor, "model.remove", "denied", role=role, target=svc.name, detail=why)
         raise Refused(why)
     groups = [pg.id for pg in store.list_placement_groups(service=svc.name)]
+    adapters = store.list_adapters(svc.name)  # removed with it (they only fit it)
     with store.transaction():
         store.delete_service(svc.name)
-        shared = store.services_using(svc.artifact_digest)
+        shared = [] if svc.is_external else store.services_using(svc.artifact_digest)
+        what = (
+            f"external {svc.source}"
+            if svc.is_external
+            else f"sha256:{svc.artifact_digest} "
+            + (f"kept (used by {', '.join(shared)})" if shared else "freed")
+        )
         store.append_audit(
             actor,
             "model.remove",
             "ok",
             role=role,
             target=svc.name,
-            detail=f"placement groups removed: {', '.join(groups) or 'none'}; "
-            f"sha256:{svc.artifact_digest} "
-            + (f"kept (used by {', '.join(shared)})" if shared else "freed"),
+            detail=f"placement groups removed: {', '.join(groups) or 'none'}; {what}"
+            + (
+                f"; LoRA adapters removed: {', '.join(a.name for a in adapters)}"
+                if adapters
+                else ""
+            ),
         )
     freed = None
-    if not shared:
+    if not shared and not svc.is_external:
         path = artifact_path(model_store, svc.artifact_digest)
         if path.is_file():
             path.unlink()
             freed = str(path)
+    for a in adapters:
+        if not store.services_using(a.artifact_digest):
+            artifact_path(model_store, a.artifact_digest).unlink(missing_ok=True)
     return RemovedModel(svc.name, groups, freed, shared)
 
 

@@ -26,6 +26,19 @@ def check_model_name(name: str) -> None:
         )
 
 
+def resolve_fallback(store: AuthorityStore, name: str, fallback: str) -> str:
+    """The canonical name of a fallback: a model (or alias) or a LoRA adapter."""
+    svc = store.resolve_service(fallback)
+    target = svc.name if svc is not None else None
+    if target is None and store.get_adapter(fallback) is not None:
+        target = fallback
+    if target is None:
+        raise StoreError(f"fallback {fallback!r}: no such model (see `letsinfer model list`)")
+    if target == name:
+        raise StoreError(f"model {name} cannot be its own fallback")
+    return target
+
+
 def add_gguf_model(
     store: AuthorityStore,
     model_store: Path,
@@ -40,6 +53,7 @@ def add_gguf_model(
     origin: dict[str, Any] | None = None,
     door: Door | None = None,
     known_good: bool = False,
+    fallback: str | None = None,
 ) -> tuple[ServiceRecord, PlacementGroupRecord | None]:
     """Check the file, prove it in ``release``'s engine (proof at the door: one
     completion, or one embedding), store it, then record the service and its
@@ -50,11 +64,10 @@ def add_gguf_model(
     check_model_name(name)
     for alias in aliases:
         check_model_name(alias)
-    if store.resolve_service(name) is not None:
-        raise StoreError(f"model {name!r} already exists")
-    for alias in aliases:
-        if store.resolve_service(alias) is not None:
-            raise StoreError(f"alias {alias!r} is already taken by another model")
+    for taken in (name, *aliases):
+        store.check_name_free(taken)
+    if fallback is not None:
+        fallback = resolve_fallback(store, name, fallback)
     staged = stage_gguf(model_store, source)
     try:
         if not known_good:
@@ -83,6 +96,7 @@ def add_gguf_model(
                 aliases,
                 origin,
                 kind=staged.kind,
+                fallback=fallback,
             )
             pg = None
             if node_id is not None:  # serve it on this node right away

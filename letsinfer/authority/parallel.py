@@ -18,6 +18,7 @@ class TaskReport:
     base_url: str | None
     capacity: int | None = None
     detail: str | None = None
+    adapters: tuple[str, ...] = ()  # the LoRA adapters its engine loaded, in order
 
 
 @dataclass

@@ -69,6 +69,7 @@ def desired_for_node(
                 group_key=engine_keys.derive(secret, pg.id, "group") if group else None,
                 generation=pg.generation,
                 proof=svc.kind,
+                adapters=tuple((a.name, a.artifact_digest) for a in store.list_adapters(svc.name)),
             )
         )
     return out

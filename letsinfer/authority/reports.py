@@ -41,7 +41,13 @@ Post = Callable[[Callable[[], None]], None]  # runs a change on the routing tabl
 
 
 def replica_for(
-    secret: bytes, pg_id: str, service: str, base_url: str, capacity: int, node_id: str
+    secret: bytes,
+    pg_id: str,
+    service: str,
+    base_url: str,
+    capacity: int,
+    node_id: str,
+    adapters: tuple[str, ...] = (),
 ) -> Replica:
     """A group's endpoint as the gateway routes to it, with its engine key."""
     key = engine_keys.derive(secret, pg_id, "0")
@@ -52,6 +58,7 @@ def replica_for(
         authorization=f"Bearer {key}",
         capacity=capacity,
         node_id=node_id,
+        adapters=adapters,
     )
 
 
@@ -211,7 +218,9 @@ class ReportDesk:
                 # release): its parked or failed engine is about to be replaced.
                 p = p.model_copy(update={"state": "starting", "detail": "starting afresh"})
             self.tasks.report(
-                p.pg_id, p.task, TaskReport(node.id, p.state, p.base_url, p.capacity, p.detail)
+                p.pg_id,
+                p.task,
+                TaskReport(node.id, p.state, p.base_url, p.capacity, p.detail, tuple(p.adapters)),
             )
             state = (p.state, p.base_url, p.pid, p.capacity, p.restarts, p.detail, p.generation)
             # Facts arrive every interval: write an observation only when it changed.
@@ -297,7 +306,10 @@ class ReportDesk:
             self._withdraw(pg.service, pg.id, why or "not ready")
             return False
         capacity = head.capacity if head and head.capacity else 1
-        self._publish(replica_for(self.secret, pg.id, pg.service, url, capacity, tasks[0].node_id))
+        adapters = head.adapters if head else ()
+        self._publish(
+            replica_for(self.secret, pg.id, pg.service, url, capacity, tasks[0].node_id, adapters)
+        )
         return True
 
     def _weigh(self, pg: PlacementGroupRecord) -> None:

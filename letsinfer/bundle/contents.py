@@ -84,7 +84,7 @@ def resolve_model(spec: str, home: Home) -> BundledModel:
 def _stored_model(name: str, home: Home) -> Path:
     if not home.database.is_file():
         raise BundleError(
-            f"--model {name}: no such file, and {home.etc.parent} holds no models to look it up in"
+            f"--model {name}: no such file, and {home.label} holds no models to look it up in"
         )
     store = AuthorityStore(home.database)
     try:

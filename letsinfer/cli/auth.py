@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 import click
 
 from letsinfer.authority.anchor import open_authority
-from letsinfer.authority.apikeys import create_key, revoke_key
+from letsinfer.authority.apikeys import (
+    BANDS,
+    PERIODS,
+    create_key,
+    policy_json,
+    revoke_key,
+    set_policy,
+)
 from letsinfer.cli import cli
 from letsinfer.cli.local import ask_node, segment
 from letsinfer.cli.output import console, emit
@@ -17,7 +26,10 @@ from letsinfer.cli.scope import CliContext, scoped
 
 @cli.group()
 def auth() -> None:
-    """API keys (and, later, controllers)."""
+    """API keys and controllers.
+
+    API keys are what clients send to the gateway (`auth key`); controllers are
+    operators' workstations paired with a role (`auth controller`)."""
 
 
 @auth.group()
@@ -29,31 +41,118 @@ def _when(ts: float | None) -> str | None:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds") if ts else None
 
 
+class _Limit(click.ParamType):
+    """A whole number of at least 1, or ``off`` (clears the limit)."""
+
+    name = "N|off"
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> object:
+        if value == "off" or value is _OFF:
+            return _OFF
+        try:
+            number = int(str(value))
+        except ValueError:
+            self.fail(f"{value!r} is neither a whole number nor 'off'", param, ctx)
+        if number < 1:
+            self.fail(f"{number} is below 1 (use 'off' to clear it)", param, ctx)
+        return number
+
+
+_OFF = object()  # `--rpm off`: no limit
+LIMIT = _Limit()
+
+
+def policy_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The band, limit and cache options of `auth key create` and `auth key limits`."""
+    options = [
+        click.option(
+            "--band",
+            type=click.Choice(BANDS),
+            help="Priority when every group is full: interactive before standard before "
+            "batch (default: standard).",
+        ),
+        click.option("--rpm", type=LIMIT, help="At most N requests per minute ('off': none)."),
+        click.option(
+            "--tpm",
+            type=LIMIT,
+            help="At most N tokens (prompt + completion) per minute ('off': none).",
+        ),
+        click.option(
+            "--budget",
+            type=LIMIT,
+            help="At most N tokens per --budget-period; then 429 budget_exhausted ('off': none).",
+        ),
+        click.option(
+            "--budget-period", type=click.Choice(PERIODS), help="The budget's UTC calendar period."
+        ),
+        click.option(
+            "--cache-ttl",
+            type=LIMIT,
+            help="Cache this key's answers for N seconds (exact repeats; 'off': no cache).",
+        ),
+        click.option(
+            "--cache-sampled/--no-cache-sampled",
+            default=None,
+            help="Also cache answers sampled at a non-zero temperature.",
+        ),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _policy(given: dict[str, Any]) -> dict[str, Any]:
+    """The options given, as the key's policy fields (None clears)."""
+    names = {
+        "band": "band",
+        "rpm": "rpm",
+        "tpm": "tpm",
+        "budget": "budget_tokens",
+        "budget_period": "budget_period",
+        "cache_ttl": "cache_ttl_s",
+        "cache_sampled": "cache_sampled",
+    }
+    return {
+        field: None if given[option] is _OFF else given[option]
+        for option, field in names.items()
+        if given.get(option) is not None
+    }
+
+
 @scoped(key, "create", scope="main")
 @click.argument("name")
 @click.option(
     "--model",
     "models",
     multiple=True,
-    help="Allow only this model (name or alias); repeat for more. Default: all.",
+    help="Allow only this model (name, alias or LoRA adapter); repeat for more. Default: all.",
 )
 @click.option(
     "--concurrency",
     type=click.IntRange(min=1),
     help="At most this many requests at once with this key.",
 )
+@policy_options
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
 def create(
-    ctx: CliContext, name: str, models: tuple[str, ...], concurrency: int | None, as_json: bool
+    ctx: CliContext,
+    name: str,
+    models: tuple[str, ...],
+    concurrency: int | None,
+    as_json: bool,
+    **given: Any,
 ) -> None:
     """Create an API key; its secret is printed once and never stored."""
-    body = {"name": name, "models": list(models), "concurrency": concurrency}
+    policy = _policy(given)
+    body = {"name": name, "models": list(models), "concurrency": concurrency, **policy}
     made = ask_node(ctx.home, "POST", "/v1/ops/keys", json=body)
     if made is None:  # no node runs here: write the authority directly
         store = open_authority(ctx.home)
         try:
-            made = create_key(store, name, models, concurrency).to_json()
+            made = create_key(store, name, models, concurrency, policy=policy).to_json()
         finally:
             store.close()
     if as_json:
@@ -61,6 +160,57 @@ def create(
         return
     console.print(f"API key [bold]{made['name']}[/bold] created; it is shown only now:")
     click.echo(made["key"])
+
+
+@scoped(key, "limits", scope="main")
+@click.argument("name")
+@policy_options
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+def limits(ctx: CliContext, name: str, as_json: bool, **given: Any) -> None:
+    """Show or change a key's band, rate limits, token budget and response cache.
+
+    With no option it shows them. 'off' clears a limit. With the node running
+    its gateway applies the change before this returns; a key's counts (requests
+    and tokens of the last minute, tokens of the budget's period) are rebuilt
+    from the request records whenever its limits change."""
+    change = _policy(given)
+    if not change:
+        store = open_authority(ctx.home)
+        try:
+            found = store.list_api_keys(name=name)
+        finally:
+            store.close()
+        if not found:
+            raise click.ClickException(f"no active API key named {name!r}")
+        answer = {"name": name, **policy_json(found[-1])}
+    else:
+        path = f"/v1/ops/keys/{segment(name)}/limits"
+        answer = ask_node(ctx.home, "POST", path, json=change)  # type: ignore[assignment]
+        if answer is None:
+            store = open_authority(ctx.home)
+            try:
+                answer = {"name": name, **policy_json(set_policy(store, name, change))}
+            finally:
+                store.close()
+    if as_json:
+        click.echo(json.dumps(answer))
+        return
+    console.print(f"API key [bold]{name}[/bold]: {limits_text(answer)}", highlight=False)
+
+
+def limits_text(p: dict[str, Any]) -> str:
+    parts = [f"band {p['band']}"]
+    parts.append(f"{p['rpm']} requests/min" if p["rpm"] else "no request limit")
+    parts.append(f"{p['tpm']} tokens/min" if p["tpm"] else "no token limit")
+    budget = p["budget_tokens"]
+    parts.append(f"budget {budget} tokens/{p['budget_period']}" if budget else "no budget")
+    if p["cache_ttl_s"]:
+        sampled = ", sampled too" if p["cache_sampled"] else ""
+        parts.append(f"cache {p['cache_ttl_s']}s{sampled}")
+    else:
+        parts.append("no cache")
+    return "; ".join(parts)
 
 
 @scoped(key, "list", scope="main")
@@ -77,9 +227,10 @@ def list_keys(ctx: CliContext, include_revoked: bool, as_json: bool) -> None:
     rows = [
         {
             "name": k.name,
-            "prefix": k.prefix + "…",
-            "models": list(k.models) or ["*"],
+            "prefix": k.prefix,
+            "models": list(k.models),  # empty: every model, as `auth key create` takes it
             "concurrency": k.concurrency,
+            **policy_json(k),
             "created": _when(k.created_at),
             "revoked": _when(k.revoked_at),
         }
@@ -89,11 +240,32 @@ def list_keys(ctx: CliContext, include_revoked: bool, as_json: bool) -> None:
         emit(rows, [], as_json=True)
         return
     emit(
-        [{**r, "models": ", ".join(r["models"])} for r in rows],
-        ["name", "prefix", "models", "concurrency", "created", "revoked"],
+        [
+            {
+                **r,
+                "prefix": r["prefix"] + "…",
+                "models": ", ".join(r["models"]) or "all",
+                "limits": _limits_cell(r),
+            }
+            for r in rows
+        ],
+        ["name", "prefix", "models", "concurrency", "band", "limits", "created", "revoked"],
         as_json=False,
         title="API keys",
     )
+
+
+def _limits_cell(r: dict[str, Any]) -> str:
+    cells = []
+    if r["rpm"]:
+        cells.append(f"{r['rpm']} rpm")
+    if r["tpm"]:
+        cells.append(f"{r['tpm']} tpm")
+    if r["budget_tokens"]:
+        cells.append(f"{r['budget_tokens']}/{r['budget_period']}")
+    if r["cache_ttl_s"]:
+        cells.append(f"cache {r['cache_ttl_s']}s")
+    return ", ".join(cells) or "-"
 
 
 @scoped(key, "revoke", scope="main")

@@ -21,7 +21,7 @@ from letsinfer.authority.anchor import open_authority
 from letsinfer.bundle.creation import CreateRequest, create_bundle
 from letsinfer.bundle.importing import import_bundle, inspect_bundle, verify_bundle
 from letsinfer.cli import cli
-from letsinfer.cli.output import emit, errors
+from letsinfer.cli.output import brief, emit, errors
 from letsinfer.cli.release import (
     DEFAULT_KEY_NAME,
     default_key,
@@ -99,10 +99,11 @@ def bundle() -> None:
     "--model",
     "models",
     multiple=True,
-    metavar="NAME|PATH|NAME=PATH|REPO@REV[:FILE|:QUANT]",
-    help="A model service of this node, a GGUF file, or a hub repository at a revision "
-    "(every GGUF model in it, or the one FILE or QUANT names; repo and commit are "
-    "recorded for `model pull`); repeat for more.",
+    metavar="MODEL",
+    help="NAME (a model service of this node), PATH or NAME=PATH (a GGUF file), or "
+    "REPO@REV[:FILE|:QUANT] (a hub repository at a revision: every GGUF model in it, or "
+    "the one FILE or QUANT names; repo and commit are recorded for `model pull`); "
+    "repeat for more.",
 )
 @click.option(
     "--runtime",
@@ -310,7 +311,7 @@ def inspect(ctx: CliContext, file: Path, as_json: bool) -> None:
         click.echo(json.dumps(doc, indent=2))
         return
     target = ", ".join(m.target.platforms) or f"{m.target.built_on} (where it was made)"
-    click.echo(f"bundle {seen.manifest_sha256[:16]}  made {m.created_at} by {m.created_by}")
+    click.echo(f"bundle {brief(seen.manifest_sha256, 16)}  made {m.created_at} by {m.created_by}")
     click.echo(f"  target     {target}, Python {m.target.python_version}")
     click.echo(f"  signature  {seen.trust}")
     for mod in m.models:
@@ -319,7 +320,7 @@ def inspect(ctx: CliContext, file: Path, as_json: bool) -> None:
         click.echo(f"  runtime    {r.id}")
     emit(
         [
-            {"path": f.path, "kind": f.kind, "size": _mb(f.size), "sha256": f.sha256[:16]}
+            {"path": f.path, "kind": f.kind, "size": _mb(f.size), "sha256": brief(f.sha256, 16)}
             for f in m.files
         ],
         ["path", "kind", "size", "sha256"],

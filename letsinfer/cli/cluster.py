@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
-import json
 from typing import Any
 
 import click
@@ -12,8 +10,10 @@ from letsinfer.authority import lifecycle
 from letsinfer.authority.anchor import open_authority
 from letsinfer.cli import cli
 from letsinfer.cli.local import ask_node
-from letsinfer.cli.output import console, emit
+from letsinfer.cli.output import console, emit, emit_object
 from letsinfer.cli.scope import CliContext, scoped
+from letsinfer.cli.shown import read_scene, read_store
+from letsinfer.cli.views import group_object, node_object, when
 
 
 @cli.group()
@@ -95,44 +95,51 @@ def restart(ctx: CliContext) -> None:
 @click.pass_obj
 def status(ctx: CliContext, as_json: bool) -> None:
     """Whether the cluster runs or is stopped, and every node's placement groups."""
-    store = open_authority(ctx.home)
+    store = read_store(ctx.home)
     try:
         state = lifecycle.cluster_state(store)
-        nodes = []
-        for n in store.list_nodes():
-            groups = [
-                {"id": pg.id, "model": pg.service, "desired": pg.desired, "state": pg.state}
-                for pg in store.list_placement_groups(node_id=n.id)
-            ]
-            nodes.append(
-                {"node": n.name, "role": n.role, "paused": n.paused, "placement_groups": groups}
-            )
+        scene = read_scene(ctx, store)
+        nodes = [
+            {
+                **node_object(scene, n),
+                "placement_groups": [
+                    group_object(store, scene, pg)
+                    for pg in store.list_placement_groups(node_id=n.id)
+                ],
+            }
+            for n in store.list_nodes()
+        ]
     finally:
         store.close()
-    info = {**state.to_json(), "nodes": nodes}
+    info = {
+        "stopped": state.stopped,
+        "stopped_at": when(state.stopped_at),
+        "groups": state.groups,
+        "nodes": nodes,
+    }
     if as_json:
-        click.echo(json.dumps(info, indent=2))
+        emit_object(info)
         return
-    if state.stopped and state.stopped_at is not None:
-        when = dt.datetime.fromtimestamp(state.stopped_at, dt.UTC).isoformat(timespec="seconds")
+    if state.stopped:
         console.print(
-            f"cluster [red]stopped[/red] since {when}; `letsinfer cluster start` restores "
-            f"{len(state.groups)} placement group(s)"
+            f"cluster [red]stopped[/red] since {info['stopped_at']}; `letsinfer cluster start` "
+            f"restores {len(state.groups)} placement group(s)"
         )
     else:
         console.print("cluster [green]running[/green]")
     emit(
         [
             {
-                "node": n["node"],
+                "node": n["name"],
                 "role": n["role"],
+                "state": n["state"],
                 "groups": ", ".join(
-                    f"{g['id']} {g['model']} [{g['state']}]" for g in n["placement_groups"]
+                    f"{g['id']} {g['model']} ({g['state']})" for g in n["placement_groups"]
                 ),
             }
             for n in nodes
         ],
-        ["node", "role", "groups"],
+        ["node", "role", "state", "groups"],
         as_json=False,
         title="nodes",
     )

@@ -36,9 +36,15 @@ def auth_controller() -> None:
     "--role",
     required=True,
     type=click.Choice(list(controllers.ROLE_RANK)),
-    help="viewer: read state; operator: lifecycle; administrator: keys, nodes.",
+    metavar="ROLE",
+    help="viewer (reads state), operator (lifecycle too) or administrator (keys, nodes too).",
 )
-@click.option("--name", default="controller", show_default=True)
+@click.option(
+    "--name",
+    default="controller",
+    show_default=True,
+    help="What the controller is called in `auth controller list` and the audit chain.",
+)
 @click.pass_obj
 def controller_add(ctx: CliContext, role: str, name: str) -> None:
     """Create a one-time pairing code for a new controller."""
@@ -272,8 +278,17 @@ def controller_key() -> None:
 
 @scoped(controller_key, "create", scope="all")
 @click.argument("name")
-@click.option("--model", "models", multiple=True)
-@click.option("--concurrency", type=click.IntRange(min=1))
+@click.option(
+    "--model",
+    "models",
+    multiple=True,
+    help="Allow only this model (name or alias); repeat for more. Default: all.",
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    help="At most this many requests at once with this key.",
+)
 @click.pass_obj
 def key_create(
     ctx: CliContext, name: str, models: tuple[str, ...], concurrency: int | None

@@ -3,18 +3,22 @@
 When no node runs on this home (no socket, or nobody listening on it), the
 callers fall back to working on the home's files directly; a socket the user
 may not open is an error, never a silent fallback.
+
+Plain HTTP/1.1 over the unix socket with the standard library: one request
+per CLI call does not need an HTTP client library's import time.
 """
 
 from __future__ import annotations
 
+import http.client
+import json as jsonlib
 import socket
 from typing import Any
 from urllib.parse import quote
 
 import click
-import httpx
 
-from letsinfer.home import Home
+from letsinfer.home import ADMIN_GROUP, Home
 
 
 def segment(value: str) -> str:
@@ -22,38 +26,62 @@ def segment(value: str) -> str:
     return quote(value, safe="")
 
 
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float | None) -> None:
+        super().__init__("node", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self._path)
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+
+
 def ask_node(
     home: Home, method: str, path: str, json: Any = None, timeout: float | None = 60
 ) -> dict[str, Any] | None:
     """The running node's answer, or None when no node runs on this home.
     ``timeout`` None: wait as long as the operation takes (rollouts)."""
-    path_ = home.admin_socket
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    where = str(home.admin_socket)
+    conn = _UnixConnection(where, timeout)
     try:
-        probe.connect(str(path_))
+        conn.connect()
     except PermissionError as exc:
+        conn.close()
         raise click.ClickException(
-            f"permission denied on the admin socket {path_}: it admits root, the node's "
-            "user and members of the 'letsinfer' group"
+            f"permission denied on the admin socket {where}: it admits root, the node's "
+            f"user and members of the {ADMIN_GROUP!r} group"
         ) from exc
-    except (FileNotFoundError, ConnectionRefusedError):
+    except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
+        conn.close()
         return None
-    finally:
-        probe.close()
-    transport = httpx.HTTPTransport(uds=str(path_))
-    with httpx.Client(transport=transport, base_url="http://node", timeout=timeout) as client:
-        try:
-            resp = client.request(method, path, json=json)
-        except httpx.HTTPError as exc:
-            raise click.ClickException(f"the node on {path_} did not answer: {exc}") from exc
+    body = None if json is None else jsonlib.dumps(json).encode()
+    headers = {"content-type": "application/json"} if body is not None else {}
     try:
-        body = resp.json()
+        conn.request(method, path, body=body, headers=headers)
+        resp = conn.getresponse()
+        raw = resp.read()
+    except (OSError, http.client.HTTPException) as exc:
+        raise click.ClickException(f"the node on {where} did not answer: {exc}") from exc
+    finally:
+        conn.close()
+    text = raw.decode(errors="replace")
+    try:
+        answer = jsonlib.loads(text)
     except ValueError:
-        body = {"error": {"message": resp.text}}
-    if resp.status_code >= 400:
-        err = body.get("error", {}) if isinstance(body, dict) else {}
-        raise click.ClickException(str(err.get("message") or resp.text))
-    return body  # type: ignore[no-any-return]
+        answer = {"error": {"message": text}}
+    if resp.status >= 400:
+        err = answer.get("error", {}) if isinstance(answer, dict) else {}
+        if not isinstance(err, dict):
+            err = {}
+        message = err.get("message") or (answer.get("detail") if isinstance(answer, dict) else None)
+        raise click.ClickException(str(message or text))
+    return answer  # type: ignore[no-any-return]
 
 
 def node_runs_here(home: Home) -> bool:

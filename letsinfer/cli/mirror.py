@@ -6,7 +6,7 @@ import click
 
 from letsinfer.cli import cli
 from letsinfer.cli.bundle import TerminalProgress, audit_on_main
-from letsinfer.cli.output import emit, errors
+from letsinfer.cli.output import brief, emit, errors
 from letsinfer.cli.release import refusals
 from letsinfer.cli.scope import CliContext, scoped
 from letsinfer.mirror.adding import add_artifact
@@ -28,7 +28,7 @@ def _show_artifacts(artifacts: list[ArtifactRecord], as_json: bool, title: str) 
     emit(
         [
             {
-                "sha256": a.digest[:16],
+                "sha256": brief(a.digest, 16),
                 "kind": a.kind,
                 "size": f"{a.size / 1e6:.1f} MB",
                 "names": ", ".join(a.names),
@@ -105,7 +105,7 @@ def remove(ctx: CliContext, digest: str) -> None:
         references = authority_references(ctx.home.database)
         removed = remove_artifact(MirrorLayout.for_home(ctx.home), digest, references)
     audit_on_main(ctx, "mirror.remove", f"sha256:{removed.digest}", ", ".join(removed.names))
-    click.echo(f"removed sha256:{removed.digest[:16]} ({', '.join(removed.names)})")
+    click.echo(f"removed sha256:{brief(removed.digest, 16)} ({', '.join(removed.names)})")
 
 
 @scoped(mirror, "add", scope="all")
@@ -131,7 +131,8 @@ def add(ctx: CliContext, source: str, sha256: str, kind: str) -> None:
             TerminalProgress(errors),  # type: ignore[arg-type]
         )
     if not new:
-        click.echo(f"sha256:{record.digest[:16]} is already in the mirror; nothing changed")
+        click.echo(f"sha256:{brief(record.digest, 16)} is already in the mirror; nothing changed")
         return
     audit_on_main(ctx, "mirror.add", f"sha256:{record.digest}", source)
-    click.echo(f"added sha256:{record.digest[:16]} ({record.kind}, {record.size / 1e6:.1f} MB)")
+    size = f"{record.size / 1e6:.1f} MB"
+    click.echo(f"added sha256:{brief(record.digest, 16)} ({record.kind}, {size})")

@@ -16,10 +16,18 @@ from letsinfer.authority import lifecycle
 from letsinfer.authority.anchor import open_authority
 from letsinfer.authority.links import ResumeRefused, resume_model
 from letsinfer.authority.models import add_gguf_model
-from letsinfer.cli import cli
+from letsinfer.cli import cli, settling
 from letsinfer.cli.local import ask_node, segment
-from letsinfer.cli.output import console, emit
+from letsinfer.cli.model_external import (
+    add_external,
+    external_fields,
+    external_options,
+    show_external,
+)
+from letsinfer.cli.output import brief, console, emit, emit_object
 from letsinfer.cli.scope import CliContext, scoped
+from letsinfer.cli.shown import read_scene, read_store
+from letsinfer.cli.views import model_object
 from letsinfer.contracts.artifacts import artifact_path
 from letsinfer.engines import releases
 from letsinfer.engines.binary import BinaryError
@@ -33,45 +41,24 @@ from letsinfer.store import AuthorityStore, ServiceRecord, StoreError
 
 @cli.group()
 def model() -> None:
-    """Model services: list and add."""
+    """Model services: add, pull, place, start, stop, upgrade, remove.
 
-
-def origin_fields(svc: ServiceRecord) -> dict[str, Any]:
-    """Where a pulled model came from (all None for a model added from a file)."""
-    o = svc.origin or {}
-    return {
-        "repo": o.get("repo"),
-        "revision": o.get("revision"),
-        "commit": o.get("commit"),
-        "files": o.get("files", []),
-    }
+    A model service is the name clients ask for; it runs as one or more
+    placement groups (an engine on a node's GPUs or CPU)."""
 
 
 @scoped(model, "list", scope="main")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
 def list_models(ctx: CliContext, as_json: bool) -> None:
-    """List model services with their placement groups."""
-    store = open_authority(ctx.home)
+    """List model services with their state and placement groups."""
+    store = read_store(ctx.home)
     try:
-        rows = []
-        for svc in store.list_services():
-            pgs = store.list_placement_groups(service=svc.name)
-            rows.append(
-                {
-                    "name": svc.name,
-                    "aliases": list(svc.aliases),
-                    "format": svc.format,
-                    "sha256": svc.artifact_digest,
-                    "size": svc.artifact_size,
-                    **origin_fields(svc),
-                    "placement_groups": [
-                        {"id": p.id, "node": p.node_id, "state": p.state} for p in pgs
-                    ],
-                    "ready": sum(p.state == "ready" for p in pgs),
-                    "total": len(pgs),
-                }
-            )
+        scene = read_scene(ctx, store)
+        rows = [
+            {**model_object(store, scene, svc), **external_fields(store, svc)}
+            for svc in store.list_services()
+        ]
     finally:
         store.close()
     if as_json:
@@ -81,16 +68,22 @@ def list_models(ctx: CliContext, as_json: bool) -> None:
         {
             **r,
             "aliases": ", ".join(r["aliases"]),
-            "sha256": r["sha256"][:12],
+            "sha256": brief(r["sha256"], 12),
             "size": f"{r['size'] / 1e6:.1f} MB",
-            "from": f"{r['repo']}@{r['commit'][:12]}" if r["repo"] else "file",
+            "from": (
+                r["external"]["url"]
+                if r["external"]
+                else f"{r['repo']}@{brief(r['commit'], 12)}"
+                if r["repo"]
+                else "file"
+            ),
             "ready": f"{r['ready']}/{r['total']}",
         }
         for r in rows
     ]
     emit(
         table,
-        ["name", "aliases", "format", "size", "sha256", "from", "ready"],
+        ["name", "aliases", "state", "ready", "format", "size", "sha256", "from"],
         as_json=False,
         title="models",
     )
@@ -101,7 +94,6 @@ def list_models(ctx: CliContext, as_json: bool) -> None:
 @click.option(
     "--gguf",
     "gguf_path",
-    required=True,
     type=click.Path(path_type=Path),
     help="A local GGUF file; it is checked and copied into the model store.",
 )
@@ -116,17 +108,39 @@ def list_models(ctx: CliContext, as_json: bool) -> None:
     is_flag=True,
     help="Only register it; place it later with `letsinfer model install`.",
 )
+@external_options
+@click.option(
+    "--fallback",
+    metavar="MODEL",
+    help="The model that answers when none of this one's groups can (parked, stopped, "
+    "full past the queue's wait, failing before the first byte).",
+)
 @click.pass_obj
 def add_model(
     ctx: CliContext,
     name: str,
-    gguf_path: Path,
+    gguf_path: Path | None,
     aliases: tuple[str, ...],
     engine: str | None,
     no_serve: bool,
+    fallback: str | None,
+    **external: Any,
 ) -> None:
-    """Add a model from a local GGUF file and serve it on this node."""
-    admit_gguf(ctx, name, gguf_path.expanduser(), aliases, engine, no_serve)
+    """Add a model from a local GGUF file and serve it on this node, or publish
+    an OpenAI-compatible provider's model under NAME (--external)."""
+    if (gguf_path is None) == (external["url"] is None):
+        raise click.UsageError("give exactly one of --gguf FILE or --external URL")
+    if external["url"] is not None:
+        if engine or no_serve:
+            raise click.UsageError("--engine and --no-serve are for --gguf models")
+        add_external(ctx, name, aliases, fallback, **external)
+        return
+    if any(v is not None for k, v in external.items() if k != "url"):
+        raise click.UsageError(
+            "--provider-model, --key-file, --ca-file and --concurrency are for --external"
+        )
+    assert gguf_path is not None
+    admit_gguf(ctx, name, gguf_path.expanduser(), aliases, engine, no_serve, fallback=fallback)
 
 
 def admit_gguf(
@@ -137,6 +151,7 @@ def admit_gguf(
     engine: str | None,
     no_serve: bool,
     origin: dict[str, Any] | None = None,
+    fallback: str | None = None,
 ) -> ServiceRecord:
     """The one way a model file enters the model store and the authority: `model
     add --gguf` and `model pull` (with the file's ``origin``) both come here."""
@@ -165,6 +180,7 @@ def admit_gguf(
             door=Door(
                 threads=settings.engine.threads, ready_timeout_s=settings.engine.ready_timeout_s
             ),
+            fallback=fallback,
         )
     finally:
         store.close()
@@ -201,7 +217,8 @@ def admit_gguf(
 @click.option(
     "--engine",
     type=click.Choice(["xllamacpp", "llama-server"]),
-    help="Engine for cpu targets (default: the configured one).",
+    metavar="ENGINE",
+    help="Engine for cpu targets: xllamacpp or llama-server (default: the configured one).",
 )
 @click.option(
     "--replace-existing",
@@ -371,8 +388,8 @@ def report_rollout(answer: dict[str, Any], as_json: bool = False) -> None:
 def model_shape(ctx: CliContext, store: AuthorityStore, name: str) -> ModelShape | None:
     """The model's shape from its file in the main's model store (for the memory fit)."""
     svc = store.resolve_service(name)
-    if svc is None:
-        return None  # planning says "no model" itself
+    if svc is None or svc.is_external:
+        return None  # planning says "no model" (or "external") itself
     try:
         return read_shape(artifact_path(ctx.home.model_store, svc.artifact_digest))
     except ShapeError as exc:
@@ -483,7 +500,14 @@ def _confirm_replacing(
     raise click.ClickException(refusal)
 
 
-def _set_desired(ctx: CliContext, name: str, desired: str) -> None:
+# How long `model stop` waits for engines to be gone: a child's agent reports
+# it with its next facts, an engine stops within seconds of SIGTERM.
+STOP_WAIT_S = 60.0
+
+
+def _set_desired(ctx: CliContext, name: str, desired: str) -> str:
+    """Ask for it (the running node, else the authority directly); the model's
+    canonical name."""
     verb = "start" if desired == "running" else "stop"
     answer = ask_node(ctx.home, "POST", f"/v1/ops/models/{segment(name)}/{verb}")
     if answer is None:  # no node runs here: write the authority directly
@@ -494,30 +518,69 @@ def _set_desired(ctx: CliContext, name: str, desired: str) -> None:
                 answer["downloads"] = refetch.downloads(store, answer["model"])
         finally:
             store.close()
-    n = answer["placement_groups"]
-    console.print(f"model {answer['model']}: {n} placement group(s) {desired}")
     for d in answer.get("downloads", []):  # its file was released there (`node cleanup`)
         console.print(
             f"{d['node']} downloads sha256:{d['artifact']} again and verifies it "
             "before its placement group serves",
             soft_wrap=True,
         )
+    return str(answer["model"])
+
+
+def report_model(now: settling.ModelNow) -> None:
+    """The model's state and each group's, as `model show` shows them."""
+    console.print(f"model {now.model}: {now.state}", highlight=False)
+    for g in now.groups:
+        why = f": {g.detail}" if g.detail and g.state not in ("ready", "stopped") else ""
+        console.print(f"  {g.id} on {g.node}: {g.state}{why}", highlight=False)
 
 
 @scoped(model, "stop", scope="main")
 @click.argument("name")
 @click.pass_obj
 def stop(ctx: CliContext, name: str) -> None:
-    """Stop every placement group of a model (engines stop; nothing is deleted)."""
-    _set_desired(ctx, name, "stopped")
+    """Stop every placement group of a model (engines stop; nothing is deleted).
+
+    Returns once every group's engine is gone (or says which are still
+    stopping after a minute)."""
+    model_name = _set_desired(ctx, name, "stopped")
+    now = settling.settle(ctx, model_name, lambda m: m.settled, STOP_WAIT_S)
+    report_model(now)
 
 
 @scoped(model, "start", scope="main")
 @click.argument("name")
+@click.option(
+    "--wait",
+    is_flag=True,
+    help="Return once every placement group is ready, or has stopped trying "
+    "(parked, failed), within [lifecycle] start_timeout_s.",
+)
 @click.pass_obj
-def start(ctx: CliContext, name: str) -> None:
-    """Start a model's placement groups again."""
-    _set_desired(ctx, name, "running")
+def start(ctx: CliContext, name: str, wait: bool) -> None:
+    """Start a model's placement groups again (parked ones start afresh).
+
+    Without --wait it returns at once and says which groups are still
+    starting; until one is ready, requests for the model get 503
+    no_healthy_replica (retry shortly)."""
+    model_name = _set_desired(ctx, name, "running")
+    if not wait:
+        now = settling.model_now(ctx, model_name)
+        report_model(now)
+        if not now.settled:
+            console.print(
+                f"`letsinfer model start {model_name} --wait` waits until it serves",
+                highlight=False,
+            )
+        return
+    timeout = config.load(ctx.home.config_file).lifecycle.start_timeout_s
+    now = settling.settle(ctx, model_name, lambda m: m.settled, timeout)
+    report_model(now)
+    if now.state != "serving":
+        raise click.ClickException(
+            f"model {model_name} is {now.state}"
+            + (f" after {timeout:.0f}s" if not now.settled else "")
+        )
 
 
 @scoped(model, "resume", scope="main")
@@ -537,90 +600,45 @@ def resume(ctx: CliContext, name: str) -> None:
             store.close()
         answer = done.to_json()
     unpaused = answer["unpaused"]
-    note = f"; {len(unpaused)} unpaused" if unpaused else ""
-    console.print(
-        f"model {answer['model']}: {answer['placement_groups']} placement group(s) running{note}"
-    )
+    if unpaused:
+        console.print(f"unpaused: {', '.join(unpaused)}", highlight=False)
+    report_model(settling.model_now(ctx, answer["model"]))
 
 
 @scoped(model, "show", scope="main")
 @click.argument("name")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (one object).")
 @click.pass_obj
 def show(ctx: CliContext, name: str, as_json: bool) -> None:
-    """One model: its artifact and every placement group with release, GPUs and state."""
-    store = open_authority(ctx.home)
+    """One model: its artifact, state and every placement group with release, GPUs
+    and state."""
+    store = read_store(ctx.home)
     try:
         svc = store.resolve_service(name)
         if svc is None:
             raise StoreError(f"no model {name!r}")
-        nodes = {n.id: n.name for n in store.list_nodes(include_removed=True)}
-        pgs = [
-            {
-                "id": pg.id,
-                "node": nodes.get(pg.node_id, pg.node_id),
-                "release": pg.release_id,
-                "target": pg.target,
-                "gpus": store.pg_gpus(pg.id),
-                "desired": pg.desired,
-                "state": pg.state,
-                "endpoint": pg.endpoint,
-                "pid": pg.pid,
-                "capacity": pg.capacity,
-                "restarts": pg.restarts,
-                "detail": pg.detail,
-                "paused": pg.paused_reason,
-                "generation": pg.generation,
-                "tasks": [
-                    {
-                        "task": t.task,
-                        "node": nodes.get(t.node_id, t.node_id),
-                        "address": t.address,
-                        "port": t.port,
-                        "gpus": store.task_gpus(pg.id, t.task),
-                        "state": t.state,
-                        "detail": t.detail,
-                    }
-                    for t in store.pg_tasks(pg.id)
-                ],
-            }
-            for pg in store.list_placement_groups(service=svc.name)
-        ]
-        history = [
-            {
-                "release": h.release_id,
-                "node": nodes.get(h.node_id, h.node_id),
-                "placement_group": h.pg_id,
-                "event": h.event,
-                "at": h.at,
-            }
-            for h in store.release_history(svc.name)
-        ]
+        info = {**model_object(store, read_scene(ctx, store), svc), **external_fields(store, svc)}
     finally:
         store.close()
-    info = {
-        "name": svc.name,
-        "aliases": list(svc.aliases),
-        "sha256": svc.artifact_digest,
-        "size": svc.artifact_size,
-        **origin_fields(svc),
-        "kind": svc.kind,
-        "placement_groups": pgs,
-        # Releases this model ran: what `model rollback --to` may reinstall.
-        "releases": history,
-    }
     if as_json:
-        emit([info], [], as_json=True)
+        emit_object(info)
         return
-    console.print(
-        f"[bold]{svc.name}[/bold] sha256:{svc.artifact_digest[:16]}… "
-        f"{svc.artifact_size / 1e6:.1f} MB"
-    )
+    if svc.is_external:
+        console.print(f"[bold]{svc.name}[/bold] external: {info['state']}", highlight=False)
+    else:
+        console.print(
+            f"[bold]{svc.name}[/bold] sha256:{brief(svc.artifact_digest, 16)} "
+            f"{svc.artifact_size / 1e6:.1f} MB: {info['state']}, "
+            f"{info['ready']}/{info['total']} placement group(s) ready",
+            highlight=False,
+        )
+    show_external(info)
     if info["repo"]:
         console.print(f"  repo     {info['repo']} (revision {info['revision']})")
         console.print(f"  commit   {info['commit']}")
         for f in info["files"]:
             console.print(f"  file     {f['name']} sha256:{f['sha256']}")
+    pgs = info["placement_groups"]
     emit(
         [{**p, "gpus": ", ".join(p["gpus"])} for p in pgs],
         ["id", "node", "release", "gpus", "desired", "state", "endpoint"],
@@ -630,6 +648,6 @@ def show(ctx: CliContext, name: str, as_json: bool) -> None:
     for p in pgs:
         if p["state"] in ("parked", "failed") and p["detail"]:
             console.print(f"[red]{p['id']} {p['state']}[/red]: {p['detail']}", highlight=False)
-    kept = list(dict.fromkeys(h["release"] for h in history))
+    kept = list(dict.fromkeys(h["release"] for h in info["releases"]))
     if kept:
         console.print(f"releases it ran (rollback targets): {', '.join(kept)}", highlight=False)

@@ -33,7 +33,8 @@ from letsinfer.cli.scope import CliContext, scoped
 @click.option(
     "--engine",
     type=click.Choice(["xllamacpp", "llama-server"]),
-    help="Engine for cpu targets (default: the configured one).",
+    metavar="ENGINE",
+    help="Engine for cpu targets: xllamacpp or llama-server (default: the configured one).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj

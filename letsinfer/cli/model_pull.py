@@ -2,26 +2,25 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
-from letsinfer import config
-from letsinfer.authority.anchor import open_authority
-from letsinfer.authority.models import check_model_name
-from letsinfer.cli.bundle import TerminalProgress
 from letsinfer.cli.model import admit_gguf, model
 from letsinfer.cli.output import console, errors
 from letsinfer.cli.scope import CliContext, scoped
-from letsinfer.hub.choice import ChoiceError
-from letsinfer.hub.client import HubClient, HubError, read_token
-from letsinfer.hub.pull import Located, PullRequest, fetched, locate
-from letsinfer.hub.sources import ChecksumMismatch, HubSource, MirrorSource
-from letsinfer.hub.splits import SplitError
-from letsinfer.mirror.catalog import CatalogError
-from letsinfer.mirror.layout import MirrorLayout
 from letsinfer.store import StoreError
+
+if TYPE_CHECKING:  # the hub client (huggingface_hub) loads only when a pull runs
+    from letsinfer import config
+    from letsinfer.hub.pull import Located
+    from letsinfer.hub.sources import HubSource
 
 
 def hub_source(ctx: CliContext, settings: config.Settings) -> HubSource | None:
+    from letsinfer.hub.client import HubClient, read_token
+    from letsinfer.hub.sources import HubSource
+
     hub = settings.hub
     if not hub.enabled:
         return None
@@ -42,6 +41,8 @@ def _same_pull(existing: dict[str, object] | None, located: Located) -> bool:
 
 
 def _audit_denied(ctx: CliContext, target: str, why: str) -> None:
+    from letsinfer.authority.anchor import open_authority
+
     store = open_authority(ctx.home)
     try:
         store.append_audit("cli", "model.pull", "denied", target=target, detail=why[:500])
@@ -64,7 +65,8 @@ def _audit_denied(ctx: CliContext, target: str, why: str) -> None:
 @click.option(
     "--engine",
     type=click.Choice(["xllamacpp", "llama-server"]),
-    help="Engine to run it (default: the node's configured engine).",
+    metavar="ENGINE",
+    help="Engine to run it: xllamacpp or llama-server (default: the node's configured one).",
 )
 @click.option(
     "--no-serve",
@@ -87,6 +89,18 @@ def pull(
     this node's mirror when the hub is off or unreachable: resolve the revision to
     a commit, download with resume, verify the published sha256, then add and
     serve it like `model add`. Repo, commit and sha256 are recorded with it."""
+    from letsinfer import config
+    from letsinfer.authority.anchor import open_authority
+    from letsinfer.authority.models import check_model_name
+    from letsinfer.cli.bundle import TerminalProgress
+    from letsinfer.hub.choice import ChoiceError
+    from letsinfer.hub.client import HubError
+    from letsinfer.hub.pull import PullRequest, fetched, locate
+    from letsinfer.hub.sources import ChecksumMismatch, MirrorSource
+    from letsinfer.hub.splits import SplitError
+    from letsinfer.mirror.catalog import CatalogError
+    from letsinfer.mirror.layout import MirrorLayout
+
     if file and quant:
         raise click.UsageError("give --file or --quant, not both")
     request = PullRequest(repo=repo, revision=revision, file=file, quant=quant)

@@ -2,41 +2,33 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import ssl
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-import httpx
 
-from letsinfer import config
-from letsinfer.agent.api import adoption_window
-from letsinfer.authority import enrollment, lifecycle, retirement
-from letsinfer.authority import removal as removal_mod
-from letsinfer.authority.anchor import open_authority
-from letsinfer.authority.bootstrap import init_candidate, init_main
-from letsinfer.authority.denials import record_denial
 from letsinfer.cli import cli
-from letsinfer.cli.adoption import move_blockers
 from letsinfer.cli.local import ask_node, node_runs_here, segment
-from letsinfer.cli.output import console, emit
+from letsinfer.cli.output import console, emit, emit_object
 from letsinfer.cli.scope import CliContext, ScopedCommand, scoped
-from letsinfer.control.removal_notice import tell_removed
+from letsinfer.cli.shown import read_scene, read_store
+from letsinfer.cli.views import group_object, node_object, when
 from letsinfer.identity import load_identity
-from letsinfer.store import AuthorityStore, StoreError
-from letsinfer.trust import candidate, pki
-from letsinfer.trust.client import ClusterClient, PeerMismatch
-from letsinfer.trust.discovery import Advert, browse
-from letsinfer.trust.material import ClusterCA, tls_files
-from letsinfer.trust.pinning import PeerUnreachable, PinMismatch, pinned_request
+
+if TYPE_CHECKING:  # the commands import what each uses: a call loads only its own
+    from letsinfer import config
+    from letsinfer.store import AuthorityStore
+    from letsinfer.trust.discovery import Advert
 
 
 @cli.group()
 def node() -> None:
-    """Nodes: initialise, enroll (add/requests/accept/reject), list, remove, move."""
+    """Nodes: initialise, enroll, list, pause, remove, move, disk use.
+
+    Enrollment: `node add` on the main, `node requests` and `node accept` on the
+    candidate."""
 
 
 def _when(ts: float | None) -> str | None:
@@ -49,6 +41,10 @@ def _when(ts: float | None) -> str | None:
 @click.pass_obj
 def init(ctx: CliContext, as_main: bool, name: str | None) -> None:
     """Initialise this home: the main (with --main) or a candidate waiting to be enrolled."""
+    from letsinfer import config
+    from letsinfer.authority.bootstrap import init_candidate, init_main
+    from letsinfer.trust import pki
+
     if as_main:
         identity, key = init_main(ctx.home, config.load(ctx.home.config_file), name=name)
         console.print(f"main node [bold]{identity.name}[/bold] ({identity.node_id}) initialised")
@@ -62,6 +58,8 @@ def init(ctx: CliContext, as_main: bool, name: str | None) -> None:
 
 
 def _candidates(wait: float) -> list[Advert]:
+    from letsinfer.trust.discovery import browse
+
     return [a for a in browse(wait) if a.role == "candidate" and a.pairing == "open"]
 
 
@@ -87,6 +85,13 @@ def add(
 ) -> None:
     """Without arguments, list discovered candidates; with NAME or --address, send
     an enrollment request pinned to the candidate's certificate fingerprint."""
+    from letsinfer import config
+    from letsinfer.authority import enrollment
+    from letsinfer.authority.anchor import open_authority
+    from letsinfer.authority.denials import record_denial
+    from letsinfer.trust import pki
+    from letsinfer.trust.material import ClusterCA
+
     assert ctx.identity is not None
     settings = config.load(ctx.home.config_file)
     found: list[Advert] = [] if (address and fingerprint) else _candidates(wait)
@@ -202,6 +207,8 @@ def _pinned(
     fp: str,
     settings: config.Settings,
 ) -> tuple[int, dict[str, Any], bytes]:
+    from letsinfer.trust.pinning import PeerUnreachable, PinMismatch, pinned_request
+
     try:
         return pinned_request(target, settings.agent.api_port, method, path, body, fp)
     except PinMismatch as exc:
@@ -223,6 +230,8 @@ def requests(ctx: CliContext, as_json: bool) -> None:
     before `node accept ID --ca-fingerprint SHA256`. The name and address are the
     requester's own words and prove nothing. A node in a cluster receives one
     only while `node move-into` allows it."""
+    from letsinfer.trust import candidate
+
     rows = [
         {
             "id": r.id,
@@ -245,6 +254,8 @@ def requests(ctx: CliContext, as_json: bool) -> None:
 def _refuse_move(ctx: CliContext, store: AuthorityStore, action: str, target: str) -> str | None:
     """Refuse (audited, exit 1) while active work or children block leaving this
     cluster; otherwise the note to show when the main could not be asked."""
+    from letsinfer.cli.adoption import move_blockers
+
     blockers, note = move_blockers(ctx)
     if blockers:
         why = "; ".join(blockers)
@@ -256,6 +267,8 @@ def _refuse_move(ctx: CliContext, store: AuthorityStore, action: str, target: st
 def _fingerprint_option(
     _ctx: click.Context, _param: click.Parameter, value: str | None
 ) -> str | None:
+    from letsinfer.trust import pki
+
     if value is None:
         return None
     try:
@@ -282,6 +295,11 @@ def accept(ctx: CliContext, request_id: str, ca_fingerprint: str | None) -> None
     certificate issued by the request's CA for the request's main id. On a node
     already in a cluster (after `node move-into`) this is the move; on a main,
     its own authority is retired in the same step (see docs/architecture.md)."""
+    from letsinfer import config
+    from letsinfer.authority import retirement
+    from letsinfer.authority.anchor import open_authority
+    from letsinfer.trust import candidate
+
     if ctx.identity is None:
         raise click.ClickException("this home is not a node yet: run `letsinfer node init`")
     req = candidate.get_request(ctx.home, request_id)
@@ -341,6 +359,8 @@ def accept(ctx: CliContext, request_id: str, ca_fingerprint: str | None) -> None
 def _finish_retirement(ctx: CliContext) -> None:
     """Here when no node runs; else the running node does it as it stops its
     main planes (it holds the database open): wait for that."""
+    from letsinfer.authority import retirement
+
     if not node_runs_here(ctx.home):
         resting = retirement.complete(ctx.home)
         click.echo(f"the former authority is retired to {resting}")
@@ -359,6 +379,9 @@ def _finish_retirement(ctx: CliContext) -> None:
 @click.pass_obj
 def reject(ctx: CliContext, request_id: str) -> None:
     """Reject (drop) an enrollment request."""
+    from letsinfer.authority.anchor import open_authority
+    from letsinfer.trust import candidate
+
     req = candidate.get_request(ctx.home, request_id)
     candidate.drop_request(ctx.home, req.id)
     store = open_authority(ctx.home)
@@ -380,32 +403,14 @@ def reject(ctx: CliContext, request_id: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
 def list_nodes(ctx: CliContext, show_all: bool, as_json: bool) -> None:
-    """Nodes of this cluster, with when each was last heard from."""
-    settings = config.load(ctx.home.config_file)
-    store = open_authority(ctx.home)
+    """Nodes of this cluster: state (active, paused, unreachable, down, removed)
+    and when each was last heard from."""
+    store = read_store(ctx.home)
     try:
-        nodes = store.list_nodes(include_removed=show_all)
+        scene = read_scene(ctx, store)
+        rows = [node_object(scene, n) for n in store.list_nodes(include_removed=show_all)]
     finally:
         store.close()
-    now = time.time()
-    rows = []
-    for n in nodes:
-        fresh = n.role == "main" or (
-            n.last_seen is not None and now - n.last_seen < settings.control.node_stale_after_s
-        )
-        rows.append(
-            {
-                "name": n.name,
-                "id": n.id,
-                "role": n.role,
-                "address": n.address,
-                "state": n.state if fresh or n.state == "removed" else "unreachable",
-                "paused": n.paused,
-                "last_seen": _when(n.last_seen),
-                "removed_at": _when(n.removed_at),
-                "fingerprint": n.cert_fingerprint,
-            }
-        )
     emit(
         rows,
         ["name", "id", "role", "address", "state", "last_seen"],
@@ -420,6 +425,15 @@ def list_nodes(ctx: CliContext, show_all: bool, as_json: bool) -> None:
 @click.pass_obj
 def info(ctx: CliContext, name: str, as_json: bool) -> None:
     """Ask a node's agent about itself, over mutual TLS."""
+    import ssl
+
+    import httpx
+
+    from letsinfer.authority.anchor import open_authority
+    from letsinfer.store import StoreError
+    from letsinfer.trust.client import ClusterClient, PeerMismatch
+    from letsinfer.trust.material import tls_files
+
     assert ctx.identity is not None
     store = open_authority(ctx.home)
     try:
@@ -439,10 +453,13 @@ def info(ctx: CliContext, name: str, as_json: bool) -> None:
         ) from exc
     if resp.status_code != 200:
         raise click.ClickException(f"{target.name} refused: {resp.text}")
+    if as_json:
+        emit_object(resp.json())
+        return
     emit(
         [resp.json()],
         ["name", "node_id", "role", "version", "cpus", "memory_bytes"],
-        as_json=as_json,
+        as_json=False,
         title=target.name,
     )
 
@@ -456,6 +473,13 @@ def remove(ctx: CliContext, name: str, as_json: bool) -> None:
     stops routing to them, its certificate is revoked and its engines are told to
     stop. The row stays (`node list --all`); a wiped host may enroll again under
     the same name, with a new certificate."""
+    import asyncio
+
+    from letsinfer.authority import removal as removal_mod
+    from letsinfer.authority.anchor import open_authority
+    from letsinfer.control.removal_notice import tell_removed
+    from letsinfer.trust.material import tls_files
+
     assert ctx.identity is not None
     done = ask_node(ctx.home, "POST", f"/v1/local/nodes/{segment(name)}/remove")
     if done is None:  # no node runs here: write the authority, then tell the node
@@ -503,6 +527,9 @@ def move_into(ctx: CliContext, main_address: str, window: float) -> None:
     move itself happens at `letsinfer node accept`: models and caches stay;
     authority, certificates, controllers, keys and service state are replaced.
     """
+    from letsinfer.agent.api import adoption_window
+    from letsinfer.authority.anchor import open_authority
+
     ident = load_identity(ctx.home.identity_file)
     if ident is None or not ident.enrolled:
         raise click.ClickException("this node is not in a cluster; use `node accept` directly")
@@ -527,6 +554,15 @@ def move_into(ctx: CliContext, main_address: str, window: float) -> None:
 
 
 def _pause(ctx: CliContext, name: str | None, paused: bool) -> None:
+    import ssl
+
+    import httpx
+
+    from letsinfer.authority import lifecycle
+    from letsinfer.authority.anchor import open_authority
+    from letsinfer.trust.client import ClusterClient, PeerMismatch
+    from letsinfer.trust.material import tls_files
+
     ident = ctx.identity
     assert ident is not None
     word = "paused" if paused else "resumed"
@@ -590,10 +626,10 @@ def resume(ctx: CliContext, name: str | None) -> None:
 @click.pass_obj
 def topology(ctx: CliContext, as_json: bool) -> None:
     """Nodes, their GPUs, the placement groups on them and their data links."""
-    store = open_authority(ctx.home)
+    store = read_store(ctx.home)
     try:
+        scene = read_scene(ctx, store)
         out = []
-        names = {n.id: n.name for n in store.list_nodes(include_removed=True)}
         links = store.list_links()
         for n in store.list_nodes():
             pgs = [
@@ -604,9 +640,7 @@ def topology(ctx: CliContext, as_json: bool) -> None:
             gpus = (n.facts or {}).get("gpus", [])
             out.append(
                 {
-                    "node": n.name,
-                    "role": n.role,
-                    "paused": n.paused,
+                    **node_object(scene, n),
                     "targets": (n.facts or {}).get("targets", []),
                     "gpus": [
                         {
@@ -619,23 +653,12 @@ def topology(ctx: CliContext, as_json: bool) -> None:
                         }
                         for g in gpus
                     ],
-                    "placement_groups": [
-                        {
-                            "id": pg.id,
-                            "model": pg.service,
-                            "state": pg.state,
-                            "detail": pg.detail,
-                            "release": pg.release_id,
-                            "gpus": store.pg_gpus(pg.id),
-                            "tasks": len(store.pg_tasks(pg.id)),
-                        }
-                        for pg in pgs
-                    ],
+                    "placement_groups": [group_object(store, scene, pg) for pg in pgs],
                     "links": [
                         {
-                            "peer": names.get(other, other),
+                            "peer": scene.node_name(other),
                             "state": link.state,
-                            "changed_at": link.changed_at,
+                            "changed_at": when(link.changed_at),
                         }
                         for link in links
                         if n.id in (link.node_a, link.node_b)
@@ -654,8 +677,7 @@ def topology(ctx: CliContext, as_json: bool) -> None:
     tree = Tree("cluster")
     for n in out:
         branch = tree.add(
-            f"[bold]{n['node']}[/bold] ({n['role']}"
-            f"{', paused' if n['paused'] else ''}) targets: "
+            f"[bold]{escape(n['name'])}[/bold] ({n['role']}, {n['state']}) targets: "
             f"{', '.join(n['targets']) or '?'}"
         )
         for g in n["gpus"]:

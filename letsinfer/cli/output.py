@@ -1,4 +1,12 @@
-"""Tables for people, JSON for scripts."""
+"""Tables for people, JSON for scripts.
+
+To a terminal, output fits its width. To a pipe or a file, every value is
+printed whole: nothing is cut with an ellipsis and no line is wrapped, so a
+script can `grep` or `cut` a name it will pass back to the CLI.
+
+JSON is data only (no display text): one object for one thing, a list of
+objects for a listing, each kind with one schema (docs/json.md).
+"""
 
 from __future__ import annotations
 
@@ -10,8 +18,32 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-console = Console()
-errors = Console(stderr=True)
+# Wide enough that rich never cuts or wraps anything written to a pipe.
+_UNBOUNDED = 100_000
+
+
+def _console(stderr: bool = False) -> Console:
+    stream = sys.stderr if stderr else sys.stdout
+    if stream.isatty():
+        return Console(stderr=stderr)
+    return Console(stderr=stderr, width=_UNBOUNDED, soft_wrap=True)
+
+
+console = _console()
+errors = _console(stderr=True)
+
+
+def brief(text: str, n: int) -> str:
+    """The first ``n`` characters and an ellipsis on a terminal; the whole of
+    ``text`` anywhere else (a script gets values it can use)."""
+    if not sys.stdout.isatty() or len(text) <= n:
+        return text
+    return text[:n] + "…"
+
+
+def emit_object(value: dict[str, Any]) -> None:
+    json.dump(value, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")
 
 
 def emit(
@@ -30,7 +62,7 @@ def emit(
         return
     table = Table(title=title)
     for col in columns:
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     for row in rows:
         table.add_row(*("" if row.get(c) is None else str(row.get(c)) for c in columns))
     console.print(table)

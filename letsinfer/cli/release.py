@@ -13,7 +13,7 @@ from letsinfer import config
 from letsinfer.authority.anchor import open_authority
 from letsinfer.bundle.archive import BundleError
 from letsinfer.cli import cli
-from letsinfer.cli.output import emit
+from letsinfer.cli.output import brief, emit
 from letsinfer.cli.scope import CliContext, scoped
 from letsinfer.engines import releases
 from letsinfer.engines.binary import BinaryError, identify
@@ -61,7 +61,11 @@ def given_or_node_keys(ctx: CliContext, key_texts: Sequence[str]) -> list[keys.P
 
 @cli.group()
 def release() -> None:
-    """Release signing keys; sign and verify files (bundles are signed the same way)."""
+    """Runtime releases and the keys that sign releases and bundles.
+
+    `release list` and `release add` manage the runtime releases models run
+    (main); `keygen`, `sign` and `verify` handle ed25519 signing keys and
+    detached signatures of files (bundles are signed the same way)."""
 
 
 @scoped(release, "keygen", scope="all")
@@ -125,7 +129,7 @@ def sign(ctx: CliContext, file: Path, key_path: Path | None, out: Path | None) -
         tmp.write_bytes(signature.to_json())
         tmp.replace(target)
     click.echo(
-        f"signed {file} (sha256 {digest[:16]}…) with key {signature.key.fingerprint}: {target}"
+        f"signed {file} (sha256 {brief(digest, 16)}) with key {signature.key.fingerprint}: {target}"
     )
 
 
@@ -190,7 +194,9 @@ def list_releases(ctx: CliContext, as_json: bool) -> None:
                     "sha256": r["artifacts"].get(releases.LLAMA_SERVER_ARTIFACT),
                     "signed": bool(r["signature"]),
                     "placement_groups": [
-                        f"{pg.id} ({pg.service})" for pg in groups if pg.release_id == r["id"]
+                        {"id": pg.id, "model": pg.service}
+                        for pg in groups
+                        if pg.release_id == r["id"]
                     ],
                 }
             )
@@ -200,7 +206,15 @@ def list_releases(ctx: CliContext, as_json: bool) -> None:
         click.echo(json.dumps(rows, indent=2))
         return
     emit(
-        [{**r, "placement_groups": ", ".join(r["placement_groups"])} for r in rows],
+        [
+            {
+                **r,
+                "placement_groups": ", ".join(
+                    f"{g['id']} ({g['model']})" for g in r["placement_groups"]
+                ),
+            }
+            for r in rows
+        ],
         ["id", "engine", "version", "target", "placement_groups"],
         as_json=False,
         title="runtime releases",
@@ -220,6 +234,7 @@ def list_releases(ctx: CliContext, as_json: bool) -> None:
     type=click.Choice(["cpu", "cuda", "rocm", "metal"]),
     default="cpu",
     show_default=True,
+    help="What the binary was built for: cpu, cuda, rocm or metal.",
 )
 @click.pass_obj
 def add_release(ctx: CliContext, binary: str, target: str) -> None:

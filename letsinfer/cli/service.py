@@ -14,7 +14,6 @@ from typing import Any
 import click
 
 from letsinfer import config, service
-from letsinfer.authority.bootstrap import init_main
 from letsinfer.cli import cli
 from letsinfer.cli.output import console
 from letsinfer.cli.scope import CliContext, scoped
@@ -31,7 +30,12 @@ def _raise(exc: service.ServiceError) -> None:
 
 @cli.group("service")
 def service_group() -> None:
-    """Start, stop and inspect this node in the background (no systemd needed)."""
+    """Run this node in the background: start, stop, status, restart.
+
+    `start`, `stop` and `status` are letsinfer's own supervisor (a detached
+    `letsinfer up`, no systemd needed; where systemd runs, use the unit the
+    Ansible node role installs). `restart` works with either and keeps the
+    node's engines serving."""
 
 
 @scoped(service_group, "init", scope="all")
@@ -48,6 +52,8 @@ def init(ctx: CliContext, name: str | None, as_json: bool) -> None:
     identity = ctx.identity
     if identity is None:
         settings = config.load(ctx.home.config_file)
+        from letsinfer.authority.bootstrap import init_main  # only on a fresh home
+
         identity, api_key = init_main(ctx.home, settings, name=name)
     info = {
         "initialised": api_key is not None,
@@ -68,8 +74,10 @@ def init(ctx: CliContext, name: str | None, as_json: bool) -> None:
 
 
 @scoped(service_group, "start", scope="all")
-@click.option("--host", help="Gateway listen address (default from config: 0.0.0.0).")
-@click.option("--port", type=int, help="Gateway port (default from config: 8000).")
+@click.option(
+    "--host", metavar="ADDRESS", help="Gateway listen address (default from config: 0.0.0.0)."
+)
+@click.option("--port", type=int, metavar="PORT", help="Gateway port (default from config: 8000).")
 @click.option("--name", help="This node's name when it is initialised (default: host name).")
 @click.option(
     "--timeout", type=click.FloatRange(min=1), default=60.0, show_default=True,
@@ -103,6 +111,8 @@ def start(
     api_key = None
     identity = ctx.identity
     if identity is None and not before.running:
+        from letsinfer.authority.bootstrap import init_main  # only on a fresh home
+
         identity, api_key = init_main(ctx.home, settings, name=name)
     # A main answers on its gateway; a candidate or child runs only its agent.
     is_main = identity is None or identity.role == "main"
@@ -205,7 +215,7 @@ def restart(
     identity = ctx.identity
     if identity is None:
         raise click.ClickException(
-            f"no letsinfer node in {ctx.home.etc.parent}: start one with `letsinfer service start`"
+            f"no letsinfer node in {ctx.home.label}: start one with `letsinfer service start`"
         )
     settings = config.load(ctx.home.config_file)
     is_main = identity.role == "main"

@@ -1,4 +1,9 @@
-"""``letsinfer status``: this node and, on the main, what it serves."""
+"""``letsinfer status``: this node and, on the main, what it serves.
+
+Called on every check by people, scripts and the Ansible modules, so it loads
+only what it shows: no cryptography (the fingerprints are digests of the
+certificate files), no HTTP client library.
+"""
 
 from __future__ import annotations
 
@@ -7,18 +12,18 @@ from typing import Any
 
 import click
 
-from letsinfer.authority.anchor import open_authority
 from letsinfer.cli import cli
-from letsinfer.cli.output import console, emit
 from letsinfer.cli.scope import CliContext, scoped
-from letsinfer.trust.material import presented_fingerprint
+from letsinfer.trust.presented import file_fingerprint, presented_cert
 
 
 def _running_pid(ctx: CliContext) -> int | None:
     path = ctx.home.pid_file
-    if not path.exists():
+    try:
+        fh = path.open()
+    except FileNotFoundError:
         return None
-    with path.open() as fh:
+    with fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:  # the node holds the lock: it is running
@@ -28,15 +33,42 @@ def _running_pid(ctx: CliContext) -> int | None:
     return None
 
 
+def _served(ctx: CliContext, node_id: str) -> dict[str, Any]:
+    """The main's own state and every model and group, as every display shows them."""
+    from letsinfer.cli.shown import read_scene, read_store
+    from letsinfer.cli.views import group_object, model_object
+
+    store = read_store(ctx.home)
+    try:
+        scene = read_scene(ctx, store)
+        own = scene.nodes.get(node_id)
+        return {
+            "state": scene.node_state(own) if own is not None else "down",
+            "paused": bool(own and own.paused),
+            "cluster": "stopped" if scene.cluster_stopped else "running",
+            "models": [model_object(store, scene, svc) for svc in store.list_services()],
+            "placement_groups": [
+                group_object(store, scene, pg) for pg in store.list_placement_groups()
+            ],
+        }
+    finally:
+        store.close()
+
+
 @scoped(cli, "status", scope="all")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (one object).")
 @click.pass_obj
 def status(ctx: CliContext, as_json: bool) -> None:
-    """Show this node: role, whether it runs, and its placement groups."""
+    """This node: role, whether it runs, what it serves and in which state.
+
+    On the main: each model and placement group in the same words as `model
+    list`, `node list` and `topology` (ready, starting, paused, draining,
+    parked, stopped, system stopped, down...)."""
     ident = ctx.identity
     pid = _running_pid(ctx)
     info: dict[str, Any] = {
-        "home": str(ctx.home.etc.parent),
+        "home": ctx.home.label,
+        "paths": ctx.home.paths(),
         "initialised": ident is not None,
         "running": pid is not None,
         "pid": pid,
@@ -45,46 +77,53 @@ def status(ctx: CliContext, as_json: bool) -> None:
         "role": ident.role if ident else None,
         "main": ident.main_address if ident else None,
         # What a main pins when it enrolls this node (`node add --fingerprint`).
-        "fingerprint": presented_fingerprint(ctx.home, ident) if ident else None,
+        "fingerprint": file_fingerprint(presented_cert(ctx.home, ident)) if ident else None,
         # The cluster CA's fingerprint (a main's own, a child's main's): what a
         # candidate compares enrollment requests with (`node accept --ca-fingerprint`).
         "ca_fingerprint": ident.cluster if ident else None,
+        "state": ("running" if pid else "down") if ident else None,
+        "paused": False,
+        "cluster": None,
+        "models": [],
         "placement_groups": [],
     }
     if ident is not None and ident.role == "main" and ctx.home.database.exists():
-        store = open_authority(ctx.home)
-        try:
-            info["placement_groups"] = [
-                {
-                    "id": pg.id,
-                    "model": pg.service,
-                    "node": pg.node_id,
-                    "target": pg.target,
-                    "desired": pg.desired,
-                    "state": pg.state if pid else "down",
-                    "endpoint": pg.endpoint,
-                    "pid": pg.pid,
-                    "restarts": pg.restarts,
-                    "detail": pg.detail,
-                }
-                for pg in store.list_placement_groups()
-            ]
-        finally:
-            store.close()
+        info.update(_served(ctx, ident.node_id))
     if as_json:
-        emit([info], [], as_json=True)
+        from letsinfer.cli.output import emit_object
+
+        emit_object(info)
         return
+    from letsinfer.cli.output import console, emit
+
     if ident is None:
         console.print(f"no letsinfer node in {info['home']} (start one with `letsinfer up`)")
         return
-    state = f"[green]running[/green] (pid {pid})" if pid else "[red]not running[/red]"
-    console.print(f"{ident.role} node [bold]{ident.name}[/bold] ({ident.node_id}): {state}")
-    console.print(f"certificate sha256:{info['fingerprint']}")
+    running = f"[green]running[/green] (pid {pid})" if pid else "[red]not running[/red]"
+    if pid and info["paused"]:
+        running += ", [yellow]paused[/yellow]: admits no new requests (`letsinfer node resume`)"
+    if info["cluster"] == "stopped":
+        running += ", [red]cluster stopped[/red] (`letsinfer cluster start`)"
+    console.print(
+        f"{ident.role} node [bold]{ident.name}[/bold] ({ident.node_id}): {running}",
+        highlight=False,
+    )
+    console.print(f"home {info['home']}", highlight=False)
+    if info["fingerprint"]:
+        console.print(f"certificate sha256:{info['fingerprint']}", highlight=False)
     if info["ca_fingerprint"]:
-        console.print(f"cluster CA sha256:{info['ca_fingerprint']}")
+        console.print(f"cluster CA sha256:{info['ca_fingerprint']}", highlight=False)
+    if ident.role != "main":
+        return
+    emit(
+        [{**m, "ready": f"{m['ready']}/{m['total']}"} for m in info["models"]],
+        ["name", "state", "ready"],
+        as_json=False,
+        title="models",
+    )
     emit(
         info["placement_groups"],
-        ["id", "model", "target", "state", "endpoint", "restarts", "detail"],
+        ["id", "model", "node", "state", "endpoint", "restarts", "detail"],
         as_json=False,
         title="placement groups",
     )

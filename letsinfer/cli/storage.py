@@ -9,23 +9,19 @@ a child). See letsinfer/storage/.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from letsinfer.agent import reattach
-from letsinfer.authority.anchor import open_authority
 from letsinfer.cli.local import ask_node
 from letsinfer.cli.node import node
-from letsinfer.cli.output import console, emit
+from letsinfer.cli.output import brief, console, emit
 from letsinfer.cli.scope import CliContext, scoped
 from letsinfer.home import Home
 from letsinfer.identity import NodeIdentity
-from letsinfer.storage.cleanup import free, review, summary
-from letsinfer.storage.routes import NOT_KNOWN
-from letsinfer.storage.usage import report
-from letsinfer.storage.uses import NodeUses, child_uses, main_uses
-from letsinfer.store import AuthorityStore
+
+if TYPE_CHECKING:  # imported by the commands that use them (see letsinfer/cli/__init__.py)
+    from letsinfer.storage.uses import NodeUses
 
 
 def _size(n: int) -> str:
@@ -38,12 +34,16 @@ def _size(n: int) -> str:
 
 def _identity(ctx: CliContext) -> NodeIdentity:
     if ctx.identity is None:
-        raise click.ClickException(f"no letsinfer node in {ctx.home.etc.parent}")
+        raise click.ClickException(f"no letsinfer node in {ctx.home.label}")
     return ctx.identity
 
 
 def _uses_here(home: Home, identity: NodeIdentity) -> NodeUses:
     """What uses the home's data, from its files (no node runs on it)."""
+    from letsinfer.agent import reattach
+    from letsinfer.storage.uses import child_uses, main_uses
+    from letsinfer.store import AuthorityStore
+
     engines = {pg for pg, _ in reattach.running(home.engine_run)}
     if identity.role == "main":
         store = AuthorityStore(home.database)
@@ -65,6 +65,8 @@ def usage(ctx: CliContext, as_json: bool) -> None:
     identity = _identity(ctx)
     answer = ask_node(ctx.home, "GET", "/v1/local/storage")
     if answer is None:
+        from letsinfer.storage.usage import report
+
         answer = report(ctx.home, _uses_here(ctx.home, identity), identity.name)
     if as_json:
         click.echo(json.dumps(answer, indent=2))
@@ -82,7 +84,7 @@ def usage(ctx: CliContext, as_json: bool) -> None:
     emit(
         [
             {
-                "model file": f"sha256:{m['digest'][:12]}…",
+                "model file": "sha256:" + brief(m["digest"], 12),
                 "size": _size(m["bytes"]),
                 "in use": "yes" if m["in_use"] else "no",
                 "why": m["why"],
@@ -139,6 +141,10 @@ def cleanup(ctx: CliContext, yes: bool, as_json: bool) -> None:
 
 
 def _cleanup_here(home: Home, identity: NodeIdentity, apply: bool) -> dict[str, Any]:
+    from letsinfer.authority.anchor import open_authority
+    from letsinfer.storage.cleanup import free, review, summary
+    from letsinfer.storage.routes import NOT_KNOWN
+
     uses = _uses_here(home, identity)
     if not uses.known:
         raise click.ClickException(NOT_KNOWN)

@@ -6,6 +6,7 @@ import fcntl
 import logging
 import os
 import socket
+import stat
 import sys
 from typing import IO
 
@@ -21,20 +22,74 @@ from letsinfer.identity import load_identity
 
 
 def _lock_pid_file(ctx: CliContext) -> IO[str]:
-    ctx.home.run.mkdir(parents=True, exist_ok=True)
+    ctx.home.ensure_run()
     fh = ctx.home.pid_file.open("a+")
     try:
         fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         fh.seek(0)
         raise click.ClickException(
-            f"a node is already running from {ctx.home.etc.parent} (pid {fh.read().strip()})"
+            f"a node is already running from {ctx.home.label} (pid {fh.read().strip()})"
         ) from None
     fh.seek(0)
     fh.truncate()
     fh.write(str(os.getpid()))
     fh.flush()
     return fh  # held open (and locked) for the life of the process
+
+
+class _Once(logging.Filter):
+    """Lets an informational line through the first time only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.INFO:
+            return True
+        message = record.getMessage()
+        if message in self.seen:
+            return False
+        self.seen.add(message)
+        return True
+
+
+def _release_pid_file(ctx: CliContext, fh: IO[str]) -> None:
+    """A node that stops leaves no pid file behind (Ctrl-C, SIGTERM, an error).
+    Removed while still locked, and only if it is still this process's."""
+    try:
+        if ctx.home.pid_file.read_text().strip() == str(os.getpid()):
+            ctx.home.pid_file.unlink()
+    except OSError:
+        pass
+    finally:
+        fh.close()
+
+
+def _shown_on_screen() -> bool:
+    """Whether stdout reaches a person (a terminal, or a pipe such as `| tee`),
+    not a file or a journal, where a secret would stay for good."""
+    try:
+        mode = os.fstat(sys.stdout.fileno()).st_mode
+    except (OSError, ValueError):
+        return False
+    return sys.stdout.isatty() or stat.S_ISFIFO(mode)
+
+
+def _show_first_key(ctx: CliContext, key: str) -> None:
+    """The first API key, shown once: on screen, or, when the output goes to a
+    log (a service's file, the systemd journal), into a 0600 file whose path
+    the log names, never the key itself."""
+    if _shown_on_screen():
+        click.echo(f"  API key   {key}")
+        click.echo("            (shown once: keep it; more with `letsinfer auth key create`)")
+        return
+    path = ctx.home.etc / "first-api-key"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(key + "\n")
+    click.echo(f"  API key   in {path} (mode 0600; read it, keep it, then delete the file)")
 
 
 def _check_port_free(host: str, port: int) -> None:
@@ -52,12 +107,15 @@ def _endpoint(host: str, port: int) -> str:
 
 
 @scoped(cli, "up", scope="all")
-@click.option("--host", help="Gateway listen address (default 0.0.0.0: the LAN).")
-@click.option("--port", type=int, help="Gateway port (default 8000).")
+@click.option(
+    "--host", metavar="ADDRESS", help="Gateway listen address (default 0.0.0.0, the LAN)."
+)
+@click.option("--port", type=int, metavar="PORT", help="Gateway port (default 8000).")
 @click.option(
     "--engine",
     type=click.Choice(["xllamacpp", "llama-server"]),
-    help="Engine for new models: the bundled llama.cpp (xllamacpp) or a llama-server binary.",
+    metavar="ENGINE",
+    help="Engine for new models: xllamacpp (the bundled llama.cpp) or llama-server.",
 )
 @click.option(
     "--llama-server",
@@ -78,7 +136,9 @@ def up(
     """Start this node in the foreground; Ctrl-C stops it and its engines.
 
     On a fresh home this makes it the main node: the authority, a first API key
-    (shown once) and the embedded default model.
+    and the embedded default model. The key is shown once, on the screen; when
+    the output goes to a file or a journal instead, it is written to
+    <etc>/first-api-key (mode 0600) and the output says where.
     """
     overrides: dict[str, dict[str, object]] = {"gateway": {}, "engine": {}}
     if host is not None:
@@ -91,12 +151,25 @@ def up(
     if engine is not None:
         overrides["engine"]["kind"] = engine
     settings = config.load(ctx.home.config_file, overrides=overrides)
-    gw = settings.gateway
     lock = _lock_pid_file(ctx)
+    try:
+        _run(ctx, settings, name)
+    finally:
+        _release_pid_file(ctx, lock)
+
+
+def _run(ctx: CliContext, settings: config.Settings, name: str | None) -> None:
+    """The node, in the foreground, while this process holds the pid file."""
+    gw = settings.gateway
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per probe is noise
+    # Noise: httpx logs each probe and the gguf writer describes the tiny model
+    # it writes; uvicorn says its start and stop lines again for every server
+    # the node embeds (letsinfer itself says once what listens where).
+    for noisy in ("httpx", "gguf"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    logging.getLogger("uvicorn.error").addFilter(_Once())
     from letsinfer.connections import (
         RESERVED_FDS,
         GuardedServer,
@@ -114,10 +187,7 @@ def up(
     if retirement.complete(ctx.home) is not None:  # a former main's move, interrupted
         ctx = CliContext(ctx.home, load_identity(ctx.home.identity_file))
     if ctx.identity is not None and ctx.identity.role != "main":
-        try:
-            _run_agent(ctx, settings)
-        finally:
-            lock.close()
+        _run_agent(ctx, settings)
         return
     for host, port_ in (
         (gw.host, gw.port),
@@ -139,12 +209,11 @@ def up(
     models = ", ".join(s.name for s in store.list_services()) or "none yet"
     store.close()
     click.echo(f"letsinfer main node '{identity.name}' ({identity.node_id})")
-    click.echo(f"  home      {ctx.home.etc.parent}")
+    click.echo(f"  home      {ctx.home.label}")
     click.echo(f"  endpoint  {_endpoint(gw.host, gw.port)}")
     click.echo(f"  models    {models}")
     if first_key:
-        click.echo(f"  API key   {first_key}")
-        click.echo("            (shown once: keep it; more with `letsinfer auth key create`)")
+        _show_first_key(ctx, first_key)
     click.echo("Ctrl-C stops the node and its engines.")
     sys.stdout.flush()  # the banner must reach a pipe before the server starts
     server = GuardedServer(
@@ -169,14 +238,11 @@ def up(
         name="gateway",
     )
     node.server = server
-    try:
-        server.run()
-        if node.moved:  # `node accept` made this main a child of another cluster
-            retirement.complete(ctx.home)
-            click.echo("the former authority is retired; starting as a child")
-            _run_agent(ctx, settings)
-    finally:
-        lock.close()
+    server.run()
+    if node.moved:  # `node accept` made this main a child of another cluster
+        retirement.complete(ctx.home)
+        click.echo("the former authority is retired; starting as a child")
+        _run_agent(ctx, settings)
 
 
 def _run_agent(ctx: CliContext, settings: config.Settings) -> None:

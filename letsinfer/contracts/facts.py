@@ -53,6 +53,11 @@ class PlacementFact(_Fact):
     # /slots and /metrics); None when the engine does not say.
     slots_free: int | None = Field(None, ge=0, le=4096)
     queue_depth: int | None = Field(None, ge=0, le=1_000_000)
+    # The LoRA adapters the engine loaded, in load order (a request's adapter id
+    # is the index): only these are routed to it.
+    adapters: list[Annotated[str, Field(max_length=128)]] = Field(
+        default_factory=list, max_length=64
+    )
 
 
 class LinkFact(_Fact):

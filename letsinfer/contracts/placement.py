@@ -37,6 +37,9 @@ class DesiredPlacement:
     group_key: str | None = None
     generation: int = 0  # raised by the main to start the engine afresh
     proof: str = "completion"  # what proves the engine serves (engines/proof.py)
+    # The model's LoRA adapters as (name, artifact digest), in load order: the
+    # engine loads them unapplied, and a request's adapter id is its index here.
+    adapters: tuple[tuple[str, str], ...] = ()
 
     @property
     def peers(self) -> tuple[GroupTask, ...]:
@@ -47,7 +50,17 @@ class DesiredPlacement:
         """Everything an engine is launched from: an adopted engine launched for
         another fingerprint (a new release, other GPUs, other sizing) is replaced."""
         data = asdict(self)
+        if not self.adapters:  # as before adapters existed: adopted engines stay adopted
+            del data["adapters"]
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+    @property
+    def adapter_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.adapters)
+
+    def digests(self) -> tuple[str, ...]:
+        """Every artifact its engine reads: the model, then its adapters."""
+        return (self.artifact_digest, *(digest for _, digest in self.adapters))
 
     def serves_api(self) -> bool:
         """Task 0 answers the API (with the engine key); other tasks only /health."""
@@ -58,6 +71,7 @@ def to_wire(d: DesiredPlacement) -> dict[str, Any]:
     data = asdict(d)
     data["gpu_uuids"] = list(d.gpu_uuids)
     data["group"] = [asdict(t) for t in d.group]
+    data["adapters"] = [list(a) for a in d.adapters]
     return data
 
 
@@ -80,4 +94,5 @@ def from_wire(data: dict[str, Any], threads: int, context: int, parallel: int) -
         group_key=data.get("group_key"),
         generation=int(data.get("generation", 0)),
         proof=str(data.get("proof", "completion")),
+        adapters=tuple((str(name), str(digest)) for name, digest in data.get("adapters", [])),
     )

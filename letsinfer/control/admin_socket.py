@@ -30,11 +30,10 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from letsinfer.authority.denials import DenialLog
 from letsinfer.connections import PLANE_LIMITS, Tally, guarded
+from letsinfer.home import ADMIN_GROUP
 from letsinfer.planes import EmbeddedServer, RunningPlane
 from letsinfer.trust.peer import Peer, Scope, refuse
 from letsinfer.trust.pki import CertIdentity
-
-ADMIN_GROUP = "letsinfer"
 
 ASGIApp = Callable[[Scope, Any, Any], Any]
 

@@ -8,14 +8,14 @@ controllers, nodes and settings).
 """
 
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from letsinfer import __version__
 from letsinfer.authority import controllers, lifecycle
-from letsinfer.authority.apikeys import create_key, revoke_key
+from letsinfer.authority.apikeys import create_key, policy_json, revoke_key, set_policy
 from letsinfer.authority.links import ResumeRefused, resume_model
 from letsinfer.identity import NodeIdentity
 from letsinfer.storage import refetch
@@ -23,8 +23,24 @@ from letsinfer.store import AuthorityStore, StoreError
 from letsinfer.trust.peer import Peer, gated_peer
 
 
-class KeyCreate(BaseModel):
+class KeyPolicyChange(BaseModel):
+    """A key's band, limits and cache; a field sent as null clears it, a field
+    not sent stays as it is."""
+
     model_config = ConfigDict(extra="forbid")
+    band: Literal["interactive", "standard", "batch"] | None = None
+    rpm: int | None = Field(None, ge=1)
+    tpm: int | None = Field(None, ge=1)
+    budget_tokens: int | None = Field(None, ge=1)
+    budget_period: Literal["day", "week", "month"] | None = None
+    cache_ttl_s: int | None = Field(None, ge=1)
+    cache_sampled: bool | None = None
+
+    def change(self) -> dict[str, Any]:
+        return self.model_dump(exclude_unset=True)
+
+
+class KeyCreate(KeyPolicyChange):
     name: str
     models: list[str] = Field(default_factory=list)
     concurrency: int | None = Field(None, ge=1)
@@ -124,13 +140,36 @@ def ops_router(
         body: KeyCreate, p: Annotated[Peer, Depends(need("administrator"))]
     ) -> dict[str, Any]:
         try:
+            policy = body.change()
+            for field in ("name", "models", "concurrency"):
+                policy.pop(field, None)
             issued = create_key(
-                store, body.name, tuple(body.models), body.concurrency, actor=actor(p)
+                store,
+                body.name,
+                tuple(body.models),
+                body.concurrency,
+                actor=actor(p),
+                policy=policy,
             )
         except StoreError as exc:
             raise HTTPException(400, str(exc)) from exc
         on_change()
         return issued.to_json()
+
+    @router.post("/v1/ops/keys/{name:path}/limits")
+    async def key_limits(
+        name: str, body: KeyPolicyChange, p: Annotated[Peer, Depends(need("administrator"))]
+    ) -> dict[str, Any]:
+        change = body.change()
+        if change.get("band", "") is None or change.get("cache_sampled", False) is None:
+            raise HTTPException(400, "band and cache_sampled cannot be cleared, only set")
+        try:
+            record = set_policy(store, name, change, actor=actor(p), role=p.identity.role)
+        except StoreError as exc:
+            status = 404 if str(exc).startswith("no active API key") else 400
+            raise HTTPException(status, str(exc)) from exc
+        on_change()  # the gateway counts the new limits before this answers
+        return {"name": record.name, **policy_json(record)}
 
     @router.post("/v1/ops/keys/{name:path}/revoke")
     async def key_revoke(

@@ -34,6 +34,9 @@ class EngineTask:
     parallel: int = 4
     embedding: bool = True
     proof: str | None = "completion"  # the request that proves it serves (engines/proof.py)
+    # LoRA adapter files, in load order, loaded unapplied (scale 0): a request
+    # applies one with llama.cpp's per-request ``lora`` field.
+    adapters: tuple[Path, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,8 @@ def plan_llamacpp(release: Release, task: EngineTask, run_dir: Path) -> LaunchPl
             "parallel": task.parallel,
             "embedding": task.embedding,
         }
+        if task.adapters:
+            spec["loras"] = [str(p) for p in task.adapters]
         argv = [sys.executable, "-m", release.launch["module"], json.dumps(spec)]
         return LaunchPlan(argv=argv, env=env, base_url=base_url, proof=proof, own_lease=True)
     if release.engine == "llama-server":
@@ -102,6 +107,11 @@ def plan_llamacpp(release: Release, task: EngineTask, run_dir: Path) -> LaunchPl
         ]
         if task.embedding:
             argv += ["--embeddings", "--pooling", "mean"]
+        for adapter in task.adapters:
+            # Scale 0: loaded, applied to no request but those that name it.
+            argv += ["--lora-scaled", f"{adapter}:0"]
+        if task.adapters:
+            argv.append("--lora-init-without-apply")
         if task.gpu_uuids:
             argv += ["--n-gpu-layers", "999"]
         return LaunchPlan(

@@ -46,6 +46,12 @@ def main(argv: list[str]) -> int:
     if spec.get("embedding"):
         params.embedding = True
         params.pooling_type = xllamacpp.llama_pooling_type.LLAMA_POOLING_TYPE_MEAN
+    loras = spec.get("loras") or []
+    if loras:
+        # Scale 0: loaded, applied only to a request that names it in its
+        # ``lora`` field (llama.cpp's per-request adapters).
+        params.lora_adapters = [xllamacpp.CommonAdapterLoraInfo(str(p), 0.0) for p in loras]
+        params.lora_init_without_apply = True
     key = os.environ.pop(ENGINE_KEY_ENV, "")
     if key:
         params.api_keys = [key]

@@ -220,3 +220,41 @@ def write_tiny_model(
         split_max_tensors=split_max_tensors,
         architecture=architecture,
     )
+
+
+#: What the tiny model answers with :func:`write_tiny_lora` applied: the
+#: sentence from its sixth word on (with the space before it).
+LORA_SENTENCE = " tiny model served by llama.cpp!"
+
+
+def write_tiny_lora(path: Path, *, rows: int | None = None, architecture: str = "llama") -> Path:
+    """A real LoRA adapter (GGUF, rank 1) for the tiny model: it changes only
+    ``output.weight`` so that the default direction scores the sentence's
+    sixth piece above its first, and the answer becomes :data:`LORA_SENTENCE`.
+
+    ``rows`` other than the tiny model's vocabulary, or another
+    ``architecture``, make an adapter that does not fit it (tests)."""
+    import gguf  # only needed when an adapter is written
+
+    tokens, _, _ = spm_vocabulary(_SENTENCE_PIECES)
+    n_vocab = rows or len(tokens)
+    scale = float(np.sqrt(_N_EMBD))
+    lora_a = np.zeros((1, _N_EMBD), dtype=np.float32)  # reads the default direction
+    lora_a[0, 0] = 1.0
+    lora_b = np.zeros((n_vocab, 1), dtype=np.float32)
+    lora_b[tokens.index("▁tiny") % n_vocab, 0] = 2 * _MARGIN / scale  # outscores "Hello"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".part")
+    writer = gguf.GGUFWriter(str(tmp), architecture)
+    writer.add_string("general.type", "adapter")
+    writer.add_string("adapter.type", "lora")
+    writer.add_float32("adapter.lora.alpha", 1.0)  # alpha / rank = 1: applied as written
+    writer.add_name("letsinfer-tiny-lora")
+    writer.add_tensor("output.weight.lora_a", lora_a)
+    writer.add_tensor("output.weight.lora_b", lora_b)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    tmp.replace(path)
+    return path

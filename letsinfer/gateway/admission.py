@@ -5,10 +5,16 @@ A request first counts against its API key's concurrency limit (over it:
 slot is the replica's ``in_flight`` count, taken and given back only here,
 so an engine never gets more requests than its capacity. When every usable
 replica of the model is full, the request waits in one shared, bounded
-queue. Waiters are served round-robin across API keys (one busy key cannot
-starve the others) as slots free. Past the queue bound or the wait limit the
+queue. As slots free, waiters are served by their key's priority band first
+(interactive, then standard, then batch: a lower band gets a slot only when
+no waiter of a higher one can use it) and, within a band, round-robin across
+API keys: one key cannot take a band by opening many connections, and a busy
+key cannot starve the others. Past the queue bound or the wait limit the
 answer is 429 with Retry-After; when the model has no usable replica at all,
 503.
+
+A request for a LoRA adapter waits in its base model's queue, for a replica
+that has loaded the adapter.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from letsinfer.gateway import policy
-from letsinfer.gateway.errors import GatewayError, no_replica
+from letsinfer.gateway.errors import GatewayError, adapter_not_loaded, no_replica
 from letsinfer.gateway.routing import Replica, RoutingTable
 
 
@@ -30,8 +36,12 @@ class AdmissionLimits:
     max_wait_s: float = 30.0
 
 
+BANDS = 3  # 0 interactive, 1 standard, 2 batch
+STANDARD = 1
+
+
 class _Waiter:
-    __slots__ = ("exclude", "future", "key", "prefix_hash", "service", "timer")
+    __slots__ = ("adapter", "band", "exclude", "future", "key", "prefix_hash", "service", "timer")
 
     def __init__(
         self,
@@ -40,13 +50,20 @@ class _Waiter:
         prefix_hash: int | None,
         exclude: frozenset[str],
         future: asyncio.Future[Replica],
+        band: int,
+        adapter: str | None,
     ) -> None:
         self.service = service
         self.key = key
         self.prefix_hash = prefix_hash
         self.exclude = exclude
         self.future = future
+        self.band = band
+        self.adapter = adapter
         self.timer: asyncio.TimerHandle | None = None
+
+
+_Band = dict[str, collections.deque[_Waiter]]  # key -> its waiters (FIFO); order = rotation
 
 
 def concurrency_exceeded(key: str, limit: int) -> GatewayError:
@@ -97,8 +114,9 @@ class Admission:
         self.policy = routing_policy
         self.limits = limits
         self.retry_after = max(1, math.ceil(min(limits.max_wait_s, 5.0)))
-        # Per model: key -> its waiters (FIFO); dict order is the round-robin order.
-        self._queues: dict[str, dict[str, collections.deque[_Waiter]]] = {}
+        # Per model, one rotation of keys per band (highest first); a model is
+        # here only while something waits for it.
+        self._queues: dict[str, list[_Band]] = {}
         self.waiting = 0
         self._per_key: dict[str, int] = {}
         routing.subscribe(self._on_routing_change)
@@ -122,21 +140,35 @@ class Admission:
         return self._per_key.get(key, 0)
 
     # -- replica slots ----------------------------------------------------------
+    def _replicas(self, service: str, adapter: str | None) -> tuple[Replica, ...]:
+        replicas = self.routing.replicas(service)
+        if adapter is not None:  # only the groups whose engine loaded it
+            replicas = tuple(r for r in replicas if adapter in r.adapters)
+        return replicas
+
     def _pick(
-        self, service: str, prefix_hash: int | None, exclude: frozenset[str]
+        self,
+        service: str,
+        prefix_hash: int | None,
+        exclude: frozenset[str],
+        adapter: str | None = None,
     ) -> Replica | None:
         replica = policy.choose(
-            self.routing.replicas(service), self.routing.clock(), self.policy, prefix_hash, exclude
+            self._replicas(service, adapter),
+            self.routing.clock(),
+            self.policy,
+            prefix_hash,
+            exclude,
         )
         if replica is not None:
             replica.in_flight += 1
         return replica
 
-    def _any_usable(self, service: str, exclude: frozenset[str]) -> bool:
+    def _any_usable(self, service: str, exclude: frozenset[str], adapter: str | None) -> bool:
         now = self.routing.clock()
         return any(
             r.pg_id not in exclude and policy.usable(r, now, self.policy)
-            for r in self.routing.replicas(service)
+            for r in self._replicas(service, adapter)
         )
 
     async def acquire(
@@ -146,23 +178,32 @@ class Admission:
         prefix_hash: int | None = None,
         exclude: frozenset[str] = frozenset(),
         failures: str = "",
+        band: int = STANDARD,
+        adapter: str | None = None,
     ) -> Replica:
-        """A slot on a replica of ``service``; give it back with :meth:`release`.
+        """A slot on a replica of ``service`` (one that loaded ``adapter``, when
+        given); give it back with :meth:`release`. ``band``: the key's priority
+        band (0 highest) when it has to wait.
 
         Raises 503 when no usable replica exists, 429 when the queue is full or
         the wait limit passes. Cancelling the caller (the client went away)
         leaves the queue clean."""
-        if not self._queues.get(service):  # nobody waiting ahead: no queueing
-            replica = self._pick(service, prefix_hash, exclude)
+        if service not in self._queues:  # nobody waiting ahead: no queueing
+            replica = self._pick(service, prefix_hash, exclude, adapter)
             if replica is not None:
                 return replica
-        if not self._any_usable(service, exclude):
+        if not self._any_usable(service, exclude, adapter):
+            if adapter is not None and self._any_usable(service, exclude, None):
+                raise adapter_not_loaded(adapter, service)
             raise self.unavailable(service, failures)
         if self.waiting >= self.limits.max_waiting:
             raise queue_full(service, self.retry_after)
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(service, key, prefix_hash, exclude, loop.create_future())
-        self._queues.setdefault(service, {}).setdefault(key, collections.deque()).append(waiter)
+        waiter = _Waiter(service, key, prefix_hash, exclude, loop.create_future(), band, adapter)
+        bands = self._queues.get(service)
+        if bands is None:
+            bands = self._queues[service] = [{} for _ in range(BANDS)]
+        bands[band].setdefault(key, collections.deque()).append(waiter)
         self.waiting += 1
         waiter.timer = loop.call_later(self.limits.max_wait_s, self._expire, waiter)
         try:
@@ -179,38 +220,46 @@ class Admission:
     def release(self, replica: Replica) -> None:
         """Give a slot back and hand it to the next fair waiter, if any."""
         replica.in_flight -= 1
-        if self._queues.get(replica.service):
+        if replica.service in self._queues:
             self._serve(replica.service)
 
     # -- the queue ---------------------------------------------------------------
     def _serve(self, service: str) -> None:
-        """Hand free slots to waiters, one key at a time in rotation."""
-        keys = self._queues.get(service)
-        while keys:
-            progressed = False
-            for key in list(keys):
-                waiters = keys[key]
-                waiter = waiters[0]
-                replica = self._pick(service, waiter.prefix_hash, waiter.exclude)
-                if replica is None:
-                    continue
-                progressed = True
-                waiters.popleft()
-                self.waiting -= 1
-                # Served keys go to the back of the rotation.
-                del keys[key]
-                if waiters:
-                    keys[key] = waiters
-                waiter.future.set_result(replica)
-            if not progressed:
-                break
-        if keys is not None and not keys:
+        """Hand free slots to waiters: the highest band first, and within a band
+        one key at a time in rotation. A lower band gets only the slots no
+        waiter of a higher band can use (another adapter, an excluded group)."""
+        bands = self._queues.get(service)
+        if bands is None:
+            return
+        for keys in bands:
+            while keys:
+                progressed = False
+                for key in list(keys):
+                    waiters = keys[key]
+                    waiter = waiters[0]
+                    replica = self._pick(
+                        service, waiter.prefix_hash, waiter.exclude, waiter.adapter
+                    )
+                    if replica is None:
+                        continue
+                    progressed = True
+                    waiters.popleft()
+                    self.waiting -= 1
+                    # Served keys go to the back of the rotation.
+                    del keys[key]
+                    if waiters:
+                        keys[key] = waiters
+                    waiter.future.set_result(replica)
+                if not progressed:
+                    break
+        if not any(bands):
             del self._queues[service]
 
     def _remove(self, waiter: _Waiter) -> None:
-        keys = self._queues.get(waiter.service)
-        if keys is None:
+        bands = self._queues.get(waiter.service)
+        if bands is None:
             return
+        keys = bands[waiter.band]
         waiters = keys.get(waiter.key)
         if waiters is None or waiter not in waiters:
             return
@@ -218,7 +267,7 @@ class Admission:
         self.waiting -= 1
         if not waiters:
             del keys[waiter.key]
-        if not keys:
+        if not any(bands):
             del self._queues[waiter.service]
 
     def _expire(self, waiter: _Waiter) -> None:
@@ -230,17 +279,17 @@ class Admission:
         )
 
     def _on_routing_change(self, service: str) -> None:
-        keys = self._queues.get(service)
-        if not keys:
+        if service not in self._queues:
             return
         self._serve(service)  # a new or resumed replica brings free slots
-        for waiters in list(self._queues.get(service, {}).values()):
-            for waiter in list(waiters):
-                if not self._any_usable(service, waiter.exclude):
-                    self._remove(waiter)
-                    waiter.future.set_exception(self.unavailable(service, ""))
+        for keys in list(self._queues.get(service, ())):
+            for waiters in list(keys.values()):
+                for waiter in list(waiters):
+                    if not self._any_usable(service, waiter.exclude, waiter.adapter):
+                        self._remove(waiter)
+                        waiter.future.set_exception(self.unavailable(service, ""))
 
     def depth(self, service: str | None = None) -> int:
         if service is None:
             return self.waiting
-        return sum(len(w) for w in self._queues.get(service, {}).values())
+        return sum(len(w) for keys in self._queues.get(service, ()) for w in keys.values())

@@ -12,10 +12,16 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from letsinfer.gateway.availability import MEANT_TO_SERVE
-from letsinfer.gateway.directory import StoreUnavailable
+from letsinfer.gateway.directory import ServiceEntry, StoreUnavailable
 from letsinfer.gateway.errors import GatewayError, unknown_model
 from letsinfer.gateway.gateway import Gateway
-from letsinfer.gateway.serving import ROUTES, InferenceEndpoints, authenticate, note_refusal
+from letsinfer.gateway.serving import (
+    ROUTES,
+    InferenceEndpoints,
+    authenticate,
+    count_refusal,
+    note_refusal,
+)
 
 log = logging.getLogger("letsinfer.gateway")
 
@@ -67,15 +73,25 @@ def create_app(
             code="internal_error",
         ).response()
 
-    def model_card(name: str, created: int, aliases: tuple[str, ...]) -> dict[str, object]:
-        return {
-            "id": name,
+    def ready(entry: ServiceEntry) -> int:
+        if entry.base is None:
+            return gw.routing.ready_count(entry.name)
+        return sum(
+            1 for r in gw.routing.replicas(entry.base) if not r.paused and entry.name in r.adapters
+        )
+
+    def model_card(entry: ServiceEntry) -> dict[str, object]:
+        card: dict[str, object] = {
+            "id": entry.name,
             "object": "model",
-            "created": created,
+            "created": entry.created,
             "owned_by": "letsinfer",
-            "aliases": list(aliases),
-            "ready_replicas": gw.routing.ready_count(name),
+            "aliases": list(entry.aliases),
+            "ready_replicas": ready(entry),
         }
+        if entry.base is not None:  # a LoRA adapter of this model
+            card["parent"] = entry.base
+        return card
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> Response:
@@ -83,12 +99,9 @@ def create_app(
             policy = authenticate(gw, request.headers.get("authorization"))
         except GatewayError as err:
             note_refusal(gw, request.scope, "-", err)
+            count_refusal(gw, request.scope, err)
             return err.response()
-        data = [
-            model_card(s.name, s.created, s.aliases)
-            for s in gw.directory.current().services
-            if policy.allows(s.name)
-        ]
+        data = [model_card(s) for s in gw.directory.current().services if policy.allows(s.name)]
         return JSONResponse({"object": "list", "data": data})
 
     @app.get("/v1/models/{model:path}")
@@ -97,6 +110,7 @@ def create_app(
             policy = authenticate(gw, request.headers.get("authorization"))
         except GatewayError as err:
             note_refusal(gw, request.scope, "-", err)
+            count_refusal(gw, request.scope, err)
             return err.response()
         try:
             entry = gw.directory.current().names.get(model)
@@ -104,7 +118,7 @@ def create_app(
                 raise unknown_model(model)
         except GatewayError as err:
             return err.response()
-        return JSONResponse(model_card(entry.name, entry.created, entry.aliases))
+        return JSONResponse(model_card(entry))
 
     @app.get("/health")
     async def health(request: Request) -> Response:
@@ -122,6 +136,8 @@ def create_app(
         except StoreUnavailable:
             return JSONResponse({"status": "unavailable"}, status_code=503)
         except GatewayError as err:
+            note_refusal(gw, request.scope, "-", err)
+            count_refusal(gw, request.scope, err)
             return err.response()
         names = [s.name for s in snapshot.services if policy is None or policy.allows(s.name)]
         states = {name: gw.availability.state(name) for name in names}
@@ -132,7 +148,8 @@ def create_app(
             status = "ok" if all(states[n] == "serving" for n in meant) else "degraded"
         body: dict[str, object] = {"status": status}
         if policy is not None:
-            body["models"] = {name: gw.routing.ready_count(name) for name in names}
+            entries = {s.name: s for s in snapshot.services}
+            body["models"] = {name: ready(entries[name]) for name in names}
             body["states"] = states
         return JSONResponse(body, status_code=200 if status == "ok" else 503)
 

@@ -51,6 +51,8 @@ class Availability:
         entry = snapshot.names.get(service)
         if entry is None:
             return "gap"
+        if entry.base is not None:  # a LoRA adapter serves as its base model does
+            return self.state(entry.base)
         if not entry.groups and not self.routing.knows(service):
             return "not placed"
         if entry.groups and not entry.running:

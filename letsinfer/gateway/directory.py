@@ -11,11 +11,19 @@ import hashlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from letsinfer.store import AuthorityStore
+from letsinfer.gateway.admission import BANDS, STANDARD
+from letsinfer.gateway.cache import CachePolicy
+from letsinfer.gateway.external import ExternalModel
+from letsinfer.gateway.limits import KeyLimits
+from letsinfer.store import ApiKeyRecord, AuthorityStore
 
 log = logging.getLogger("letsinfer.gateway")
+
+BAND_NAMES = ("interactive", "standard", "batch")  # index: the admission queue's band
+assert len(BAND_NAMES) == BANDS
 
 
 @dataclass(frozen=True)
@@ -23,9 +31,24 @@ class KeyPolicy:
     name: str
     models: frozenset[str]  # canonical names; empty means every model
     concurrency: int | None
+    band: int = STANDARD  # its turn in the admission queue (0 first)
+    limits: KeyLimits | None = None  # None: no rate limit or budget (nothing counted)
+    cache: CachePolicy | None = None  # None: its answers are never cached
 
     def allows(self, model: str) -> bool:
         return not self.models or model in self.models
+
+    @classmethod
+    def from_record(cls, k: ApiKeyRecord) -> KeyPolicy:
+        limits = KeyLimits(k.rpm, k.tpm, k.budget_tokens, k.budget_period)
+        return cls(
+            k.name,
+            frozenset(k.models),
+            k.concurrency,
+            BAND_NAMES.index(k.band) if k.band in BAND_NAMES else STANDARD,
+            limits if limits.any else None,
+            CachePolicy(k.cache_ttl_s, k.cache_sampled) if k.cache_ttl_s else None,
+        )
 
 
 @dataclass(frozen=True)
@@ -35,14 +58,26 @@ class ServiceEntry:
     aliases: tuple[str, ...]
     groups: int = 0  # placement groups it has
     running: frozenset[str] = frozenset()  # those an administrator wants running
+    external: ExternalModel | None = None  # a provider instead of groups
+    fallback: str | None = None  # answers when no group of this one can
+    base: str | None = None  # a LoRA adapter: the model whose groups serve it
+
+    @property
+    def serves(self) -> str:
+        """The model whose replicas answer (the base, for an adapter)."""
+        return self.base or self.name
 
 
 @dataclass(frozen=True)
 class Snapshot:
     keys: dict[str, KeyPolicy] = field(default_factory=dict)  # sha256 hex -> policy
-    names: dict[str, ServiceEntry] = field(default_factory=dict)  # name or alias -> service
-    services: tuple[ServiceEntry, ...] = ()
+    # name, alias or adapter -> its entry
+    names: dict[str, ServiceEntry] = field(default_factory=dict)
+    services: tuple[ServiceEntry, ...] = ()  # models and adapters, as /v1/models lists them
     system_stopped: bool = False  # `letsinfer cluster stop`
+
+    def externals(self) -> dict[str, ExternalModel]:
+        return {s.name: s.external for s in self.services if s.external is not None}
 
 
 class StoreUnavailable(Exception):
@@ -58,6 +93,13 @@ class Directory:
         self._version: int | None = None
         self.failing: str | None = None
         self._lock = threading.Lock()  # one reload at a time (a main refreshes from two threads)
+        # Told of each new snapshot (external models, key limits); not per request.
+        self._listeners: list[Callable[[Snapshot], None]] = []
+
+    def subscribe(self, listener: Callable[[Snapshot], None]) -> None:
+        self._listeners.append(listener)
+        if self._snapshot is not None:
+            listener(self._snapshot)
 
     def refresh(self, force: bool = False, store: AuthorityStore | None = None) -> None:
         """Reload when keys, models, groups' desired state or the cluster-stop
@@ -74,23 +116,27 @@ class Directory:
             fresh = time.monotonic() - self._loaded_at < self.max_stale_s / 3
             if not force and self._snapshot is not None and version == self._version and fresh:
                 return
-            keys = {
-                k.digest: KeyPolicy(k.name, frozenset(k.models), k.concurrency)
-                for k in store.list_api_keys()
-            }
+            keys = {k.digest: KeyPolicy.from_record(k) for k in store.list_api_keys()}
             groups: dict[str, list[tuple[str, str]]] = {}
             for pg in store.list_placement_groups():
                 groups.setdefault(pg.service, []).append((pg.id, pg.desired))
-            services = tuple(
+            models = tuple(
                 ServiceEntry(
                     s.name,
                     int(s.created_at),
                     s.aliases,
                     len(groups.get(s.name, [])),
                     frozenset(pg for pg, want in groups.get(s.name, []) if want == "running"),
+                    ExternalModel.from_record(s.external) if s.external else None,
+                    s.fallback,
                 )
                 for s in store.list_services()
             )
+            adapters = tuple(
+                ServiceEntry(a.name, int(a.created_at), (), base=a.service)
+                for a in store.list_adapters()
+            )
+            services = tuple(sorted((*models, *adapters), key=lambda e: e.name))
             stopped = store.cluster_stop() is not None
         except Exception as exc:  # any store failure: keep serving the last snapshot
             if self.failing is None:
@@ -102,10 +148,13 @@ class Directory:
             names[svc.name] = svc
             for alias in svc.aliases:
                 names.setdefault(alias, svc)
-        self._snapshot = Snapshot(keys=keys, names=names, services=services, system_stopped=stopped)
+        snapshot = Snapshot(keys=keys, names=names, services=services, system_stopped=stopped)
+        self._snapshot = snapshot
         self._version = version
         self._loaded_at = time.monotonic()
         self.failing = None
+        for listener in self._listeners:
+            listener(snapshot)
 
     def current(self) -> Snapshot:
         snap = self._snapshot

@@ -10,12 +10,18 @@ makes the gateway buffer a whole answer.
 
 Errors say whether anything of the response had arrived, because only then is
 it unsafe to try another engine.
+
+The same client reaches external providers (letsinfer.gateway.external): an
+``https`` base URL gets TLS, verified against the system's CAs or a given CA
+file, and a base URL with a path (``https://host/v1``) has the request's
+``/v1`` replaced by that path.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import ssl
 from collections.abc import Sequence
 from typing import cast
 from urllib.parse import urlsplit
@@ -251,9 +257,15 @@ class EngineResponse:
 
 
 class _Pool:
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(
+        self, host: str, port: int, tls: ssl.SSLContext | None = None, prefix: str = ""
+    ) -> None:
         self.host = host
         self.port = port
+        self.tls = tls
+        self.prefix = prefix  # replaces a request path's /v1 (a provider's API base)
+        default = 443 if tls is not None else 80
+        self.host_header = host if port == default else f"{host}:{port}"
         self.idle: list[_Connection] = []
 
     def put(self, conn: _Connection) -> None:
@@ -281,24 +293,36 @@ class EngineClient:
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
         self._pools: dict[str, _Pool] = {}
-        self._heads: dict[tuple[str, str, str], bytes] = {}
+        self._heads: dict[tuple[_Pool, str, str], bytes] = {}
 
-    def _pool(self, base_url: str) -> _Pool:
-        pool = self._pools.get(base_url)
+    def _pool(self, base_url: str, ca_file: str | None = None) -> _Pool:
+        name = base_url if ca_file is None else f"{base_url} {ca_file}"
+        pool = self._pools.get(name)
         if pool is None:
             parts = urlsplit(base_url)
-            if parts.scheme != "http" or not parts.hostname:
-                raise ValueError(f"engine URL must be http://host:port, not {base_url!r}")
-            pool = _Pool(parts.hostname, parts.port or 80)
-            self._pools[base_url] = pool
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(f"engine URL must be http(s)://host:port, not {base_url!r}")
+            tls = None
+            if parts.scheme == "https":
+                try:
+                    tls = ssl.create_default_context(cafile=ca_file)
+                except (OSError, ssl.SSLError) as exc:
+                    raise EngineError(
+                        f"cannot load the CA file {ca_file}: {exc}", before_response=True
+                    ) from exc
+            default = 443 if tls is not None else 80
+            pool = _Pool(parts.hostname, parts.port or default, tls, parts.path.rstrip("/"))
+            self._pools[name] = pool
         return pool
 
     def _head(self, pool: _Pool, path: str, authorization: str) -> bytes:
         """The request line and fixed headers, built once per engine and path."""
-        cache_key = (f"{pool.host}:{pool.port}", path, authorization)
+        cache_key = (pool, path, authorization)
         head = self._heads.get(cache_key)
         if head is None:
-            lines = [f"POST {path} HTTP/1.1", f"host: {pool.host}:{pool.port}"]
+            if pool.prefix:
+                path = pool.prefix + path.removeprefix("/v1")
+            lines = [f"POST {path} HTTP/1.1", f"host: {pool.host_header}"]
             if authorization:
                 lines.append(f"authorization: {authorization}")
             lines.append("content-type: application/json")
@@ -310,7 +334,13 @@ class EngineClient:
         loop = asyncio.get_running_loop()
         try:
             _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: _Connection(pool), pool.host, pool.port),
+                loop.create_connection(
+                    lambda: _Connection(pool),
+                    pool.host,
+                    pool.port,
+                    ssl=pool.tls,
+                    server_hostname=pool.host if pool.tls is not None else None,
+                ),
                 self.connect_timeout_s,
             )
         except TimeoutError as exc:
@@ -332,9 +362,12 @@ class EngineClient:
         *,
         authorization: str = "",
         extra_headers: Sequence[tuple[str, str]] = (),
+        ca_file: str | None = None,
     ) -> EngineResponse:
-        """Send a POST and return once the response's status and headers arrived."""
-        pool = self._pool(base_url)
+        """Send a POST and return once the response's status and headers arrived.
+        ``ca_file``: the CA that signs an https base URL's certificate (default:
+        the system's); read once, when the first request to that URL is sent."""
+        pool = self._pool(base_url, ca_file)
         head = self._head(pool, path, authorization)
         extra = "".join(f"{k}: {v}\r\n" for k, v in extra_headers).encode("latin-1")
         request = b"".join((head, extra, b"content-length: %d\r\n\r\n" % len(body), body))

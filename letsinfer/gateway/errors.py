@@ -85,6 +85,17 @@ def no_replica(name: str, detail: str) -> GatewayError:
     )
 
 
+def adapter_not_loaded(adapter: str, model: str) -> GatewayError:
+    return GatewayError(
+        503,
+        f"LoRA adapter '{adapter}' is not loaded by any ready group of model '{model}' "
+        "right now (groups load a model's adapters when they start); retry shortly.",
+        type_="service_unavailable",
+        code="no_healthy_replica",
+        headers={"retry-after": "1"},
+    )
+
+
 def upstream_timeout(name: str) -> GatewayError:
     return GatewayError(
         504, f"Model '{name}' did not answer in time.", type_="timeout", code="upstream_timeout"

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+import logging
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from letsinfer.authority.denials import DenialLog
 from letsinfer.config import ConfigError, GatewaySettings, TracingSettings
+from letsinfer.gateway import external
 from letsinfer.gateway.admission import Admission, AdmissionLimits
 from letsinfer.gateway.availability import Availability
-from letsinfer.gateway.directory import Directory
+from letsinfer.gateway.cache import ResponseCache
+from letsinfer.gateway.directory import Directory, Snapshot
 from letsinfer.gateway.engine_client import EngineClient
+from letsinfer.gateway.limits import WINDOW_S, KeyLimits, Limiter
 from letsinfer.gateway.metrics import GatewayMetrics
 from letsinfer.gateway.policy import RoutingPolicy
 from letsinfer.gateway.routing import RoutingTable
@@ -19,6 +24,8 @@ from letsinfer.usage.recorder import RequestLog
 
 if TYPE_CHECKING:
     from letsinfer.gateway.tracing import Tracing
+
+log = logging.getLogger("letsinfer.gateway")
 
 
 @dataclass
@@ -34,6 +41,63 @@ class Gateway:
     denials: DenialLog  # refused keys, counted (written by the node's background task)
     records: RequestLog | None = None  # per-request records (written in the background)
     tracing: Tracing | None = None  # OpenTelemetry, only when configured
+    limiter: Limiter = field(default_factory=Limiter)  # keys with rate limits or a budget
+    cache: ResponseCache = field(default_factory=lambda: ResponseCache(64 << 20))
+    # The limits the limiter counts for each key, and those whose past requests
+    # are still to be read from the request records.
+    _counted: dict[str, KeyLimits] = field(default_factory=dict)
+    _unread: dict[str, KeyLimits] = field(default_factory=dict)
+    _reading: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def on_snapshot(self, snapshot: Snapshot) -> None:
+        """A new view of keys and models (not per request): publish external
+        models; a key whose limits appeared or changed is counted afresh from
+        the request records (in the background; before serving, at start)."""
+        # A stopped cluster serves nothing: its external models neither.
+        external.sync(self.routing, {} if snapshot.system_stopped else snapshot.externals())
+        limited = {k.name: k.limits for k in snapshot.keys.values() if k.limits is not None}
+        for gone in self._counted.keys() - limited.keys():
+            del self._counted[gone]
+            self.limiter.forget(gone)
+        for name, limits in limited.items():
+            if self._counted.get(name) != limits:
+                self._counted[name] = self._unread[name] = limits
+        if self._unread:
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:  # not serving yet: restore_usage() runs before it does
+                return
+            task = asyncio.ensure_future(self.restore_usage())
+            self._reading.add(task)
+            task.add_done_callback(self._reading.discard)
+
+    async def restore_usage(self) -> None:
+        """Rebuild the counts of the keys not read yet from the request records:
+        their budget period's tokens and their last minute. With records off
+        (``[requests] enabled = false``) the counts start from zero."""
+        unread, self._unread = self._unread, {}
+        if not unread:
+            return
+        if self.records is None:
+            log.warning(
+                "request records are off: rate limits and budgets of %s count from now "
+                "(and from zero again after a restart)",
+                ", ".join(sorted(unread)),
+            )
+            return
+        now = self.limiter.clock()
+        starts = {name: self.limiter.period_start(limits, now) for name, limits in unread.items()}
+        for name in unread:  # from here on in memory; before it, in the records read now
+            self.limiter.forget(name)
+        try:
+            usage = await self.records.usage_of(starts, now - WINDOW_S)
+        except Exception as exc:  # a broken records file: count from now, say so
+            log.error("cannot read the request records to rebuild rate limits: %s", exc)
+            return
+        for name, (spent, recent) in usage.items():
+            limits = self._counted.get(name)
+            if limits is not None:
+                self.limiter.restore(name, limits, spent, recent)
 
     @classmethod
     def build(
@@ -63,6 +127,7 @@ class Gateway:
         client = EngineClient(s.upstream_connect_timeout_s, s.upstream_timeout_s)
         traces = None
         upstream = Upstream(client, admission, metrics)
+        cache = ResponseCache(s.cache_max_bytes)
         if tracing is not None and tracing.otlp_endpoint is not None:
             try:  # only now: a gateway without tracing never loads OpenTelemetry's SDK
                 from letsinfer.gateway.tracing import TracedUpstream, Tracing
@@ -73,7 +138,7 @@ class Gateway:
                 ) from exc
             traces = Tracing(tracing)
             upstream = TracedUpstream(client, admission, metrics, tracing=traces)
-        return cls(
+        gateway = cls(
             directory=directory,
             routing=routing,
             availability=availability,
@@ -85,9 +150,14 @@ class Gateway:
             denials=denials or DenialLog(directory.store),
             records=records,
             tracing=traces,
+            cache=cache,
         )
+        directory.subscribe(gateway.on_snapshot)
+        return gateway
 
     async def aclose(self) -> None:
+        for task in list(self._reading):
+            task.cancel()
         await self.upstream.aclose()
         if self.tracing is not None:
             await self.tracing.shutdown()

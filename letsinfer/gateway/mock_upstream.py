@@ -55,6 +55,7 @@ class MockStats:
     traceparents: collections.deque[str] = field(
         default_factory=lambda: collections.deque(maxlen=1000)
     )
+    bodies: collections.deque[bytes] = field(default_factory=lambda: collections.deque(maxlen=100))
 
 
 def _chunk(obj: dict[str, object]) -> bytes:
@@ -204,7 +205,10 @@ class _Connection(asyncio.Protocol):
             stats.authorizations.add(headers[b"authorization"].decode())
         if b"traceparent" in headers:
             stats.traceparents.append(headers[b"traceparent"].decode())
+        stats.bodies.append(body)
         try:
+            if self.mock.gate is not None:  # held until the test opens it
+                await self.mock.gate.wait()
             await self._answer(url, body, transport)
             stats.completed += 1
         except asyncio.CancelledError:
@@ -266,6 +270,8 @@ class MockUpstream:
         self.behaviour = behaviour or MockBehaviour()
         self.answers = _Answers(self.behaviour.tokens)
         self.stats = MockStats()
+        # Tests: while set and not open, every request waits here (after it is counted).
+        self.gate: asyncio.Event | None = None
         self._port = port
         self._server: asyncio.Server | None = None
 

@@ -16,6 +16,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from letsinfer.gateway.external import ExternalModel
 
 
 @dataclass(eq=False)
@@ -34,6 +38,11 @@ class Replica:
     queue_depth: int | None = None
     temperature_c: float | None = None
     facts_at: float | None = None
+    # The LoRA adapters its engine loaded, in load order: an adapter's index
+    # is the id a request names in llama.cpp's per-request ``lora`` field.
+    adapters: tuple[str, ...] = ()
+    # Set for an external model: the provider it stands for (letsinfer.gateway.external).
+    external: ExternalModel | None = None
 
     @property
     def pressure(self) -> float:
@@ -127,6 +136,13 @@ class RoutingTable:
         replica.facts_at = facts.at
         self._changed(service)  # fresh facts may make a stale replica usable again
 
+    def set_adapters(self, service: str, pg_id: str, adapters: tuple[str, ...]) -> None:
+        """The LoRA adapters a published replica's engine has loaded (in place)."""
+        replica = self._by_service.get(service, {}).get(pg_id)
+        if replica is not None and replica.adapters != adapters:
+            replica.adapters = adapters
+            self._changed(service)
+
     def withdraw(self, service: str, pg_id: str, reason: str) -> None:
         self._by_service.get(service, {}).pop(pg_id, None)
         self._parked.get(service, {}).pop(pg_id, None)
@@ -166,6 +182,9 @@ class RoutingTable:
         """Admit nothing new to these groups; their requests in flight finish."""
         self._draining |= pg_ids
         self._mark_draining()
+
+    def draining(self) -> frozenset[str]:
+        return frozenset(self._draining)
 
     def undrain(self, pg_ids: set[str]) -> None:
         self._draining -= pg_ids

@@ -12,6 +12,14 @@ node keeps them, one request record (handed to a background writer: no
 database write here). Streamed answers get their token counts from the
 engine's usage event, asked for on the client's behalf when it did not ask
 and then taken out of its stream (letsinfer.gateway.stream_usage).
+
+What a key or a model may add, each behind one attribute check so that a
+request that uses none of it pays nothing more: the key's rate limits and
+budget (letsinfer.gateway.limits), its response cache
+(letsinfer.gateway.cache), its priority band (the admission queue), a LoRA
+adapter named as the model (letsinfer.gateway.adapters), and the model's
+fallback when none of its groups can take the request (the answer says so in
+``x-letsinfer-fallback``).
 """
 
 from __future__ import annotations
@@ -26,11 +34,12 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from letsinfer.gateway import policy, protocol
-from letsinfer.gateway.directory import KeyPolicy, StoreUnavailable
+from letsinfer.gateway import adapters, cache, policy, protocol
+from letsinfer.gateway.directory import KeyPolicy, ServiceEntry, StoreUnavailable
 from letsinfer.gateway.engine_client import EngineError
 from letsinfer.gateway.errors import GatewayError, invalid_key, missing_key, unknown_model
 from letsinfer.gateway.gateway import Gateway
+from letsinfer.gateway.limits import KeyLimits
 from letsinfer.gateway.stream_usage import UsageFilter, ask_for_usage, wants_usage
 from letsinfer.gateway.upstream import Started
 from letsinfer.store.requests import RequestRecord
@@ -58,6 +67,20 @@ _ids = itertools.count(1)
 _AUDITED = frozenset({"invalid_api_key", "concurrency_limit_exceeded"})
 
 CLIENT_GONE = 499  # nginx's status for "the client closed the connection"
+
+# Why a model's own groups could not take a request that its fallback then gets:
+# none will serve (parked, stopped, not placed), none is ready now (or every one
+# failed before its first byte), or all stayed full past the queue's bounds.
+FALLBACK_ON = frozenset(
+    {
+        "model_parked",
+        "model_stopped",
+        "model_not_placed",
+        "no_healthy_replica",
+        "queue_full",
+        "queue_timeout",
+    }
+)
 
 # How request records name the endpoints.
 ENDPOINTS = {
@@ -102,6 +125,22 @@ def note_refusal(gw: Gateway, scope: Scope, key_name: str, err: GatewayError) ->
     client = scope.get("client") or ("?",)
     who = f"key:{key_name}" if key_name != "-" else f"client:{client[0]}"
     gw.denials.note(who, "gateway.request", err.code or "")
+
+
+def count_refusal(gw: Gateway, scope: Scope, err: GatewayError) -> None:
+    """A refused request on a route other than the inference POSTs (``GET
+    /v1/models``, ``/health`` with a bad key): counted in metrics and written to
+    the access log like theirs, so no 401 goes unseen."""
+    gw.metrics.error(err.code or "error")
+    gw.metrics.request("-", err.status, 0.0, None)
+    given = next((v for k, v in scope["headers"] if k == b"x-request-id"), None)
+    access_log.info(
+        "request_id=%s key=- model=- served=- pg=- status=%d queue_ms=0.00 ttft_ms=- "
+        "total_ms=0.00 prompt_tokens=- completion_tokens=- path=%s",
+        request_id_from(given),
+        err.status,
+        scope["path"] if str(scope["path"]).isprintable() else repr(scope["path"]),
+    )
 
 
 def request_id_from(given: bytes | None) -> str:
@@ -170,10 +209,15 @@ class _Exchange:
     __slots__ = (
         "arrived",
         "asked",
+        "cache",
+        "cache_key",
+        "cache_ttl",
         "done",
         "endpoint",
+        "fallback",
         "gone",
         "key",
+        "limits",
         "node",
         "pg",
         "queue_s",
@@ -208,6 +252,11 @@ class _Exchange:
         self.done = False
         self.gone = False
         self.responded = False  # the status line went out
+        self.limits: KeyLimits | None = None  # the key's, when it has any: charged at the end
+        self.cache: bytes | None = None  # hit, miss or bypass, for a key with a cache
+        self.cache_key: bytes | None = None  # where to keep the answer
+        self.cache_ttl = 0
+        self.fallback: str | None = None  # the model that answered instead
 
     def on_client_message(self, watcher: asyncio.Future[MutableMapping[str, Any]]) -> None:
         # A message after the body is complete can only be the client leaving.
@@ -233,7 +282,7 @@ class InferenceEndpoints:
             await tracing.request(scope, self._handle(scope, receive, send))
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send) -> _Exchange:
-        auth = given_id = declared = None
+        auth = given_id = declared = cache_control = None
         for name, value in scope["headers"]:
             if name == b"authorization":
                 auth = value
@@ -241,6 +290,8 @@ class InferenceEndpoints:
                 given_id = value
             elif name == b"content-length":
                 declared = value
+            elif name == b"cache-control":
+                cache_control = value
         ex = _Exchange(request_id_from(given_id), asyncio.current_task())
         watcher: asyncio.Future[MutableMapping[str, Any]] | None = None
         try:
@@ -250,7 +301,7 @@ class InferenceEndpoints:
             # From here on a message from the client means it went away.
             watcher = asyncio.ensure_future(receive())
             watcher.add_done_callback(ex.on_client_message)
-            await self._serve(scope["path"], key, body, ex, send)
+            await self._serve(scope["path"], key, body, ex, send, cache_control)
         except GatewayError as err:
             ex.status = err.status
             self.gw.metrics.error(err.code or "error")
@@ -289,7 +340,13 @@ class InferenceEndpoints:
         return ex
 
     async def _serve(
-        self, path: str, key: KeyPolicy, body: bytes, ex: _Exchange, send: Send
+        self,
+        path: str,
+        key: KeyPolicy,
+        body: bytes,
+        ex: _Exchange,
+        send: Send,
+        cache_control: bytes | None = None,
     ) -> None:
         gw = self.gw
         ex.endpoint = ENDPOINTS[path]
@@ -297,6 +354,9 @@ class InferenceEndpoints:
         # Client text in a log line: no spaces or control characters to forge fields.
         asked = parsed.model
         ex.asked = asked if asked.isprintable() and " " not in asked else repr(asked)
+        extra = parsed.model_extra
+        if extra and adapters.FIELD in extra:
+            raise adapters.client_lora()
         entry = gw.directory.current().names.get(parsed.model)
         if entry is None or not key.allows(entry.name):
             if entry is not None:  # exists, but not for this key: audited, same answer
@@ -308,6 +368,13 @@ class InferenceEndpoints:
             raise unknown_model(parsed.model)
         ex.served = entry.name
         ex.stream = parsed.stream
+        if key.limits is not None:
+            gw.limiter.admit(key.name, key.limits)
+            ex.limits = key.limits
+        if key.cache is not None and await self._from_cache(
+            key, entry, path, parsed, body, ex, send, cache_control
+        ):
+            return
         if parsed.stream and isinstance(parsed, protocol._Sampling):
             options = parsed.stream_options
             asked = wants_usage(options)
@@ -321,15 +388,22 @@ class InferenceEndpoints:
             hint = policy.prefix_hash(protocol.prompt_start(parsed, self.prefix_chars), gw.policy)
         gw.admission.enter_key(key.name, key.concurrency)
         try:
-            started = await gw.upstream.start(
-                entry.name,
-                key.name,
-                path,
-                body,
-                stream=parsed.stream,
-                request_id=ex.request_id,
-                prefix_hash=hint,
-            )
+            try:
+                started = await gw.upstream.start(
+                    entry.serves,
+                    key.name,
+                    path,
+                    body,
+                    stream=parsed.stream,
+                    request_id=ex.request_id,
+                    prefix_hash=hint,
+                    band=key.band,
+                    adapter=entry.name if entry.base is not None else None,
+                )
+            except GatewayError as err:
+                if entry.fallback is None or err.code not in FALLBACK_ON:
+                    raise
+                started = await self._fall_back(entry, key, path, body, ex, hint, err)
             ex.pg = started.replica.pg_id
             ex.node = started.replica.node_id or None
             ex.queue_s = started.queue_s
@@ -340,14 +414,102 @@ class InferenceEndpoints:
         finally:
             gw.admission.leave_key(key.name)
 
+    async def _fall_back(
+        self,
+        entry: ServiceEntry,
+        key: KeyPolicy,
+        path: str,
+        body: bytes,
+        ex: _Exchange,
+        hint: int | None,
+        err: GatewayError,
+    ) -> Started:
+        """None of the model's groups can take the request: its fallback answers
+        (allowed or not to the key: the allowlist applies to the model asked
+        for). One hop: the fallback's own fallback is not followed."""
+        assert entry.fallback is not None
+        other = self.gw.directory.current().names.get(entry.fallback)
+        if other is None or other.name == entry.name:
+            raise err
+        log.info(
+            "request %s: model %s cannot take it (%s); its fallback %s answers",
+            ex.request_id,
+            entry.name,
+            err.code,
+            other.name,
+        )
+        ex.fallback = ex.served = other.name
+        return await self.gw.upstream.start(
+            other.serves,
+            key.name,
+            path,
+            body,
+            stream=ex.stream,
+            request_id=ex.request_id,
+            prefix_hash=hint,
+            band=key.band,
+            adapter=other.name if other.base is not None else None,
+        )
+
+    async def _from_cache(
+        self,
+        key: KeyPolicy,
+        entry: ServiceEntry,
+        path: str,
+        parsed: protocol._Request,
+        body: bytes,
+        ex: _Exchange,
+        send: Send,
+        cache_control: bytes | None,
+    ) -> bool:
+        """Answer from the key's cache (True), or note whether and where the
+        engine's answer is to be kept."""
+        assert key.cache is not None
+        temperature = parsed.temperature if isinstance(parsed, protocol._Sampling) else None
+        embedding = isinstance(parsed, protocol.EmbeddingRequest)
+        if not cache.eligible(key.cache, parsed.stream, temperature, embedding):
+            ex.cache = cache.BYPASS
+            return False
+        ex.cache_key = cache.cache_key(key.name, path, entry.name, json.loads(body))
+        ex.cache_ttl = key.cache.ttl_s
+        if cache.no_cache(cache_control):  # fresh from the engine; kept for the next one
+            ex.cache = cache.BYPASS
+            return False
+        hit = self.gw.cache.get(ex.cache_key)
+        if hit is None:
+            ex.cache = cache.MISS
+            return False
+        ex.cache = cache.HIT
+        ex.cache_key = None
+        ex.status = 200
+        ex.responded = True
+        headers = [
+            (b"content-type", hit.content_type),
+            (b"x-request-id", ex.request_id.encode()),
+            (b"x-letsinfer-cache", cache.HIT),
+            (b"content-length", str(len(hit.body)).encode()),
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        ex.ttft = time.perf_counter() - ex.started
+        ex.done = True
+        await send({"type": "http.response.body", "body": hit.body})
+        return True
+
     async def _answer(self, started: Started, ex: _Exchange, send: Send) -> None:
         headers = [
             (b"content-type", started.content_type),
             (b"x-request-id", ex.request_id.encode()),
         ]
+        if ex.fallback is not None:
+            headers.append((b"x-letsinfer-fallback", ex.fallback.encode()))
+        if ex.cache is not None:
+            headers.append((b"x-letsinfer-cache", ex.cache))
         ex.status = started.status
         ex.responded = True
         if started.response is None:  # the whole answer is here
+            # (A fallback's answer is not kept: a hit would hide that it was one.)
+            if ex.cache_key is not None and started.status == 200 and ex.fallback is None:
+                self.gw.cache.put(ex.cache_key, started.first, started.content_type, ex.cache_ttl)
             headers.append((b"content-length", str(len(started.first)).encode()))
             await send(
                 {"type": "http.response.start", "status": started.status, "headers": headers}
@@ -401,7 +563,14 @@ class InferenceEndpoints:
             prompt_tokens, completion_tokens = usage_tokens(ex.tail)
         else:
             prompt_tokens = completion_tokens = None
+        cached = ex.cache is cache.HIT
+        if cached:  # an answer from the cache costs no tokens
+            prompt_tokens = completion_tokens = 0
         ex.tokens = (prompt_tokens, completion_tokens)
+        if ex.limits is not None and not cached:
+            self.gw.limiter.charge(
+                ex.key, ex.limits, (prompt_tokens or 0) + (completion_tokens or 0)
+            )
         self.gw.metrics.request(
             ex.served,
             ex.status,
@@ -430,11 +599,17 @@ class InferenceEndpoints:
                     None if ex.ttft is None else ex.ttft * 1000,
                     total * 1000,
                     ex.queue_s * 1000,
+                    cached,
                 )
             )
+        extra = ""
+        if ex.cache is not None:
+            extra = f" cache={ex.cache.decode()}"
+        if ex.fallback is not None:
+            extra += f" fallback={ex.fallback}"
         access_log.info(
             "request_id=%s key=%s model=%s served=%s pg=%s status=%d queue_ms=%.2f "
-            "ttft_ms=%s total_ms=%.2f prompt_tokens=%s completion_tokens=%s",
+            "ttft_ms=%s total_ms=%.2f prompt_tokens=%s completion_tokens=%s%s",
             ex.request_id,
             ex.key,
             ex.asked,
@@ -446,6 +621,7 @@ class InferenceEndpoints:
             total * 1000,
             "-" if prompt_tokens is None else prompt_tokens,
             "-" if completion_tokens is None else completion_tokens,
+            extra,
         )
 
 

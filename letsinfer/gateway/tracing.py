@@ -122,10 +122,14 @@ class TracedUpstream(Upstream):
         prefix_hash: int | None,
         exclude: frozenset[str],
         failures: str,
+        band: int,
+        adapter: str | None,
     ) -> Replica:
         with self.tracer.start_as_current_span("route") as span:
             span.set_attribute("letsinfer.model", service)
-            replica = await super()._acquire(service, key, prefix_hash, exclude, failures)
+            replica = await super()._acquire(
+                service, key, prefix_hash, exclude, failures, band, adapter
+            )
             span.set_attribute("letsinfer.placement_group", replica.pg_id)
             if replica.node_id:
                 span.set_attribute("letsinfer.node", replica.node_id)

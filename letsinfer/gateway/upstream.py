@@ -16,7 +16,9 @@ import logging
 import time
 from collections.abc import Awaitable
 
-from letsinfer.gateway.admission import Admission
+from letsinfer.gateway import external
+from letsinfer.gateway.adapters import with_lora
+from letsinfer.gateway.admission import STANDARD, Admission
 from letsinfer.gateway.engine_client import (
     ConnectTimeout,
     EngineClient,
@@ -75,7 +77,11 @@ class Upstream:
         stream: bool,
         request_id: str,
         prefix_hash: int | None,
+        band: int = STANDARD,
+        adapter: str | None = None,
     ) -> Started:
+        """``adapter``: a LoRA adapter of ``service`` to apply (only replicas that
+        loaded it serve, each told its own id for it)."""
         tried: set[str] = set()
         failures: list[str] = []
         queue_s = 0.0
@@ -83,15 +89,23 @@ class Upstream:
         while True:
             waited_from = time.perf_counter()
             replica = await self._acquire(
-                service, key, prefix_hash, frozenset(tried), "; ".join(failures)
+                service, key, prefix_hash, frozenset(tried), "; ".join(failures), band, adapter
             )
             queue_s += time.perf_counter() - waited_from
             tried.add(replica.pg_id)
             response: EngineResponse | None = None
             try:
-                response = await self._send(replica, path, body, extra)
+                payload, headers = body, extra
+                if replica.external is not None:  # a provider: its model name and key
+                    payload, headers = external.prepare(replica, body, extra)
+                elif adapter is not None:
+                    payload = with_lora(body, replica.adapters.index(adapter))
+                response = await self._send(replica, path, payload, headers)
                 if response.status == 503:  # engine loading or overloaded: try another
                     raise EngineError("engine answered 503", before_response=True)
+                if response.status in (401, 403) and replica.external is not None:
+                    # The provider refused its key: not the client's key at fault.
+                    raise external.refused_key(service, response.status)
                 if stream and response.status == 200:
                     first = await response.next_chunk()
                     if first is None:
@@ -131,18 +145,22 @@ class Upstream:
         prefix_hash: int | None,
         exclude: frozenset[str],
         failures: str,
+        band: int,
+        adapter: str | None,
     ) -> Awaitable[Replica]:
-        return self.admission.acquire(service, key, prefix_hash, exclude, failures)
+        return self.admission.acquire(service, key, prefix_hash, exclude, failures, band, adapter)
 
     def _send(
         self, replica: Replica, path: str, body: bytes, extra: tuple[tuple[str, str], ...]
     ) -> Awaitable[EngineResponse]:
+        ext = replica.external
         return self.client.post(
             replica.base_url,
             path,
             body,
             authorization=replica.authorization,
             extra_headers=extra,
+            ca_file=None if ext is None else ext.ca_file,
         )
 
     def _give_back(self, replica: Replica, response: EngineResponse | None) -> None:

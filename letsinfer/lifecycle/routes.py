@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from letsinfer.authority import controllers, lifecycle
 from letsinfer.control.ops import actor_of
-from letsinfer.lifecycle import cluster, rollout
+from letsinfer.lifecycle import adapters, cluster, rollout
 from letsinfer.lifecycle.serving import Busy, Serving
 from letsinfer.trust.peer import Peer, gated_peer
 
@@ -75,6 +75,13 @@ def lifecycle_router(sv: Serving, model_store: Path) -> APIRouter:
             raise HTTPException(404, f"{exc}. Nothing changed.") from exc
         except lifecycle.Refused as exc:
             raise HTTPException(409, f"{exc}. Nothing changed.") from exc
+
+    @router.get("/v1/local/scene")
+    async def scene() -> dict[str, Any]:
+        """What displays need beside the authority (letsinfer.authority.states):
+        the groups leaving service now, which only this process knows, and when
+        a child counts as unreachable."""
+        return {"draining": sorted(sv.routing.draining()), "stale_after_s": sv.stale_after_s}
 
     @router.post("/v1/ops/models/{name:path}/upgrade")
     async def upgrade(name: str, body: Upgrade, p: Operator) -> dict[str, Any]:
@@ -156,6 +163,14 @@ def lifecycle_router(sv: Serving, model_store: Path) -> APIRouter:
             return {**done.to_json(), "cut": cut}
 
         return await exclusive(f"removal of {name}", work)  # type: ignore[no-any-return]
+
+    @router.post("/v1/ops/models/{name:path}/reload")
+    async def reload(name: str, p: Operator) -> dict[str, Any]:
+        """The model's groups start afresh one at a time (its LoRA adapters changed)."""
+        return await exclusive(  # type: ignore[no-any-return]
+            f"reload of {name}",
+            lambda: adapters.reload(sv, name, actor=actor_of(store, p), role=p.identity.role),
+        )
 
     @router.post("/v1/ops/cluster/stop")
     async def cluster_stop(p: Operator) -> dict[str, Any]:

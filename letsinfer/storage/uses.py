@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from letsinfer.home import Home
-from letsinfer.store import AuthorityStore, PgTaskRecord
+from letsinfer.store import AuthorityStore, PgTaskRecord, ServiceRecord
 
 
 @dataclass(frozen=True)
@@ -77,20 +77,28 @@ def child_uses(home: Home, groups: list[dict[str, Any]] | None, engines: set[str
     )
 
 
+def _digests(store: AuthorityStore, svc: ServiceRecord) -> list[str]:
+    """The files a model's engines read: its own, then its LoRA adapters'."""
+    return [svc.artifact_digest, *(a.artifact_digest for a in store.list_adapters(svc.name))]
+
+
 def main_uses(store: AuthorityStore, node_id: str, engines: set[str]) -> NodeUses:
-    services = {s.name: s for s in store.list_services()}
+    services = {s.name: s for s in store.list_services() if not s.is_external}
     origins: dict[str, list[str]] = {}
     for s in services.values():
         origins.setdefault(s.artifact_digest, []).append(s.name)
+    for a in store.list_adapters():
+        origins.setdefault(a.artifact_digest, []).append(a.name)
     groups = []
     for pg in store.list_placement_groups():
         if node_id not in {t.node_id for t in store.pg_tasks(pg.id)} and pg.node_id != node_id:
             continue
         svc = services.get(pg.service)
         if svc is not None:
-            groups.append(
-                GroupUse(pg.id, pg.service, svc.artifact_digest, pg.desired, pg.id in engines)
-            )
+            groups += [
+                GroupUse(pg.id, pg.service, digest, pg.desired, pg.id in engines)
+                for digest in _digests(store, svc)
+            ]
     return NodeUses("main", groups, origins)
 
 
@@ -104,12 +112,13 @@ def groups_for_child(
         pg = store.get_placement_group(task.pg_id)
         svc = store.get_service(pg.service) if pg is not None else None
         if pg is not None and svc is not None:
-            out.append(
+            out += [
                 {
                     "pg_id": pg.id,
                     "service": svc.name,
-                    "artifact_digest": svc.artifact_digest,
+                    "artifact_digest": digest,
                     "desired": pg.desired,
                 }
-            )
+                for digest in _digests(store, svc)
+            ]
     return out

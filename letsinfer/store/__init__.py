@@ -1,5 +1,6 @@
 """The authority's SQLite store: the only package that writes SQL."""
 
+from letsinfer.store.adapters import AdapterRecord
 from letsinfer.store.audit import AuditRecord, ChainTail, Denial, HeadKeeper
 from letsinfer.store.authority import (
     ApiKeyRecord,
@@ -21,6 +22,7 @@ from letsinfer.store.authority import (
 )
 
 __all__ = [
+    "AdapterRecord",
     "ApiKeyRecord",
     "AuditRecord",
     "AuthorityStore",

@@ -104,6 +104,11 @@ class AuditTables:
             )
         return [AuditRecord(**r) for r in rows]
 
+    def audit_after(self, seq: int, limit: int = 1000) -> list[AuditRecord]:
+        """Records appended after ``seq``, oldest first (at most ``limit``)."""
+        rows = self._rows("SELECT * FROM audit WHERE seq > ? ORDER BY seq LIMIT ?", (seq, limit))
+        return [AuditRecord(**r) for r in rows]
+
     def audit_tail(self) -> tuple[int, str] | None:
         """(seq, hash) of the last record, or None for an empty chain."""
         rows = self._rows("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1")

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import sqlite3
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,11 +24,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import sqlite_utils
-
+from letsinfer.home import admin_gid, share_with_group
+from letsinfer.store.adapters import AdapterTables
 from letsinfer.store.audit import AuditTables, HeadKeeper
 from letsinfer.store.migrations import MIGRATIONS
 
+
+def _import_sqlite_utils() -> Any:
+    """sqlite_utils imports numpy when it can, only to store numpy values
+    (never done here); numpy would cost every CLI call a tenth of a second.
+    It is hidden during that one import, and importable again afterwards."""
+    hidden = "numpy" not in sys.modules
+    if hidden:
+        sys.modules["numpy"] = None  # type: ignore[assignment]  # import fails: "not installed"
+    try:
+        import sqlite_utils
+    finally:
+        if hidden:
+            del sys.modules["numpy"]
+    return sqlite_utils
+
+
+sqlite_utils = _import_sqlite_utils()
 log = logging.getLogger("letsinfer.store")
 CLUSTER_STOPPED = "cluster.stopped"  # the settings key `cluster stop` writes
 
@@ -130,6 +148,15 @@ class ServiceRecord:
     created_at: float
     origin: dict[str, Any] | None = None  # repo, revision, commit, files (model pull)
     kind: str = "completion"  # what proves its engine: a completion or an embedding
+    # An OpenAI-compatible upstream instead of placement groups (format
+    # "external"): url, provider_model, key_file, ca_file, concurrency. The
+    # provider's key is never here, only the file it is read from.
+    external: dict[str, Any] | None = None
+    fallback: str | None = None  # the model that answers when this one cannot
+
+    @property
+    def is_external(self) -> bool:
+        return self.external is not None
 
 
 @dataclass(frozen=True)
@@ -219,6 +246,25 @@ class ApiKeyRecord:
     concurrency: int | None
     created_at: float
     revoked_at: float | None
+    band: str = "standard"  # interactive, standard or batch: its turn in the admission queue
+    rpm: int | None = None  # requests per minute
+    tpm: int | None = None  # tokens (prompt + completion) per minute
+    budget_tokens: int | None = None  # tokens per budget_period
+    budget_period: str | None = None  # day, week or month (UTC calendar)
+    cache_ttl_s: int | None = None  # None: no response cache for this key
+    cache_sampled: bool = False  # also cache answers sampled at a non-zero temperature
+
+
+# What `auth key limits` may change on a key, and the store's column for each.
+KEY_POLICY_FIELDS = (
+    "band",
+    "rpm",
+    "tpm",
+    "budget_tokens",
+    "budget_period",
+    "cache_ttl_s",
+    "cache_sampled",
+)
 
 
 @dataclass(frozen=True)
@@ -228,7 +274,7 @@ class ArtifactReference:
     holder: str  # its name or id
 
 
-class AuthorityStore(AuditTables):
+class AuthorityStore(AuditTables, AdapterTables):
     def __init__(self, path: Path, anchor: HeadKeeper | None = None) -> None:
         """``anchor``: signs the audit chain's head after each commit that
         appended to it (letsinfer.authority.anchor); None where nothing can sign."""
@@ -241,6 +287,7 @@ class AuthorityStore(AuditTables):
             # audit chain. SQLite gives its -wal/-shm files the same mode.
             os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o660))
             path.chmod(0o660)  # past the umask
+            share_with_group(path, admin_gid())  # the letsinfer group's CLI
         # Each thread opens its own store; the check stays off because a store
         # is created on one thread and may be closed on another at shutdown.
         conn = sqlite3.connect(path, timeout=10.0, isolation_level=None, check_same_thread=False)
@@ -314,7 +361,7 @@ class AuthorityStore(AuditTables):
         self.rows_read += len(rows)
         return rows
 
-    # -- what changed (migration 10's counters) -----------------------------
+    # -- what changed (migration 11's counters) -----------------------------
     def revisions(self) -> dict[str, int]:
         """Each kind of change's counter: directory, groups, nodes, revoked."""
         return {r["name"]: int(r["rev"]) for r in self._rows("SELECT name, rev FROM revisions")}
@@ -689,7 +736,8 @@ class AuthorityStore(AuditTables):
         """Every artifact digest a model service or a runtime release needs."""
         rows = self._rows(
             "SELECT artifact_digest AS digest, 'model service' AS holder_kind, name AS holder "
-            "FROM model_services UNION ALL "
+            "FROM model_services WHERE external IS NULL UNION ALL "
+            "SELECT artifact_digest, 'LoRA adapter', name FROM model_adapters UNION ALL "
             "SELECT j.value, 'runtime release', r.id "
             "FROM runtime_releases r, json_each(r.artifacts) j ORDER BY 1, 2, 3"
         )
@@ -707,13 +755,11 @@ class AuthorityStore(AuditTables):
         origin: dict[str, Any] | None = None,
         *,
         kind: str = "completion",
+        external: dict[str, Any] | None = None,
+        fallback: str | None = None,
     ) -> ServiceRecord:
-        taken = self.resolve_service(name)
-        if taken is not None:
-            raise StoreError(f"model {name!r} already exists")
-        for alias in aliases:
-            if self.resolve_service(alias) is not None:
-                raise StoreError(f"alias {alias!r} is already taken by another model")
+        for taken in (name, *aliases):
+            self.check_name_free(taken)
         self.db["model_services"].insert(
             {
                 "name": name,
@@ -725,6 +771,8 @@ class AuthorityStore(AuditTables):
                 "created_at": time.time(),
                 "origin": json.dumps(origin, sort_keys=True) if origin is not None else None,
                 "kind": kind,
+                "external": json.dumps(external, sort_keys=True) if external is not None else None,
+                "fallback": fallback,
             }
         )
         svc = self.get_service(name)
@@ -745,6 +793,23 @@ class AuthorityStore(AuditTables):
 
     def list_services(self) -> list[ServiceRecord]:
         return [_service(r) for r in self._rows("SELECT * FROM model_services ORDER BY name")]
+
+    def check_name_free(self, name: str) -> None:
+        """Models, their aliases and LoRA adapters share one namespace: the
+        name a client puts in ``model`` picks exactly one of them."""
+        holder = self.resolve_service(name)
+        if holder is not None and holder.name == name:
+            raise StoreError(f"model {name!r} already exists")
+        if holder is not None:
+            raise StoreError(f"the name {name!r} is already an alias of model {holder.name}")
+        adapter = self.get_adapter(name)
+        if adapter is not None:
+            raise StoreError(
+                f"the name {name!r} is already taken by a LoRA adapter of {adapter.service}"
+            )
+
+    def set_fallback(self, name: str, fallback: str | None) -> None:
+        self.db.execute("UPDATE model_services SET fallback = ? WHERE name = ?", (fallback, name))
 
     def add_placement_group(
         self,
@@ -995,10 +1060,14 @@ class AuthorityStore(AuditTables):
             self.db.execute("DELETE FROM placement_groups WHERE service = ?", (name,))
             self.db.execute("DELETE FROM release_history WHERE service = ?", (name,))
             self.db.execute("DELETE FROM model_services WHERE name = ?", (name,))
+            # A model that fell back to it answers for itself again.
+            self.db.execute("UPDATE model_services SET fallback = NULL WHERE fallback = ?", (name,))
 
     def services_using(self, digest: str) -> list[str]:
         rows = self._rows(
-            "SELECT name FROM model_services WHERE artifact_digest = ? ORDER BY name", (digest,)
+            "SELECT name FROM model_services WHERE artifact_digest = ? AND external IS NULL "
+            "UNION SELECT name FROM model_adapters WHERE artifact_digest = ? ORDER BY name",
+            (digest, digest),
         )
         return [r["name"] for r in rows]
 
@@ -1042,7 +1111,9 @@ class AuthorityStore(AuditTables):
         prefix: str,
         models: tuple[str, ...],
         concurrency: int | None,
+        policy: dict[str, Any] | None = None,
     ) -> ApiKeyRecord:
+        """``policy``: any of KEY_POLICY_FIELDS (band, limits, cache)."""
         try:
             self.db["api_keys"].insert(
                 {
@@ -1054,6 +1125,7 @@ class AuthorityStore(AuditTables):
                     "concurrency": concurrency,
                     "created_at": time.time(),
                     "revoked_at": None,
+                    **_policy_columns(policy or {}),
                 }
             )
         except sqlite3.IntegrityError as exc:
@@ -1071,6 +1143,18 @@ class AuthorityStore(AuditTables):
             sql += " AND name = :name"
             params["name"] = name
         return [_key(r) for r in self._rows(sql + " ORDER BY created_at", params)]
+
+    def set_key_policy(self, name: str, policy: dict[str, Any]) -> bool:
+        """Change an active key's band, limits or cache (KEY_POLICY_FIELDS)."""
+        columns = _policy_columns(policy)
+        if not columns:
+            return bool(self.list_api_keys(name=name))
+        sets = ", ".join(f"{k} = :{k}" for k in columns)
+        cur = self.db.execute(
+            f"UPDATE api_keys SET {sets} WHERE name = :name AND revoked_at IS NULL",
+            {**columns, "name": name},
+        )
+        return cur.rowcount > 0
 
     def revoke_api_key(self, name: str) -> bool:
         cur = self.db.execute(
@@ -1132,6 +1216,8 @@ def _service(r: dict[str, Any]) -> ServiceRecord:
         created_at=r["created_at"],
         origin=json.loads(r["origin"]) if r.get("origin") else None,
         kind=r.get("kind") or "completion",
+        external=json.loads(r["external"]) if r.get("external") else None,
+        fallback=r.get("fallback"),
     )
 
 
@@ -1149,4 +1235,18 @@ def _key(r: dict[str, Any]) -> ApiKeyRecord:
         concurrency=r["concurrency"],
         created_at=r["created_at"],
         revoked_at=r["revoked_at"],
+        band=r.get("band") or "standard",
+        rpm=r.get("rpm"),
+        tpm=r.get("tpm"),
+        budget_tokens=r.get("budget_tokens"),
+        budget_period=r.get("budget_period"),
+        cache_ttl_s=r.get("cache_ttl_s"),
+        cache_sampled=bool(r.get("cache_sampled")),
     )
+
+
+def _policy_columns(policy: dict[str, Any]) -> dict[str, Any]:
+    unknown = set(policy) - set(KEY_POLICY_FIELDS)
+    if unknown:
+        raise StoreError(f"not a key policy field: {', '.join(sorted(unknown))}")
+    return {k: int(v) if k == "cache_sampled" else v for k, v in policy.items()}

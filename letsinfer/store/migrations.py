@@ -233,7 +233,35 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE nodes ADD COLUMN cert_not_after REAL;
     """,
-    # 10: what changed, cheaply, for a main with many nodes. A counter per kind
+    # 10: the gateway's breadth. Per API key: a priority band, rate limits and
+    # a token budget, an opt-in response cache. Per model: an external
+    # (OpenAI-compatible) upstream instead of placement groups (JSON: url,
+    # provider model, key file, CA file, concurrency; never the key itself), and
+    # a fallback model. LoRA adapters, each named in the models' namespace and
+    # served by its base model's groups.
+    """
+    ALTER TABLE api_keys ADD COLUMN band TEXT NOT NULL DEFAULT 'standard'
+        CHECK (band IN ('interactive', 'standard', 'batch'));
+    ALTER TABLE api_keys ADD COLUMN rpm INTEGER;
+    ALTER TABLE api_keys ADD COLUMN tpm INTEGER;
+    ALTER TABLE api_keys ADD COLUMN budget_tokens INTEGER;
+    ALTER TABLE api_keys ADD COLUMN budget_period TEXT
+        CHECK (budget_period IN ('day', 'week', 'month'));
+    ALTER TABLE api_keys ADD COLUMN cache_ttl_s INTEGER;
+    ALTER TABLE api_keys ADD COLUMN cache_sampled INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE model_services ADD COLUMN external TEXT;
+    ALTER TABLE model_services ADD COLUMN fallback TEXT;
+    CREATE TABLE model_adapters (
+        name TEXT PRIMARY KEY,
+        service TEXT NOT NULL REFERENCES model_services(name) ON DELETE CASCADE,
+        artifact_digest TEXT NOT NULL,
+        artifact_size INTEGER NOT NULL,
+        source TEXT,
+        created_at REAL NOT NULL
+    );
+    CREATE INDEX model_adapters_service ON model_adapters(service);
+    """,
+    # 11: what changed, cheaply, for a main with many nodes. A counter per kind
     # of change, raised by triggers whoever writes (the node, the CLI): the
     # gateway's directory (keys, models, groups' desired state, settings), the
     # groups' observed state, node membership (not facts: those change every
@@ -296,6 +324,15 @@ MIGRATIONS: list[str] = [
         UPDATE revisions SET rev = rev + 1 WHERE name = 'directory';
     END;
     CREATE TRIGGER settings_deleted AFTER DELETE ON settings BEGIN
+        UPDATE revisions SET rev = rev + 1 WHERE name = 'directory';
+    END;
+    CREATE TRIGGER adapters_added AFTER INSERT ON model_adapters BEGIN
+        UPDATE revisions SET rev = rev + 1 WHERE name = 'directory';
+    END;
+    CREATE TRIGGER adapters_changed AFTER UPDATE ON model_adapters BEGIN
+        UPDATE revisions SET rev = rev + 1 WHERE name = 'directory';
+    END;
+    CREATE TRIGGER adapters_deleted AFTER DELETE ON model_adapters BEGIN
         UPDATE revisions SET rev = rev + 1 WHERE name = 'directory';
     END;
     CREATE TRIGGER groups_added AFTER INSERT ON placement_groups BEGIN

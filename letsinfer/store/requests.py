@@ -11,6 +11,8 @@ import sqlite3
 from pathlib import Path
 from typing import Literal, NamedTuple
 
+from letsinfer.home import admin_gid, share_with_group
+
 
 class RequestRecord(NamedTuple):
     ts: float  # wall clock at arrival, seconds since the epoch
@@ -27,6 +29,7 @@ class RequestRecord(NamedTuple):
     ttft_ms: float | None
     duration_ms: float
     queue_ms: float
+    cached: bool = False  # answered from the response cache: no tokens spent
 
 
 class UsageRow(NamedTuple):
@@ -38,6 +41,11 @@ class UsageRow(NamedTuple):
 
 
 UsageBy = Literal["key", "model", "node"]
+
+# A key's tokens in its budget period, and its last minute's requests as
+# (arrival, tokens, counted as a request): what rate limits are rebuilt from.
+KeyUsage = tuple[int, list[tuple[float, int, bool]]]
+_TOKENS = "COALESCE(prompt_tokens, 0) + COALESCE(completion_tokens, 0)"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS requests (
@@ -54,7 +62,8 @@ CREATE TABLE IF NOT EXISTS requests (
     completion_tokens INTEGER,
     ttft_ms REAL,
     duration_ms REAL NOT NULL,
-    queue_ms REAL NOT NULL
+    queue_ms REAL NOT NULL,
+    cached INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS requests_ts ON requests (ts);
 CREATE INDEX IF NOT EXISTS requests_id ON requests (request_id);
@@ -80,10 +89,14 @@ class RequestStore:
         if not path.exists():  # like the authority: owner and the letsinfer group
             os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o660))
             path.chmod(0o660)
+            share_with_group(path, admin_gid())  # the letsinfer group's CLI
         self.conn = sqlite3.connect(path, timeout=10.0, check_same_thread=False)
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=NORMAL")  # WAL: durable at checkpoints, never corrupt
         self.conn.executescript(_SCHEMA)
+        columns = {row[1] for row in self.conn.execute("PRAGMA table_info(requests)")}
+        if "cached" not in columns:  # a file written before the response cache existed
+            self.conn.execute("ALTER TABLE requests ADD COLUMN cached INTEGER NOT NULL DEFAULT 0")
 
     def close(self) -> None:
         self.conn.close()
@@ -100,7 +113,33 @@ class RequestStore:
         rows = self.conn.execute(
             f"SELECT {_COLUMNS} FROM requests WHERE request_id = ? ORDER BY ts", (request_id,)
         ).fetchall()
-        return [RequestRecord(*r[:7], bool(r[7]), *r[8:]) for r in rows]
+        return [RequestRecord(*r[:7], bool(r[7]), *r[8:14], bool(r[14])) for r in rows]
+
+    def key_usage(
+        self, period_starts: dict[str, float | None], window_from: float
+    ) -> dict[str, KeyUsage]:
+        """Per key: its tokens since its period's start (None: no budget), and
+        its requests since ``window_from``. A request refused with 429 is not
+        counted as a request (a rate limit refused it, or it never ran)."""
+        out: dict[str, KeyUsage] = {}
+        for key, start in period_starts.items():
+            spent = 0
+            if start is not None:
+                spent = self.conn.execute(
+                    f"SELECT COALESCE(SUM({_TOKENS}), 0) FROM requests "
+                    "WHERE key = ? AND ts >= ? AND cached = 0",
+                    (key, start),
+                ).fetchone()[0]
+            recent = [
+                (ts, 0 if cached else tokens, status != 429)
+                for ts, tokens, cached, status in self.conn.execute(
+                    f"SELECT ts, {_TOKENS}, cached, status FROM requests "
+                    "WHERE key = ? AND ts >= ? ORDER BY ts",
+                    (key, window_from),
+                )
+            ]
+            out[key] = (int(spent), recent)
+        return out
 
     def usage(self, by: UsageBy, since: float | None = None) -> list[UsageRow]:
         group = _GROUP[by]

@@ -6,7 +6,7 @@ database. It is kept without re-reading every node: read whole once at start
 accepted (:meth:`ClusterView.note_facts`, from the control plane's thread and
 for the main's own from the gateway's) and the background loop reads only
 the nodes whose membership changed, and the groups when any changed
-(the store's revisions, migration 10). ``nodes`` and ``groups`` are tuples
+(the store's revisions, migration 11). ``nodes`` and ``groups`` are tuples
 swapped whole (at most every ``min_interval_s``), safe to read from any
 thread. States are passed through as the store has them (ready, starting,
 failed, parked, ...): a new state needs no change here.

@@ -15,6 +15,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from letsinfer.home import Home
 from letsinfer.identity import NodeIdentity
 from letsinfer.trust import pki
+from letsinfer.trust.presented import presented_cert
 
 
 @dataclass(frozen=True)
@@ -42,9 +43,9 @@ def ensure_pairing_cert(home: Home, node_id: str) -> Path:
 def tls_files(home: Home, identity: NodeIdentity) -> TlsFiles:
     """The certificate this node presents now: its cluster certificate once
     enrolled, its pairing certificate before."""
+    cert = presented_cert(home, identity)
     if identity.enrolled and identity.cluster:
-        d = home.cluster_dir(identity.cluster)
-        return TlsFiles(cert=d / "node.crt", key=home.node_key, ca=d / "ca.crt")
+        return TlsFiles(cert=cert, key=home.node_key, ca=cert.parent / "ca.crt")
     return TlsFiles(cert=ensure_pairing_cert(home, identity.node_id), key=home.node_key, ca=None)
 
 

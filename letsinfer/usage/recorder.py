@@ -14,12 +14,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from letsinfer.config import RequestSettings
-from letsinfer.store.requests import RequestRecord, RequestStore
+from letsinfer.store.requests import KeyUsage, RequestRecord, RequestStore
 
 log = logging.getLogger("letsinfer.usage")
 
@@ -82,7 +82,41 @@ class RequestLog:
                 self.dropped += max(0, len(batch) - room)
                 self._pending[:0] = batch[:room]
 
+    def usage_of(
+        self, period_starts: dict[str, float | None], window_from: float
+    ) -> Awaitable[dict[str, KeyUsage]]:
+        """What the records say these keys used (letsinfer.gateway.limits rebuilds
+        its counts from it). The records not written yet are written first, in
+        the same step: at the moment of this call, every finished request is
+        either in what this reads or counted in memory after it."""
+        batch, self._pending = self._pending, []
+        return self._usage(batch, period_starts, window_from)
+
+    async def _usage(
+        self,
+        batch: list[RequestRecord],
+        period_starts: dict[str, float | None],
+        window_from: float,
+    ) -> dict[str, KeyUsage]:
+        written, usage = await asyncio.get_running_loop().run_in_executor(
+            self._executor, self._write_then_read, batch, period_starts, window_from
+        )
+        if not written:  # kept for the next round, within the bound
+            self._pending[:0] = batch[: self.max_pending - len(self._pending)]
+        return usage
+
     # -- in the writer thread ------------------------------------------------
+    def _write_then_read(
+        self,
+        batch: list[RequestRecord],
+        period_starts: dict[str, float | None],
+        window_from: float,
+    ) -> tuple[bool, dict[str, KeyUsage]]:
+        written = self._write(batch)
+        store = self._store or RequestStore(self.path)
+        self._store = store
+        return written, store.key_usage(period_starts, window_from)
+
     def _write(self, batch: list[RequestRecord]) -> bool:
         try:
             if self._store is None:

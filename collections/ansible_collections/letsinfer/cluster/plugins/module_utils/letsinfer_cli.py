@@ -72,7 +72,8 @@ class LetsinferCli:
         return out.strip().rsplit(" ", 1)[-1]
 
     def status(self):
-        """``letsinfer status --json`` as one dict (the command prints a one-item list)."""
+        """``letsinfer status --json``: one object (a one-item list from releases
+        before this one, which an upgrade may still be running)."""
         data = self.json("status", "--json")
         if isinstance(data, list):
             data = data[0] if data else {}

@@ -1,0 +1,189 @@
+"""LoRA adapters: checked against their base model, kept in the model store,
+named in the models' namespace.
+
+An adapter is accepted only when its GGUF says it is one (``general.type`` is
+``adapter``, ``adapter.type`` is ``lora``), its architecture is the base
+model's, and every pair of ``<tensor>.lora_a`` / ``<tensor>.lora_b`` matrices
+fits a tensor the base model has: lora_a has the base tensor's rows, lora_b
+its columns, and they share their rank (llama.cpp refuses anything else when
+it loads the adapter, and then the whole engine fails to start). Only the
+headers are read (memory-mapped): quick even for large models.
+
+Adding or removing an adapter changes what the base model's engines must
+load; they pick it up when they start next (a running node restarts them one
+group at a time, see letsinfer.lifecycle.adapters).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from letsinfer.authority.models import check_model_name
+from letsinfer.authority.modelstore import stage_gguf
+from letsinfer.contracts.artifacts import ModelFileError, artifact_path
+from letsinfer.store import AdapterRecord, AuthorityStore, StoreError
+
+
+class AdapterRefused(StoreError):
+    """The file is not a LoRA adapter of that model; nothing changed."""
+
+
+@dataclass(frozen=True)
+class AdapterShape:
+    architecture: str
+    rank: int
+    targets: dict[str, tuple[int, int]]  # base tensor -> (lora_a's ne0, lora_b's ne1)
+
+
+def _field(reader: Any, key: str) -> Any:
+    field = reader.get_field(key)
+    return None if field is None else field.contents()
+
+
+def _reader(path: Path) -> Any:
+    import gguf  # needs numpy: only when a file is checked
+
+    try:
+        return gguf.GGUFReader(str(path))
+    except Exception as exc:  # the reader raises many types on a bad file
+        raise AdapterRefused(f"{path}: cannot read its GGUF header ({exc})") from exc
+
+
+def read_adapter(path: Path) -> AdapterShape:
+    """What a LoRA adapter file declares, or AdapterRefused saying what it is not."""
+    reader = _reader(path)
+    kind, lora = _field(reader, "general.type"), _field(reader, "adapter.type")
+    if kind != "adapter" or lora != "lora":
+        raise AdapterRefused(
+            f"{path}: not a LoRA adapter (general.type={kind!r}, adapter.type={lora!r}; "
+            "expected 'adapter' and 'lora')"
+        )
+    arch = _field(reader, "general.architecture")
+    if not isinstance(arch, str):
+        raise AdapterRefused(f"{path}: no general.architecture")
+    halves: dict[str, dict[str, list[int]]] = {}
+    for t in reader.tensors:
+        base, _, half = t.name.rpartition(".")
+        if half not in ("lora_a", "lora_b") or not base:
+            raise AdapterRefused(f"{path}: tensor {t.name!r} is not a lora_a or lora_b matrix")
+        halves.setdefault(base, {})[half] = [int(n) for n in t.shape]
+    if not halves:
+        raise AdapterRefused(f"{path}: the adapter has no tensors")
+    targets: dict[str, tuple[int, int]] = {}
+    ranks = set()
+    for base, pair in sorted(halves.items()):
+        if set(pair) != {"lora_a", "lora_b"}:
+            raise AdapterRefused(f"{path}: {base} has lora_a or lora_b but not both")
+        a, b = pair["lora_a"], pair["lora_b"]
+        if len(a) != 2 or len(b) != 2 or a[1] != b[0]:
+            raise AdapterRefused(f"{path}: {base}.lora_a {a} and lora_b {b} do not share a rank")
+        ranks.add(a[1])
+        targets[base] = (a[0], b[1])
+    return AdapterShape(arch, max(ranks), targets)
+
+
+def check_fits(adapter: AdapterShape, base_path: Path, base_name: str) -> None:
+    """Refuse an adapter that does not fit the base model's architecture and tensors."""
+    reader = _reader(base_path)
+    arch = _field(reader, "general.architecture")
+    if arch != adapter.architecture:
+        raise AdapterRefused(
+            f"the adapter is for the {adapter.architecture!r} architecture; "
+            f"model {base_name} is {arch!r}"
+        )
+    shapes = {t.name: [int(n) for n in t.shape] for t in reader.tensors}
+    for target, (rows, cols) in adapter.targets.items():
+        shape = shapes.get(target)
+        if shape is None:
+            raise AdapterRefused(f"the adapter changes {target}, which model {base_name} lacks")
+        if len(shape) != 2 or shape[0] != rows or shape[1] != cols:
+            raise AdapterRefused(
+                f"the adapter's {target} is {rows}x{cols}; model {base_name} has it as "
+                f"{'x'.join(str(n) for n in shape)}"
+            )
+
+
+def add_adapter(
+    store: AuthorityStore,
+    model_store: Path,
+    base: str,
+    name: str,
+    source: Path,
+    *,
+    actor: str = "cli",
+    role: str | None = None,
+) -> AdapterRecord:
+    """Check the file against the base model, store it, record it (audited).
+    A refusal is audited and leaves the store and the authority as they were."""
+    check_model_name(name)
+    svc = store.resolve_service(base)
+    if svc is None:
+        raise StoreError(f"no model {base!r} (see `letsinfer model list`)")
+    if svc.is_external:
+        raise StoreError(f"model {svc.name} is external: its provider serves it, not an engine")
+    store.check_name_free(name)
+    try:
+        shape = read_adapter(source)
+        check_fits(shape, artifact_path(model_store, svc.artifact_digest), svc.name)
+        staged = stage_gguf(model_store, source)
+    except (AdapterRefused, ModelFileError) as exc:
+        why = str(exc)
+        store.append_audit(
+            actor, "model.adapter.add", "denied", role=role, target=name, detail=why[:1000]
+        )
+        raise AdapterRefused(f"adapter {name!r} refused: {why}. Nothing changed.") from exc
+    try:
+        with store.transaction():
+            made = store.add_adapter(name, svc.name, staged.digest, staged.size, str(source))
+            staged.commit()
+            store.append_audit(
+                actor,
+                "model.adapter.add",
+                "ok",
+                role=role,
+                target=name,
+                detail=f"LoRA of {svc.name} (rank {shape.rank}), sha256:{staged.digest}",
+            )
+    except BaseException:
+        staged.discard()
+        raise
+    return made
+
+
+def remove_adapter(
+    store: AuthorityStore,
+    model_store: Path,
+    name: str,
+    *,
+    actor: str = "cli",
+    role: str | None = None,
+) -> AdapterRecord:
+    """Forget an adapter (audited); its file goes when nothing else uses it."""
+    adapter = store.get_adapter(name)
+    if adapter is None:
+        raise StoreError(f"no LoRA adapter {name!r} (see `letsinfer model adapter list`)")
+    with store.transaction():
+        store.delete_adapter(name)
+        store.append_audit(
+            actor,
+            "model.adapter.remove",
+            "ok",
+            role=role,
+            target=name,
+            detail=f"LoRA of {adapter.service}, sha256:{adapter.artifact_digest}",
+        )
+    free_unused(store, model_store, adapter.artifact_digest)
+    return adapter
+
+
+def free_unused(store: AuthorityStore, model_store: Path, digest: str) -> bool:
+    """Delete a file of the main's model store that no model or adapter uses."""
+    if store.services_using(digest):
+        return False
+    path = artifact_path(model_store, digest)
+    if path.is_file():
+        path.unlink()
+        return True
+    return False

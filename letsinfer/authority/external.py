@@ -1,0 +1,147 @@
+"""External models and fallbacks, as the authority records them.
+
+An external model is an OpenAI-compatible provider published under a model
+name: the authority keeps its URL, the provider's model name, the path of the
+file that holds the provider's key (never the key: the gateway reads the file
+when it sends a request), an optional CA file for the provider's TLS, and how
+many requests it may have there at once. A fallback names the model that
+answers a request when none of a model's own groups can.
+"""
+
+from __future__ import annotations
+
+import ssl
+import stat
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from letsinfer.authority.models import check_model_name, resolve_fallback
+from letsinfer.store import AuthorityStore, ServiceRecord, StoreError
+
+DEFAULT_CONCURRENCY = 64  # requests at the provider at once, unless told
+
+
+def check_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise StoreError(f"{url!r} is not an http(s) URL (such as https://api.example.com/v1)")
+    if parts.username or parts.password or parts.query or parts.fragment:
+        raise StoreError(
+            f"{url!r}: give the provider's API base only (no user, query or fragment); "
+            "its key goes in --key-file"
+        )
+    try:
+        parts.port  # noqa: B018  (raises on a bad port)
+    except ValueError as exc:
+        raise StoreError(f"{url!r}: {exc}") from exc
+    return url.rstrip("/")
+
+
+def check_key_file(path: Path) -> str:
+    """An absolute path to a readable, private, one-line key file. Only its
+    shape is checked here: the key itself is never shown, stored or logged."""
+    path = path.expanduser().absolute()
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise StoreError(f"key file {path}: {exc.strerror}") from exc
+    if not stat.S_ISREG(st.st_mode):
+        raise StoreError(f"key file {path} is not a regular file")
+    if st.st_mode & stat.S_IROTH:
+        raise StoreError(
+            f"key file {path} can be read by every user of this machine; "
+            f"make it private first (chmod 600 {path}, or 640 with the letsinfer group)"
+        )
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise StoreError(f"key file {path} cannot be read: {exc}") from exc
+    key = text.strip()
+    if not key or "\n" in key or "\r" in key:
+        raise StoreError(f"key file {path} must hold exactly one line: the provider's API key")
+    return str(path)
+
+
+def check_ca_file(path: Path) -> str:
+    path = path.expanduser().absolute()
+    try:
+        ssl.create_default_context(cafile=str(path))
+    except (OSError, ssl.SSLError) as exc:
+        raise StoreError(f"CA file {path}: not a PEM certificate bundle ({exc})") from exc
+    return str(path)
+
+
+def add_external_model(
+    store: AuthorityStore,
+    name: str,
+    url: str,
+    provider_model: str,
+    key_file: Path | None,
+    *,
+    ca_file: Path | None = None,
+    concurrency: int | None = None,
+    aliases: tuple[str, ...] = (),
+    fallback: str | None = None,
+    actor: str = "cli",
+) -> ServiceRecord:
+    """Record an external model (audited); every check happens before anything changes."""
+    check_model_name(name)
+    for alias in aliases:
+        check_model_name(alias)
+    for taken in (name, *aliases):
+        store.check_name_free(taken)
+    if not provider_model or len(provider_model) > 256 or not provider_model.isprintable():
+        raise StoreError("--provider-model must be the provider's model name (1-256 characters)")
+    if concurrency is not None and not 1 <= concurrency <= 4096:
+        raise StoreError("--concurrency must be between 1 and 4096")
+    external: dict[str, Any] = {
+        "url": check_url(url),
+        "provider_model": provider_model,
+        "key_file": check_key_file(key_file) if key_file is not None else None,
+        "ca_file": check_ca_file(ca_file) if ca_file is not None else None,
+        "concurrency": concurrency or DEFAULT_CONCURRENCY,
+    }
+    if external["ca_file"] and not external["url"].startswith("https://"):
+        raise StoreError("--ca-file is for an https URL")
+    target = resolve_fallback(store, name, fallback) if fallback is not None else None
+    with store.transaction():
+        svc = store.add_service(
+            name, "", 0, "external", external["url"], aliases, external=external, fallback=target
+        )
+        store.append_audit(
+            actor,
+            "model.add",
+            "ok",
+            target=name,
+            detail=f"external: {external['url']} as {provider_model}",
+        )
+    return svc
+
+
+def set_fallback(
+    store: AuthorityStore,
+    name: str,
+    fallback: str | None,
+    *,
+    actor: str = "cli",
+    role: str | None = None,
+) -> ServiceRecord:
+    """Set (or, with None, clear) the model that answers when this one cannot."""
+    svc = store.resolve_service(name)
+    if svc is None:
+        raise StoreError(f"no model {name!r} (see `letsinfer model list`)")
+    target = resolve_fallback(store, svc.name, fallback) if fallback is not None else None
+    with store.transaction():
+        store.set_fallback(svc.name, target)
+        store.append_audit(
+            actor,
+            "model.fallback",
+            "ok",
+            role=role,
+            target=svc.name,
+            detail=f"fallback {target}" if target else "no fallback",
+        )
+    updated = store.get_service(svc.name)
+    assert updated is not None
+    return updated

@@ -1,0 +1,115 @@
+"""``letsinfer model adapter``: LoRA adapters served by name by their base model's groups."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import click
+
+from letsinfer.authority.adapters import add_adapter, remove_adapter
+from letsinfer.authority.anchor import open_authority
+from letsinfer.cli.local import ask_node, segment
+from letsinfer.cli.model import model
+from letsinfer.cli.output import console, emit
+from letsinfer.cli.scope import CliContext, scoped
+
+
+@model.group()
+def adapter() -> None:
+    """LoRA adapters: clients name one as their model; its base model's groups serve it."""
+
+
+def _reload(ctx: CliContext, base: str) -> None:
+    """With the node running, the base model's groups load the adapters again,
+    one at a time; otherwise they load them when the node starts."""
+    answer = ask_node(ctx.home, "POST", f"/v1/ops/models/{segment(base)}/reload", timeout=None)
+    if answer is None:
+        console.print(f"no node runs here: {base}'s groups load it when the node starts")
+        return
+    for g in answer["placement_groups"]:
+        console.print(f"  {g['group']} on {g['node']}: {g['outcome']}", highlight=False)
+    if not answer["ok"]:
+        raise click.ClickException(
+            f"{base}: a placement group did not come back with its adapters (see above)"
+        )
+
+
+@scoped(adapter, "add", scope="main")
+@click.argument("model_name", metavar="MODEL")
+@click.argument("name")
+@click.option(
+    "--gguf",
+    "gguf_path",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="The adapter as a LoRA GGUF (llama.cpp's convert_lora_to_gguf.py writes one).",
+)
+@click.pass_obj
+def add(ctx: CliContext, model_name: str, name: str, gguf_path: Path) -> None:
+    """Add a LoRA adapter of MODEL, served as the model NAME. Refused unless it
+    fits MODEL's architecture and tensors. MODEL's groups restart one at a
+    time to load it."""
+    store = open_authority(ctx.home)
+    try:
+        made = add_adapter(store, ctx.home.model_store, model_name, name, gguf_path.expanduser())
+    finally:
+        store.close()
+    console.print(
+        f"added LoRA adapter [bold]{made.name}[/bold] of {made.service} "
+        f"(sha256:{made.artifact_digest[:12]})"
+    )
+    _reload(ctx, made.service)
+
+
+@scoped(adapter, "list", scope="main")
+@click.argument("model_name", metavar="[MODEL]", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+def list_adapters(ctx: CliContext, model_name: str | None, as_json: bool) -> None:
+    """List LoRA adapters (of MODEL only, when given)."""
+    store = open_authority(ctx.home)
+    try:
+        base = None
+        if model_name is not None:
+            svc = store.resolve_service(model_name)
+            if svc is None:
+                raise click.ClickException(f"no model {model_name!r}")
+            base = svc.name
+        rows: list[dict[str, Any]] = [
+            {
+                "name": a.name,
+                "model": a.service,
+                "sha256": a.artifact_digest,
+                "size": a.artifact_size,
+                "added": datetime.fromtimestamp(a.created_at, UTC).isoformat(timespec="seconds"),
+            }
+            for a in store.list_adapters(base)
+        ]
+    finally:
+        store.close()
+    if as_json:
+        emit(rows, [], as_json=True)
+        return
+    emit(
+        [{**r, "sha256": r["sha256"][:12], "size": f"{r['size'] / 1e6:.1f} MB"} for r in rows],
+        ["name", "model", "size", "sha256", "added"],
+        as_json=False,
+        title="LoRA adapters",
+    )
+
+
+@scoped(adapter, "remove", scope="main")
+@click.argument("name")
+@click.pass_obj
+def remove(ctx: CliContext, name: str) -> None:
+    """Remove a LoRA adapter: requests naming it get 404 at once (its base
+    model's groups then restart one at a time without it)."""
+    store = open_authority(ctx.home)
+    try:
+        gone = remove_adapter(store, ctx.home.model_store, name)
+    finally:
+        store.close()
+    console.print(f"removed LoRA adapter [bold]{gone.name}[/bold] of {gone.service}")
+    _reload(ctx, gone.service)

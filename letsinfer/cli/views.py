@@ -1,0 +1,99 @@
+"""The objects the main's displays print, one shape per kind (docs/json.md).
+
+A placement group is the same object in `status`, `model list`, `model show`,
+`topology` and `cluster status`; a model the same in `status`, `model list`
+and `model show`; a node the same in `node list`, `topology` and `cluster
+status`. Every state in them comes from letsinfer.authority.states.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from letsinfer.authority.states import Scene
+from letsinfer.store import AuthorityStore, NodeRecord, PlacementGroupRecord, ServiceRecord
+
+
+def when(ts: float | None) -> str | None:
+    """A time as ISO 8601 UTC (seconds), the one way JSON spells times."""
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds") if ts else None
+
+
+def group_object(store: AuthorityStore, scene: Scene, pg: PlacementGroupRecord) -> dict[str, Any]:
+    return {
+        "id": pg.id,
+        "model": pg.service,
+        "node": scene.node_name(pg.node_id),
+        "target": pg.target,
+        "release": pg.release_id,
+        "gpus": store.pg_gpus(pg.id),
+        "desired": pg.desired,
+        "state": scene.group_state(pg),
+        "endpoint": pg.endpoint,
+        "pid": pg.pid,
+        "capacity": pg.capacity,
+        "restarts": pg.restarts,
+        "detail": pg.detail,
+        "paused": pg.paused_reason,
+        "generation": pg.generation,
+        "tasks": [
+            {
+                "task": t.task,
+                "node": scene.node_name(t.node_id),
+                "address": t.address,
+                "port": t.port,
+                "gpus": store.task_gpus(pg.id, t.task),
+                "state": t.state,
+                "detail": t.detail,
+            }
+            for t in store.pg_tasks(pg.id)
+        ],
+    }
+
+
+def model_object(store: AuthorityStore, scene: Scene, svc: ServiceRecord) -> dict[str, Any]:
+    pgs = store.list_placement_groups(service=svc.name)
+    o = svc.origin or {}
+    return {
+        "name": svc.name,
+        "aliases": list(svc.aliases),
+        "kind": svc.kind,
+        "format": svc.format,
+        "sha256": svc.artifact_digest,
+        "size": svc.artifact_size,
+        # Where a pulled model came from (all null for a model added from a file).
+        "repo": o.get("repo"),
+        "revision": o.get("revision"),
+        "commit": o.get("commit"),
+        "files": o.get("files", []),
+        "state": scene.model_state(pgs),
+        "ready": sum(scene.group_state(pg) == "ready" for pg in pgs),
+        "total": len(pgs),
+        "placement_groups": [group_object(store, scene, pg) for pg in pgs],
+        # Releases this model ran: what `model rollback --to` may reinstall.
+        "releases": [
+            {
+                "release": h.release_id,
+                "node": scene.node_name(h.node_id),
+                "placement_group": h.pg_id,
+                "event": h.event,
+                "at": when(h.at),
+            }
+            for h in store.release_history(svc.name)
+        ],
+    }
+
+
+def node_object(scene: Scene, n: NodeRecord) -> dict[str, Any]:
+    return {
+        "name": n.name,
+        "id": n.id,
+        "role": n.role,
+        "address": n.address,
+        "state": scene.node_state(n),
+        "paused": n.paused,
+        "last_seen": when(n.last_seen),
+        "removed_at": when(n.removed_at),
+        "fingerprint": n.cert_fingerprint,
+    }

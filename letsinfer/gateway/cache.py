@@ -1,0 +1,117 @@
+"""An opt-in response cache: exact answers again, for keys that ask for it.
+
+Only keys with a cache TTL reach this module (the request path checks
+``key.cache is not None`` and nothing else). An answer is cached when all of
+these hold:
+
+- the request is not streamed (streams pass through untouched and say
+  ``x-letsinfer-cache: bypass``: replaying a stream at once would change its
+  timing, and holding it whole would break "chunk by chunk, never buffered");
+- its temperature is 0, or the key asks for sampled answers to be cached too
+  (an unset temperature is the engine's default, which samples);
+- the client did not send ``Cache-Control: no-cache`` (then the request reaches
+  the engine, and its fresh answer replaces the cached one);
+- the answer is a 200 and fits the cache's per-entry bound.
+
+The cache key is a SHA-256 over the key's name, the endpoint, the model that
+serves (so an alias and its model share entries) and the request itself in a
+canonical form (sorted keys, no ``user``, ``stream`` or ``stream_options``):
+so the same question in other JSON spelling hits, and one API key never
+learns from the cache what another asked. Entries expire after the key's TTL
+and the least recently used go first once the cache holds ``max_bytes``.
+Nothing is written to disk: a restart empties it.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+HIT = b"hit"
+MISS = b"miss"
+BYPASS = b"bypass"
+
+_NOT_PART = frozenset({"user", "stream", "stream_options"})
+
+
+@dataclass(frozen=True)
+class CachePolicy:
+    ttl_s: int
+    sampled: bool = False  # cache answers sampled at a non-zero temperature too
+
+
+@dataclass(frozen=True)
+class Cached:
+    body: bytes
+    content_type: bytes
+    expires: float
+
+
+def cache_key(key: str, endpoint: str, model: str, request: dict[str, Any]) -> bytes:
+    canonical = {k: v for k, v in request.items() if k not in _NOT_PART}
+    canonical["model"] = model
+    text = json.dumps(
+        [key, endpoint, canonical], sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    )
+    return hashlib.sha256(text.encode()).digest()
+
+
+def eligible(policy: CachePolicy, stream: bool, temperature: float | None, embedding: bool) -> bool:
+    if stream:
+        return False
+    if embedding or policy.sampled:
+        return True
+    return temperature == 0
+
+
+def no_cache(header: bytes | None) -> bool:
+    """Whether a Cache-Control request header asks for a fresh answer."""
+    if not header:
+        return False
+    directives = {d.strip().split(b"=", 1)[0].lower() for d in header.split(b",")}
+    return b"no-cache" in directives or b"no-store" in directives
+
+
+class ResponseCache:
+    def __init__(self, max_bytes: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_bytes = max_bytes
+        self.max_entry = max(1, max_bytes // 8)  # one answer never takes the whole cache
+        self.clock = clock
+        self.size = 0
+        self.hits = 0
+        self.misses = 0
+        self._entries: collections.OrderedDict[bytes, Cached] = collections.OrderedDict()
+
+    def get(self, key: bytes) -> Cached | None:
+        entry = self._entries.get(key)
+        if entry is None:
+            self.misses += 1
+            return None
+        if entry.expires <= self.clock():
+            self._drop(key)
+            self.misses += 1
+            return None
+        self._entries.move_to_end(key)
+        self.hits += 1
+        return entry
+
+    def put(self, key: bytes, body: bytes, content_type: bytes, ttl_s: float) -> None:
+        if len(body) > self.max_entry:
+            return
+        if key in self._entries:
+            self._drop(key)
+        self._entries[key] = Cached(body, content_type, self.clock() + ttl_s)
+        self.size += len(body)
+        while self.size > self.max_bytes:
+            self._drop(next(iter(self._entries)))
+
+    def _drop(self, key: bytes) -> None:
+        self.size -= len(self._entries.pop(key).body)
+
+    def __len__(self) -> int:
+        return len(self._entries)

@@ -1,0 +1,120 @@
+"""External models: an OpenAI-compatible provider published under a model name.
+
+Each external model is one replica in the routing table (group id
+``external:NAME``) whose base URL is the provider's: admission, retries before
+the first byte, streaming chunk by chunk and the request records work as for
+an engine. What differs happens per request, just before it is sent
+(:func:`prepare`): the body's ``model`` becomes the provider's model name, and
+the provider's key, read from its file at that moment, goes in the
+Authorization header. The key is never kept: not in the authority (only the
+file's path is), not in a log line, not in the client's cached request heads;
+changing the file changes the key from the next request on.
+
+TLS to the provider is verified against the system's CAs, or against the
+model's own CA file when it names one; there is no way to turn verification
+off.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from letsinfer.gateway.errors import GatewayError
+from letsinfer.gateway.routing import Replica, RoutingTable
+
+log = logging.getLogger("letsinfer.gateway")
+
+GROUP_PREFIX = "external:"
+
+
+@dataclass(frozen=True)
+class ExternalModel:
+    url: str  # the provider's API base, e.g. https://api.example.com/v1
+    provider_model: str  # the name the provider knows it by
+    key_file: str | None  # a file holding the provider's API key (None: no key)
+    ca_file: str | None = None  # verify the provider's TLS against this CA
+    concurrency: int = 64  # requests at the provider at once
+
+    @classmethod
+    def from_record(cls, data: dict[str, Any]) -> ExternalModel:
+        return cls(
+            url=str(data["url"]),
+            provider_model=str(data["provider_model"]),
+            key_file=data.get("key_file"),
+            ca_file=data.get("ca_file"),
+            concurrency=int(data["concurrency"]),
+        )
+
+
+def key_unreadable(model: str) -> GatewayError:
+    return GatewayError(
+        502,
+        f"Model '{model}' cannot be reached: the gateway cannot read its provider key "
+        "(see the gateway's log).",
+        type_="server_error",
+        code="provider_key_unreadable",
+    )
+
+
+def refused_key(model: str, status: int) -> GatewayError:
+    log.error("model %s: its provider refused the gateway's key (HTTP %d)", model, status)
+    return GatewayError(
+        502,
+        f"Model '{model}' cannot be reached: its provider refused the key letsinfer "
+        "holds for it (see the gateway's log).",
+        type_="server_error",
+        code="provider_refused_key",
+    )
+
+
+def read_key(model: str, path: str) -> str:
+    """The provider's key, read now (the file's path may be logged, never its text)."""
+    try:
+        key = Path(path).read_text().strip()
+    except OSError as exc:
+        log.error("model %s: cannot read its provider key file %s: %s", model, path, exc.strerror)
+        raise key_unreadable(model) from exc
+    if not key or any(c in key for c in "\r\n"):
+        log.error("model %s: its provider key file %s is empty or has several lines", model, path)
+        raise key_unreadable(model)
+    return key
+
+
+def prepare(
+    replica: Replica, body: bytes, extra: tuple[tuple[str, str], ...]
+) -> tuple[bytes, tuple[tuple[str, str], ...]]:
+    """The request as the provider gets it: its model name, and its key."""
+    ext = replica.external
+    assert ext is not None
+    data = json.loads(body)
+    data["model"] = ext.provider_model
+    payload = json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
+    if ext.key_file is not None:
+        extra = (*extra, ("authorization", f"Bearer {read_key(replica.service, ext.key_file)}"))
+    return payload, extra
+
+
+def sync(routing: RoutingTable, externals: dict[str, ExternalModel]) -> None:
+    """Publish each external model as its one replica; forget those removed."""
+    for service in routing.services():
+        for r in routing.replicas(service):
+            if r.external is not None and externals.get(service) != r.external:
+                routing.forget(service, r.pg_id)
+    for name, ext in externals.items():
+        current = routing.replicas(name)
+        if len(current) == 1 and current[0].external == ext:
+            continue
+        routing.publish(
+            Replica(
+                pg_id=GROUP_PREFIX + name,
+                service=name,
+                base_url=ext.url,
+                authorization="",
+                capacity=ext.concurrency,
+                external=ext,
+            )
+        )

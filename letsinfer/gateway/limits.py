@@ -1,0 +1,192 @@
+"""Rate limits and token budgets per API key, counted in memory.
+
+Only keys that carry limits reach this module (the request path checks
+``key.limits is not None`` and nothing else). Three counts per such key:
+
+- requests per minute: the arrival times of its admitted requests in the last
+  60 seconds; one more than ``rpm`` is refused (429 ``rate_limit_exceeded``)
+  with ``Retry-After`` until the oldest leaves the window;
+- tokens per minute: prompt + completion tokens, charged when a request ends
+  (from its usage, as the request records count them), over the last 60
+  seconds; while the window holds ``tpm`` or more the key is refused with
+  ``Retry-After`` until enough of it leaves;
+- a token budget per calendar period (UTC day, week from Monday, or month):
+  once spent, 429 ``budget_exhausted`` with ``Retry-After`` until the period
+  ends.
+
+Tokens are known only after a request, so a request admitted under a limit
+may end over it; the next one is refused. The counts survive a gateway
+restart: :meth:`Limiter.restore` rebuilds them from the request records
+(letsinfer.store.requests), which hold every request's tokens.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from letsinfer.gateway.errors import GatewayError
+
+WINDOW_S = 60.0
+
+
+@dataclass(frozen=True)
+class KeyLimits:
+    rpm: int | None = None
+    tpm: int | None = None
+    budget: int | None = None  # tokens per period
+    period: str | None = None  # day, week or month
+
+    @property
+    def any(self) -> bool:
+        return self.rpm is not None or self.tpm is not None or self.budget is not None
+
+
+def period_bounds(period: str, now: float) -> tuple[float, float]:
+    """The UTC calendar period holding ``now``: (start, end) in epoch seconds."""
+    day = datetime.fromtimestamp(now, UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    if period == "day":
+        start, end = day, day + timedelta(days=1)
+    elif period == "week":
+        start = day - timedelta(days=day.weekday())
+        end = start + timedelta(days=7)
+    elif period == "month":
+        start = day.replace(day=1)
+        end = (start + timedelta(days=32)).replace(day=1)
+    else:
+        raise ValueError(f"unknown budget period {period!r}")
+    return start.timestamp(), end.timestamp()
+
+
+def rate_limited(key: str, what: str, limit: int, retry_after: int) -> GatewayError:
+    return GatewayError(
+        429,
+        f"API key '{key}' reached its limit of {limit} {what} per minute; retry in {retry_after}s.",
+        type_="rate_limit_exceeded",
+        code="rate_limit_exceeded",
+        headers={"retry-after": str(retry_after)},
+    )
+
+
+def budget_exhausted(key: str, budget: int, period: str, retry_after: int) -> GatewayError:
+    return GatewayError(
+        429,
+        f"API key '{key}' has spent its budget of {budget} tokens this {period} (UTC); "
+        f"it renews in {retry_after}s.",
+        type_="insufficient_quota",
+        code="budget_exhausted",
+        headers={"retry-after": str(retry_after)},
+    )
+
+
+class _KeyState:
+    __slots__ = ("in_window", "period_start", "requests", "spent", "tokens")
+
+    def __init__(self) -> None:
+        self.requests: collections.deque[float] = collections.deque()
+        self.tokens: collections.deque[tuple[float, int]] = collections.deque()
+        self.in_window = 0  # the sum of self.tokens
+        self.period_start: float | None = None
+        self.spent = 0  # tokens since period_start
+
+
+class Limiter:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock  # wall clock: the records it restores from carry wall time
+        self._keys: dict[str, _KeyState] = {}
+
+    def _state(self, key: str) -> _KeyState:
+        st = self._keys.get(key)
+        if st is None:
+            st = self._keys[key] = _KeyState()
+        return st
+
+    @staticmethod
+    def _expire(st: _KeyState, now: float) -> None:
+        horizon = now - WINDOW_S
+        while st.requests and st.requests[0] <= horizon:
+            st.requests.popleft()
+        while st.tokens and st.tokens[0][0] <= horizon:
+            st.in_window -= st.tokens.popleft()[1]
+
+    @staticmethod
+    def _roll(st: _KeyState, period: str, now: float) -> float:
+        """Start a new budget period when ``now`` left the counted one; its end."""
+        start, end = period_bounds(period, now)
+        if st.period_start != start:
+            st.period_start, st.spent = start, 0
+        return end
+
+    def admit(self, key: str, limits: KeyLimits) -> None:
+        """Count a request against its key's limits, or refuse it (429)."""
+        now = self.clock()
+        st = self._state(key)
+        self._expire(st, now)
+        if limits.budget is not None and limits.period is not None:
+            end = self._roll(st, limits.period, now)
+            if st.spent >= limits.budget:
+                raise budget_exhausted(
+                    key, limits.budget, limits.period, max(1, math.ceil(end - now))
+                )
+        if limits.tpm is not None and st.in_window >= limits.tpm:
+            # Until enough of the window's tokens leave it to fall under the limit.
+            left, wait = st.in_window, WINDOW_S
+            for at, tokens in st.tokens:
+                left -= tokens
+                if left < limits.tpm:
+                    wait = at + WINDOW_S - now
+                    break
+            raise rate_limited(key, "tokens", limits.tpm, max(1, math.ceil(wait)))
+        if limits.rpm is not None:
+            if len(st.requests) >= limits.rpm:
+                wait = st.requests[-limits.rpm] + WINDOW_S - now
+                raise rate_limited(key, "requests", limits.rpm, max(1, math.ceil(wait)))
+            st.requests.append(now)
+
+    def charge(self, key: str, limits: KeyLimits, tokens: int) -> None:
+        """A request of the key ended having used ``tokens`` (prompt + completion)."""
+        if tokens <= 0:
+            return
+        now = self.clock()
+        st = self._state(key)
+        st.tokens.append((now, tokens))
+        st.in_window += tokens
+        if limits.period is not None:
+            self._roll(st, limits.period, now)
+            st.spent += tokens
+
+    def spent(self, key: str) -> int:
+        st = self._keys.get(key)
+        return st.spent if st is not None else 0
+
+    def forget(self, key: str) -> None:
+        self._keys.pop(key, None)
+
+    @staticmethod
+    def period_start(limits: KeyLimits, now: float) -> float | None:
+        return period_bounds(limits.period, now)[0] if limits.period is not None else None
+
+    def restore(
+        self,
+        key: str,
+        limits: KeyLimits,
+        spent: int,
+        recent: Sequence[tuple[float, int, bool]],
+    ) -> None:
+        """Add what the request records say a key did before this gateway
+        counted it: ``spent`` tokens in its budget period, and its requests of
+        the last minute as (arrival time, tokens, counted as a request)."""
+        now = self.clock()
+        st = self._state(key)
+        if limits.period is not None:
+            self._roll(st, limits.period, now)
+            st.spent += spent
+        tokens = [(at, n) for at, n, _ in recent if n and at > now - WINDOW_S]
+        arrivals = [at for at, _, counted in recent if counted and at > now - WINDOW_S]
+        st.tokens = collections.deque(sorted([*tokens, *st.tokens]))
+        st.in_window = sum(n for _, n in st.tokens)
+        st.requests = collections.deque(sorted([*arrivals, *st.requests]))

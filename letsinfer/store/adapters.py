@@ -1,0 +1,60 @@
+"""LoRA adapters' SQL: each a name in the models' namespace, a file in the
+model store, and the base model whose groups load it.
+
+A part of :class:`letsinfer.store.AuthorityStore` (it inherits this class).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+
+@dataclass(frozen=True)
+class AdapterRecord:
+    name: str
+    service: str  # the base model
+    artifact_digest: str
+    artifact_size: int
+    source: str | None
+    created_at: float
+
+
+class AdapterTables:
+    if TYPE_CHECKING:
+
+        def _rows(
+            self, sql: str, params: tuple[Any, ...] | dict[str, Any] = ()
+        ) -> list[dict[str, Any]]: ...
+
+        def _execute(self, sql: str, params: tuple[Any, ...] = ()) -> Any: ...
+
+    def add_adapter(
+        self, name: str, service: str, digest: str, size: int, source: str | None
+    ) -> AdapterRecord:
+        self._execute(
+            "INSERT INTO model_adapters(name, service, artifact_digest, artifact_size, source, "
+            "created_at) VALUES (?, ?, ?, ?, ?, ?)",
+            (name, service, digest, size, source, time.time()),
+        )
+        made = self.get_adapter(name)
+        assert made is not None
+        return made
+
+    def get_adapter(self, name: str) -> AdapterRecord | None:
+        rows = self._rows("SELECT * FROM model_adapters WHERE name = ?", (name,))
+        return AdapterRecord(**rows[0]) if rows else None
+
+    def list_adapters(self, service: str | None = None) -> list[AdapterRecord]:
+        """In name order: the order a group's engine loads them (their ids)."""
+        if service is None:
+            rows = self._rows("SELECT * FROM model_adapters ORDER BY name")
+        else:
+            rows = self._rows(
+                "SELECT * FROM model_adapters WHERE service = ? ORDER BY name", (service,)
+            )
+        return [AdapterRecord(**r) for r in rows]
+
+    def delete_adapter(self, name: str) -> None:
+        self._execute("DELETE FROM model_adapters WHERE name = ?", (name,))

@@ -1,0 +1,494 @@
+"""The gateway's breadth, against mock engines: priority bands and fair turns,
+rate limits and budgets (and their restart), the response cache, LoRA
+adapters by name, external providers and fallbacks."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from letsinfer.authority.apikeys import create_key
+from letsinfer.authority.external import add_external_model, set_fallback
+from letsinfer.gateway.limits import period_bounds
+from letsinfer.gateway.mock_upstream import MockBehaviour
+from letsinfer.store.requests import RequestStore
+from tests.gateway_harness import MODEL, GatewayHarness, chat
+from tests.provider import ANSWER, Provider
+
+QUICK = MockBehaviour(tokens=8)  # usage: 5 prompt + 8 completion tokens a request
+
+
+def post(h: GatewayHarness, key: str, body: dict[str, Any], **headers: str) -> httpx.Response:
+    return httpx.post(
+        h.url + "/v1/chat/completions", json=body, headers={**h.auth(key), **headers}, timeout=30
+    )
+
+
+def arrivals(h: GatewayHarness, pg: str = "pg-a") -> list[str]:
+    """The request ids in the order the engine saw them."""
+    return list(h.mocks[pg].stats.request_ids)
+
+
+# -- priority bands and fair turns ----------------------------------------------
+
+
+def gated(h: GatewayHarness) -> None:
+    async def close() -> None:
+        h.mocks["pg-a"].gate = asyncio.Event()
+
+    h.call(close())
+
+
+def open_gate(h: GatewayHarness) -> None:
+    h.in_loop(lambda: h.mocks["pg-a"].gate.set())  # type: ignore[union-attr]
+
+
+async def send_all(h: GatewayHarness, sends: list[tuple[str, str]]) -> list[httpx.Response]:
+    """Send (key, request id) pairs at once; their responses when all are answered."""
+    async with httpx.AsyncClient(timeout=60) as client:
+        return await asyncio.gather(
+            *(
+                client.post(
+                    h.url + "/v1/chat/completions",
+                    json=chat(),
+                    headers={**h.auth(key), "x-request-id": rid},
+                )
+                for key, rid in sends
+            )
+        )
+
+
+def test_an_interactive_key_waits_one_turn_behind_fifty_batch_requests(tmp_path: Path) -> None:
+    with GatewayHarness(
+        tmp_path,
+        {"pg-a": QUICK},
+        capacity=1,
+        keys={"crawler": None, "human": None},
+        policies={"crawler": {"band": "batch"}, "human": {"band": "interactive"}},
+    ) as h:
+        gated(h)
+        adm = h.gateway.admission
+        batch = [("crawler", f"batch-{i}") for i in range(50)]
+
+        async def scenario() -> list[httpx.Response]:
+            held = asyncio.create_task(send_all(h, batch))
+            while adm.depth() < 49:
+                await asyncio.sleep(0.01)
+            # The band is the key's: a client's own idea of its priority changes nothing.
+            async with httpx.AsyncClient(timeout=60) as client:
+                human = asyncio.create_task(
+                    client.post(
+                        h.url + "/v1/chat/completions",
+                        json=chat(),
+                        headers={**h.auth("human"), "x-request-id": "human"},
+                    )
+                )
+                while adm.depth() < 50:
+                    await asyncio.sleep(0.01)
+                open_gate(h)
+                return [await human, *(await held)]
+
+        answers = asyncio.run(scenario())
+        assert [r.status_code for r in answers] == [200] * 51
+        order = arrivals(h)
+        assert len(order) == 51 and order[0].startswith("batch-")
+        # The one batch request at the engine finishes; the slot is the human's.
+        assert order[1] == "human"
+
+
+def test_two_keys_in_one_band_alternate_whatever_their_connections(tmp_path: Path) -> None:
+    with GatewayHarness(
+        tmp_path, {"pg-a": QUICK}, capacity=1, keys={"holder": None, "many": None, "few": None}
+    ) as h:
+        gated(h)
+        adm = h.gateway.admission
+        sends = [("many", f"many-{i}") for i in range(12)]
+        sends += [("few", f"few-{i}") for i in range(3)]
+
+        async def scenario() -> list[httpx.Response]:
+            holder = asyncio.create_task(send_all(h, [("holder", "hold")]))
+            while h.mocks["pg-a"].stats.in_flight < 1:
+                await asyncio.sleep(0.01)
+            task = asyncio.create_task(send_all(h, sends))
+            while adm.depth() < 15:
+                await asyncio.sleep(0.01)
+            open_gate(h)
+            return [*(await holder), *(await task)]
+
+        assert {r.status_code for r in asyncio.run(scenario())} == {200}
+        keys = [rid.split("-")[0] for rid in arrivals(h)]
+        assert keys[0] == "hold"
+        assert keys[1:7] == ["many", "few"] * 3 or keys[1:7] == ["few", "many"] * 3
+        assert keys[7:] == ["many"] * 9
+
+
+# -- rate limits and budgets ------------------------------------------------------
+
+
+def shift(h: GatewayHarness, seconds: float) -> None:
+    """Move the limiter's clock (its windows and periods) ahead."""
+    h.gateway.limiter.clock = lambda: time.time() + seconds
+
+
+def refused(r: httpx.Response, code: str) -> int:
+    assert r.status_code == 429, r.text
+    assert r.json()["error"]["code"] == code, r.text
+    return int(r.headers["retry-after"])
+
+
+def test_requests_per_minute_refuse_the_next_until_the_window_moves(tmp_path: Path) -> None:
+    with GatewayHarness(
+        tmp_path, {"pg-a": QUICK}, keys={"rpm2": None, "free": None}, policies={"rpm2": {"rpm": 2}}
+    ) as h:
+        assert [post(h, "rpm2", chat()).status_code for _ in range(2)] == [200, 200]
+        third = post(h, "rpm2", chat())
+        wait = refused(third, "rate_limit_exceeded")
+        assert 1 <= wait <= 60 and "2 requests per minute" in third.json()["error"]["message"]
+        assert post(h, "free", chat()).status_code == 200  # other keys are not affected
+        assert h.mocks["pg-a"].stats.requests == 3, "the refused request reached no engine"
+        shift(h, wait + 0.5)
+        assert post(h, "rpm2", chat()).status_code == 200
+
+
+def test_tokens_per_minute_count_what_requests_used(tmp_path: Path) -> None:
+    with GatewayHarness(
+        tmp_path, {"pg-a": QUICK}, keys={"tpm": None}, policies={"tpm": {"tpm": 20}}
+    ) as h:
+        # 13 tokens each: the second starts under 20 and ends over it (26).
+        assert post(h, "tpm", chat()).status_code == 200
+        streamed = post(h, "tpm", chat(stream=True))  # counted from its usage event
+        assert streamed.status_code == 200 and '"usage"' not in streamed.text
+        wait = refused(post(h, "tpm", chat()), "rate_limit_exceeded")
+        assert 1 <= wait <= 60
+        shift(h, wait + 0.5)
+        assert post(h, "tpm", chat()).status_code == 200
+
+
+def test_a_spent_budget_is_refused_until_its_period_ends_and_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    policies = {"team": {"budget_tokens": 30, "budget_period": "day"}}
+    with GatewayHarness(
+        tmp_path, {"pg-a": QUICK}, keys={"team": None}, policies=policies, records=True
+    ) as h:
+        assert [post(h, "team", chat()).status_code for _ in range(3)] == [200] * 3  # 39 tokens
+        r = post(h, "team", chat())
+        wait = refused(r, "budget_exhausted")
+        assert r.json()["error"]["type"] == "insufficient_quota"
+        end = period_bounds("day", time.time())[1]
+        assert abs(wait - (end - time.time())) <= 5  # until the next UTC midnight
+    # The gateway restarts: the spent budget comes back from the request records.
+    with GatewayHarness(tmp_path, {"pg-a": QUICK}, records=True) as h:
+        assert h.gateway.limiter.spent("team") == 39
+        refused(post(h, "team", chat()), "budget_exhausted")
+        assert h.mocks["pg-a"].stats.requests == 0
+        shift(h, wait + 1)  # the next day
+        assert post(h, "team", chat()).status_code == 200
+
+
+def test_limits_set_while_serving_count_what_the_key_already_used(tmp_path: Path) -> None:
+    with GatewayHarness(tmp_path, {"pg-a": QUICK}, keys={"late": None}, records=True) as h:
+        assert [post(h, "late", chat()).status_code for _ in range(2)] == [200, 200]  # 26
+        h.store.set_key_policy("late", {"budget_tokens": 30, "budget_period": "day"})
+        h.refresh()
+        h.wait_until(lambda: h.gateway.limiter.spent("late") == 26)
+        assert post(h, "late", chat()).status_code == 200  # 26 < 30: admitted, ends at 39
+        refused(post(h, "late", chat()), "budget_exhausted")
+
+
+# -- the response cache ------------------------------------------------------------
+
+
+def test_the_cache_answers_a_repeat_with_the_same_bytes_and_no_tokens(tmp_path: Path) -> None:
+    policies = {
+        "cached": {"cache_ttl_s": 300, "tpm": 1000},
+        "other": {"cache_ttl_s": 300},
+    }
+    with GatewayHarness(
+        tmp_path,
+        {"pg-a": QUICK},
+        keys={"cached": None, "other": None, "plain": None},
+        policies=policies,
+        records=True,
+    ) as h:
+        stats = h.mocks["pg-a"].stats
+        ask = chat(temperature=0, content="What is 2+2?")
+        first = post(h, "cached", ask, **{"x-request-id": "first"})
+        assert first.headers["x-letsinfer-cache"] == "miss"
+        spent = h.gateway.limiter._keys["cached"].in_window
+        # The same question in other JSON spelling (key order, spaces) hits.
+        same = json.dumps(dict(reversed(list(ask.items()))), indent=1)
+        second = httpx.post(
+            h.url + "/v1/chat/completions",
+            content=same,
+            headers={**h.auth("cached"), "x-request-id": "second"},
+        )
+        assert second.headers["x-letsinfer-cache"] == "hit"
+        assert second.content == first.content
+        assert stats.requests == 1, "a hit reaches no engine"
+        assert h.gateway.limiter._keys["cached"].in_window == spent, "a hit costs no tokens"
+
+        fresh = post(h, "cached", ask, **{"cache-control": "no-cache"})
+        assert fresh.headers["x-letsinfer-cache"] == "bypass" and stats.requests == 2
+        sampled = post(h, "cached", chat(content="What is 2+2?"))  # the engine's default: samples
+        assert sampled.headers["x-letsinfer-cache"] == "bypass" and stats.requests == 3
+        streamed = post(h, "cached", {**ask, "stream": True})
+        assert streamed.headers["x-letsinfer-cache"] == "bypass" and stats.requests == 4
+        # Another key never gets this key's answers; a key without a cache, no header.
+        assert post(h, "other", ask).headers["x-letsinfer-cache"] == "miss"
+        assert "x-letsinfer-cache" not in post(h, "plain", ask).headers
+        assert stats.requests == 6
+
+    rows = {r.request_id: r for r in RequestStore(tmp_path / "requests.db").find("second")}
+    hit = rows["second"]
+    assert hit.cached and hit.status == 200 and hit.pg is None
+    assert (hit.prompt_tokens, hit.completion_tokens) == (0, 0)
+    miss = RequestStore(tmp_path / "requests.db").find("first")[0]
+    assert not miss.cached and miss.completion_tokens == 8
+
+
+def test_the_cache_is_bounded_and_entries_expire(tmp_path: Path) -> None:
+    with GatewayHarness(
+        tmp_path,
+        {"pg-a": QUICK},
+        keys={"k": None},
+        policies={"k": {"cache_ttl_s": 60}},
+        cache_max_bytes=4096,
+    ) as h:
+        for i in range(40):  # more answers than the cache holds
+            post(h, "k", chat(temperature=0, content=f"question {i}"))
+        cache = h.gateway.cache
+        assert 0 < cache.size <= 4096 and len(cache) < 40
+        last = chat(temperature=0, content="question 39")
+        assert post(h, "k", last).headers["x-letsinfer-cache"] == "hit"
+        assert (
+            post(h, "k", chat(temperature=0, content="question 0")).headers["x-letsinfer-cache"]
+            == "miss"
+        ), "the least recently used went first"
+        cache.clock = lambda: time.monotonic() + 61
+        assert post(h, "k", last).headers["x-letsinfer-cache"] == "miss"
+
+
+# -- LoRA adapters by name -----------------------------------------------------------
+
+
+def test_an_adapter_reaches_only_the_groups_that_loaded_it_with_its_id(tmp_path: Path) -> None:
+    engines = {"pg-a": QUICK, "pg-b": QUICK}
+    with GatewayHarness(
+        tmp_path, engines, keys={"any": None, "base-only": None, "lora-only": None}
+    ) as h:
+        h.store.add_adapter("mock-lora", MODEL, "1" * 64, 1, None)
+        h.store.add_adapter("mock-other", MODEL, "2" * 64, 1, None)
+        allow(h, "base-only", MODEL)
+        allow(h, "lora-only", "mock-lora")
+        h.in_loop(lambda: h.routing.set_adapters(MODEL, "pg-b", ("mock-other", "mock-lora")))
+
+        for _ in range(3):
+            assert post(h, "any", chat() | {"model": "mock-lora"}).status_code == 200
+        assert h.mocks["pg-a"].stats.requests == 0, "pg-a has not loaded the adapter"
+        sent = [json.loads(b) for b in h.mocks["pg-b"].stats.bodies]
+        assert {json.dumps(b["lora"]) for b in sent} == {'[{"id": 1, "scale": 1.0}]'}
+
+        models = httpx.get(h.url + "/v1/models", headers=h.auth("any")).json()["data"]
+        card = next(m for m in models if m["id"] == "mock-lora")
+        assert card["parent"] == MODEL and card["ready_replicas"] == 1
+
+        # Allowlists apply to the adapter on its own.
+        denied = post(h, "base-only", chat() | {"model": "mock-lora"})
+        assert denied.status_code == 404 and denied.json()["error"]["code"] == "model_not_found"
+        assert post(h, "lora-only", chat() | {"model": "mock-lora"}).status_code == 200
+        assert post(h, "lora-only", chat()).status_code == 404
+        # A client cannot pick adapters by id past its allowlist.
+        forged = post(h, "base-only", chat() | {"lora": [{"id": 1, "scale": 1.0}]})
+        assert forged.status_code == 400 and forged.json()["error"]["param"] == "lora"
+        escaped = httpx.post(
+            h.url + "/v1/chat/completions",
+            content=json.dumps(chat())[:-1] + ', "lor\\u0061": [{"id": 0, "scale": 1}]}',
+            headers=h.auth("base-only"),
+        )
+        assert escaped.status_code == 400
+        assert all("lora" not in json.loads(b) for b in h.mocks["pg-a"].stats.bodies)
+
+        # No group loaded it: a quick 503, not a wait.
+        h.in_loop(lambda: h.routing.set_adapters(MODEL, "pg-b", ()))
+        gone = post(h, "any", chat() | {"model": "mock-lora"})
+        assert gone.status_code == 503 and gone.headers["retry-after"]
+        assert "'mock-lora' is not loaded" in gone.json()["error"]["message"]
+
+
+# -- external providers and fallbacks ----------------------------------------------
+
+
+def test_a_model_without_a_group_that_can_serve_falls_back_with_a_header(
+    tmp_path: Path,
+) -> None:
+    key_file = tmp_path / "provider.key"
+    key_file.write_text("sk-provider-secret\n")
+    key_file.chmod(0o600)
+    with (
+        Provider(key="sk-provider-secret", model="their-model") as provider,
+        GatewayHarness(
+            tmp_path,
+            {"pg-a": QUICK},
+            capacity=1,
+            keys={"only-mock": None, "alice": None},
+            queue_max_wait_s=0.2,
+        ) as h,
+    ):
+        add_external_model(h.store, "ext", provider.url, "their-model", key_file)
+        set_fallback(h.store, MODEL, "ext")
+        allow(h, "only-mock", MODEL)
+        h.wait_until(lambda: h.routing.ready_count("ext") == 1)
+
+        served = post(h, "only-mock", chat())
+        assert served.status_code == 200 and "x-letsinfer-fallback" not in served.headers
+
+        # Its only group goes: the provider answers (allowlists apply to the model asked for).
+        h.in_loop(lambda: h.routing.withdraw(MODEL, "pg-a", "engine exited"))
+        r = post(h, "only-mock", chat())
+        assert r.status_code == 200, r.text
+        assert r.headers["x-letsinfer-fallback"] == "ext"
+        assert r.json()["choices"][0]["message"]["content"] == ANSWER
+        seen = provider.seen[-1]
+        assert seen.headers["authorization"] == "Bearer sk-provider-secret"
+        assert seen.body["model"] == "their-model" and seen.path == "/v1/chat/completions"
+        listed = httpx.get(h.url + "/v1/models", headers=h.auth("only-mock")).json()["data"]
+        assert [m["id"] for m in listed] == [MODEL], "the fallback is not opened to the key"
+        assert post(h, "only-mock", chat() | {"model": "ext"}).status_code == 404
+
+        # Full past the queue's wait falls back too.
+        h.publish("pg-a")
+        gated(h)
+
+        async def full() -> httpx.Response:
+            async with httpx.AsyncClient(timeout=30) as client:
+                url = h.url + "/v1/chat/completions"
+                hold = asyncio.create_task(client.post(url, json=chat(), headers=h.auth("alice")))
+                while h.mocks["pg-a"].stats.in_flight < 1:
+                    await asyncio.sleep(0.01)
+                late = await client.post(url, json=chat(), headers=h.auth("only-mock"))
+                open_gate(h)
+                assert (await hold).status_code == 200
+                return late
+
+        late = asyncio.run(full())
+        assert late.status_code == 200 and late.headers["x-letsinfer-fallback"] == "ext"
+
+        # Without a fallback, the model's own answer stands.
+        set_fallback(h.store, MODEL, None)
+        h.refresh()
+        h.in_loop(lambda: h.routing.withdraw(MODEL, "pg-a", "engine exited"))
+        assert post(h, "only-mock", chat()).status_code == 503
+
+
+def allow(h: GatewayHarness, key: str, model: str) -> None:
+    h.store.db.execute("UPDATE api_keys SET models = ? WHERE name = ?", (f'["{model}"]', key))
+    h.refresh()
+
+
+def test_an_unreadable_provider_key_is_a_clean_error_that_names_no_secret(
+    tmp_path: Path,
+) -> None:
+    key_file = tmp_path / "provider.key"
+    key_file.write_text("sk-provider-secret\n")
+    key_file.chmod(0o600)
+    with (
+        Provider(key="sk-provider-secret", model="m") as provider,
+        GatewayHarness(tmp_path, {"pg-a": QUICK}) as h,
+    ):
+        add_external_model(h.store, "ext", provider.url, "m", key_file)
+        h.refresh()
+        h.wait_until(lambda: h.routing.ready_count("ext") == 1)
+        r = post(h, "alice", chat() | {"model": "ext"})
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == ANSWER
+        streamed = post(h, "alice", chat(stream=True) | {"model": "ext"})
+        assert streamed.status_code == 200 and "[DONE]" in streamed.text
+
+        key_file.write_text("sk-rotated\n")  # read per request: rotation needs no restart
+        r = post(h, "alice", chat() | {"model": "ext"})
+        assert provider.seen[-1].headers["authorization"] == "Bearer sk-rotated"
+        # The provider refused the gateway's key: never told to the client as its own 401.
+        assert r.status_code == 502 and r.json()["error"]["code"] == "provider_refused_key"
+        key_file.unlink()
+        r = post(h, "alice", chat() | {"model": "ext"})
+        assert r.status_code == 502 and r.json()["error"]["code"] == "provider_key_unreadable"
+        assert "sk-" not in r.text
+
+
+def test_a_bad_limit_change_is_refused_and_changes_nothing(tmp_path: Path) -> None:
+    from letsinfer.authority.apikeys import set_policy
+    from letsinfer.store import AuthorityStore, StoreError
+
+    store = AuthorityStore(tmp_path / "authority.db")
+    try:
+        create_key(store, "k", policy={"rpm": 10})
+        before = store.list_api_keys(name="k")[-1]
+        for change, words in (
+            ({"budget_tokens": 100}, "needs its period"),
+            ({"band": "urgent"}, "band must be one of"),
+            ({"rpm": 0}, "at least 1"),
+            ({"tpm": "many"}, "whole number"),
+        ):
+            with pytest.raises(StoreError, match=words):
+                set_policy(store, "k", change)
+        with pytest.raises(StoreError, match="no active API key"):
+            set_policy(store, "nobody", {"rpm": 5})
+        assert store.list_api_keys(name="k")[-1] == before
+        after = set_policy(store, "k", {"rpm": None, "budget_tokens": 9, "budget_period": "week"})
+        assert (after.rpm, after.budget_tokens, after.budget_period) == (None, 9, "week")
+        cleared = set_policy(store, "k", {"budget_tokens": None})
+        assert (cleared.budget_tokens, cleared.budget_period) == (None, None)
+        assert [r.action for r in store.list_audit()][-2:] == ["auth.key.limits"] * 2
+    finally:
+        store.close()
+
+
+def test_external_models_and_fallbacks_are_checked_before_anything_changes(
+    tmp_path: Path,
+) -> None:
+    from letsinfer.authority import install
+    from letsinfer.authority.install import InstallRequest
+    from letsinfer.store import AuthorityStore, StoreError
+
+    store = AuthorityStore(tmp_path / "authority.db")
+    key = tmp_path / "key"
+    key.write_text("sk-x\n")
+    key.chmod(0o600)
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    empty.chmod(0o600)
+    try:
+        store.add_service("local", "0" * 64, 0, "gguf", None)
+        url = "https://api.example.com/v1"
+        for args, kwargs, words in (
+            (("e", "https://user:pw@api.example.com/v1", "m", key), {}, "no user, query"),
+            (("e", "https://api.example.com/v1?api-key=sk-x", "m", key), {}, "no user, query"),
+            (("e", "ftp://api.example.com", "m", key), {}, "is not an http"),
+            (("e", url, "m", tmp_path / "missing"), {}, "key file"),
+            (("e", url, "m", empty), {}, "exactly one line"),
+            (("e", "http://api.example.com/v1", "m", key), {"ca_file": key}, "CA file"),
+            (("e", url, "m", key), {"fallback": "nothing"}, "no such model"),
+            (("e", url, "m", key), {"fallback": "e"}, "no such model"),
+            (("local", url, "m", key), {}, "already exists"),
+        ):
+            with pytest.raises(StoreError, match=words):
+                add_external_model(store, *args, **kwargs)
+        assert [s.name for s in store.list_services()] == ["local"]
+        assert store.list_audit() == []
+        with pytest.raises(StoreError, match="its own fallback"):
+            set_fallback(store, "local", "local")
+        assert store.get_service("local").fallback is None  # type: ignore[union-attr]
+
+        add_external_model(store, "e", url, "m", key)
+        placing = InstallRequest("e", ("main",), "cpu", 1, (), "xllamacpp")
+        with pytest.raises(StoreError, match="is external"):
+            install.plan(store, placing, 20, "main-id")
+        assert store.list_placement_groups() == []
+    finally:
+        store.close()
