@@ -136,6 +136,7 @@ class MainNode:
             settings.lifecycle,
             trusted=trusted,
             stale_after_s=control.node_stale_after_s,
+            window=self.attention.window,
         )
         self.gpus = gpu_probe(settings.hardware.fake_gpus)
         self.firewall = FirewallProbe()

@@ -209,6 +209,11 @@ def test_the_attention_clock_stands_still_while_the_main_sheds() -> None:
     clock.hold(mono.t + 1)  # a new spell later
     mono.t += 3
     assert clock.now() - start == 25 + 2
+    # Displays read when a node was last heard on the wall clock: the silence
+    # that counts as 3 s (or 25 s) here leaves out the seconds the main stood still.
+    assert clock.window(3) == 3 + 1
+    assert clock.window(25) == 25 + 1 + 18
+    assert clock.window(1) == 1, "the last second the clock ran"
 
 
 def test_a_lagging_loop_sheds_a_growing_share_and_recovers() -> None:

@@ -29,6 +29,8 @@ from letsinfer.connections import Tally
 
 log = logging.getLogger("letsinfer.control")
 
+_HOLDS_KEPT = 32  # past holds remembered, for AttentionClock.window
+
 
 class AttentionClock:
     """Monotonic seconds, less the time the main was not listening. Read from
@@ -37,11 +39,17 @@ class AttentionClock:
 
     def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
         self._mono = monotonic
-        # seconds lost before the current hold, when that hold began, when it ends
-        self._state: tuple[float, float | None, float] = (0.0, None, 0.0)
+        # seconds lost before the current hold, when that hold began, when it
+        # ends, and the last few holds over (since, until), for `window`
+        self._state: tuple[float, float | None, float, tuple[tuple[float, float], ...]] = (
+            0.0,
+            None,
+            0.0,
+            (),
+        )
 
     def now(self) -> float:
-        lost, since, until = self._state
+        lost, since, until, _ = self._state
         m = self._mono()
         if since is not None:
             lost += max(0.0, min(m, until) - since)
@@ -51,17 +59,34 @@ class AttentionClock:
         """Stand still from now (or since the hold under way began) until
         ``until`` (monotonic), or later if a hold already reaches further."""
         m = self._mono()
-        lost, since, end = self._state
+        lost, since, end, past = self._state
         if since is not None and end <= m:  # the last hold is over: count it
             lost += max(0.0, end - since)
+            past = (*past[-(_HOLDS_KEPT - 1) :], (since, end))
             since = None
         if since is None:
             since, end = m, until
-        self._state = (lost, since, max(end, until))
+        self._state = (lost, since, max(end, until), past)
+
+    def window(self, quiet_s: float) -> float:
+        """The wall-clock silence that is ``quiet_s`` on this clock now: how
+        long a node may have gone unheard before it counts as gone, the main's
+        own deafness left out (what displays reading the authority use)."""
+        _, since, until, past = self._state
+        m = self._mono()
+        holds = (*past, (since, until)) if since is not None else past
+        remaining, t = quiet_s, m  # walking back from now, over the holds
+        for begin, end in sorted(((b, min(e, m)) for b, e in holds), reverse=True):
+            running = max(0.0, t - end)  # the clock ran between this hold and t
+            if running >= remaining:
+                break
+            remaining -= running
+            t = min(t, begin)
+        return (m - t) + remaining
 
     @property
     def held(self) -> bool:
-        _, since, until = self._state
+        _, since, until, _ = self._state
         return since is not None and self._mono() < until
 
 

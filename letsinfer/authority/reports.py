@@ -13,6 +13,7 @@ and a report is answered once its batch is on disk.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -111,38 +112,47 @@ class ReportDesk:
         # (pg id, task) -> last observation written; only changes are written
         self._observed: dict[tuple[str, str], tuple[object, ...]] = {}
         # (service, pg) -> what was last published, so an unchanged group is not posted again
-        self._published: dict[tuple[str, str], tuple[str, int, str]] = {}
+        self._published: dict[tuple[str, str], tuple[object, ...]] = {}
         self.revoked: list[str] = []  # sent to every child (its agent plane refuses them)
+        # A report's routing changes, held until its batch is on disk: what the
+        # gateway serves, the authority already says (`model show`: ready).
+        self._held: list[Callable[[], None]] | None = None
         self._revoked_rev: int | None = None
 
     # -- routing, on the gateway's loop -------------------------------------
+    def _post(self, change: Callable[[], None]) -> None:
+        if self._held is not None:
+            self._held.append(change)
+        else:
+            self.post(change)
+
     def _publish(self, replica: Replica) -> None:
         key = (replica.service, replica.pg_id)
-        shape = (replica.base_url, replica.capacity, replica.node_id)
+        shape = (replica.base_url, replica.capacity, replica.node_id, replica.adapters)
         if self._published.get(key) == shape:
             return
         self._published[key] = shape
         routing = self.routing
-        self.post(lambda: routing.publish(replica))
+        self._post(lambda: routing.publish(replica))
 
     def _withdraw(self, service: str, pg_id: str, why: str) -> None:
         self._published.pop((service, pg_id), None)
         routing = self.routing
-        self.post(lambda: routing.withdraw(service, pg_id, why))
+        self._post(lambda: routing.withdraw(service, pg_id, why))
 
     def _park(self, service: str, pg_id: str, why: str) -> None:
         self._published.pop((service, pg_id), None)
         routing = self.routing
-        self.post(lambda: routing.park(service, pg_id, why))
+        self._post(lambda: routing.park(service, pg_id, why))
 
     def _forget(self, service: str, pg_id: str) -> None:
         self._published.pop((service, pg_id), None)
         routing = self.routing
-        self.post(lambda: routing.forget(service, pg_id))
+        self._post(lambda: routing.forget(service, pg_id))
 
     def _observe(self, service: str, pg_id: str, facts: ReplicaFacts) -> None:
         routing = self.routing
-        self.post(lambda: routing.observe(service, pg_id, facts))
+        self._post(lambda: routing.observe(service, pg_id, facts))
 
     # -- a report ------------------------------------------------------------
     def admit(self) -> int | None:
@@ -160,6 +170,22 @@ class ReportDesk:
     ) -> dict[str, object]:
         """Raises FactError (refused and audited by the caller), or
         NotRecorded (its batch could not be written: 503)."""
+        held: list[Callable[[], None]] = []
+        self._held = held  # no await until the answer is ready: only this report's
+        try:
+            answer, recorded = self._take(peer, cert_der, envelope)
+        finally:
+            self._held = None
+        try:
+            await recorded  # answered once its facts (and their sequence) are on disk
+        finally:  # routing follows the freshest facts, recorded or not
+            for change in held:
+                self.post(change)
+        return answer
+
+    def _take(
+        self, peer: Peer, cert_der: bytes, envelope: dict[str, object]
+    ) -> tuple[dict[str, object], asyncio.Future[None]]:
         node = self.store.get_node(peer.identity.id, facts=False)
         if node is None:
             raise FactError("unknown node")
@@ -271,8 +297,7 @@ class ReportDesk:
             # Every group placed there, stopped ones too (what `node cleanup` may free).
             "groups": groups_for_child(self.store, node.id, tasks),
         }
-        await recorded  # answered once its facts (and their sequence) are on disk
-        return answer
+        return answer, recorded
 
     def _route(self, pg: PlacementGroupRecord) -> bool:
         """Publish a group's endpoint if every task is ready, it is not paused and
