@@ -115,11 +115,17 @@ def start_main(root: Path) -> Main:
     server = Server("main", argv, port, root, env=env, ready_path="/health")
     server.start(timeout=180)
     text = server.log_path.read_text()
+    # Its output goes to a file here, so the banner names the key's file instead.
     found = re.search(r"API key\s+(li-\S+)", text)
-    if found is None:
+    in_file = re.search(r"API key\s+in (\S+)", text)
+    if found is not None:
+        key = found.group(1)
+    elif in_file is not None:
+        key = Path(in_file.group(1)).read_text().strip()
+    else:
         server.stop()
         raise RuntimeError(f"no API key in the main's banner: {server.tail()}")
-    return Main(home, server, control, metrics, found.group(1))
+    return Main(home, server, control, metrics, key)
 
 
 # -- enrollment through the main's own code path ------------------------------------
