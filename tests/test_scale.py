@@ -112,17 +112,15 @@ def der_of(pem: bytes) -> bytes:
     return pki.load_cert(pem).public_bytes(serialization.Encoding.DER)
 
 
-async def _reads(store: AuthorityStore, me: Reporter) -> tuple[list[tuple[int, int]], int, bool]:
-    """(queries, rows) each of three reports cost, the rows a quiet background
-    round read, and whether the reporter's group got published."""
+def _desk(store: AuthorityStore, batch_s: float) -> tuple[ReportDesk, RoutingTable]:
+    """The main's report desk on ``store``, its routing changes applied at once."""
     clock = AttentionClock()
     view = ClusterView(store, min_interval_s=0.0)
     view.load()
     routing = RoutingTable(clock=clock.now)
-    writer = FactWriter(store, 0.001)
     desk = ReportDesk(
         store,
-        writer,
+        FactWriter(store, batch_s),
         routing,
         lambda change: change(),
         view,
@@ -132,6 +130,13 @@ async def _reads(store: AuthorityStore, me: Reporter) -> tuple[list[tuple[int, i
         stale_after_s=20.0,
         proof_ttl_s=30.0,
     )
+    return desk, routing
+
+
+async def _reads(store: AuthorityStore, me: Reporter) -> tuple[list[tuple[int, int]], int, bool]:
+    """(queries, rows) each of three reports cost, the rows a quiet background
+    round read, and whether the reporter's group got published."""
+    desk, routing = _desk(store, 0.001)
     desk.round()
     costs = []
     for seq in (1, 2, 3):
@@ -162,6 +167,34 @@ def test_a_report_reads_no_more_rows_with_hundreds_of_nodes_than_with_one(
     node = big.get_node("n-me")
     assert node is not None and node.facts_seq == 3 and node.facts is not None
     assert len(node.facts["gpus"]) == 4
+
+
+def test_a_group_is_routed_only_once_the_authority_says_it_is_ready(tmp_path: Path) -> None:
+    """Facts are written in batches: the gateway gets a child's ready group
+    when its batch is on disk, so `model show` never says "starting" for a
+    group the gateway already serves."""
+    store, me = _cluster(tmp_path, others=0)
+
+    async def scenario() -> tuple[bool, str | None, bool, str | None]:
+        desk, routing = _desk(store, 0.2)
+        desk.round()
+        report = asyncio.create_task(desk.report(me.peer, me.der, me.envelope(1)))
+        await asyncio.sleep(0.05)  # taken, its batch not written yet
+        before = any(r.pg_id == "pg-mine" for r in routing.replicas("chat"))
+        stored_before = store.get_placement_group("pg-mine")
+        await report
+        after = any(r.pg_id == "pg-mine" for r in routing.replicas("chat"))
+        stored = store.get_placement_group("pg-mine")
+        return (
+            before,
+            stored_before.state if stored_before else None,
+            after,
+            stored.state if stored else None,
+        )
+
+    before, state_before, after, state = asyncio.run(scenario())
+    assert (before, state_before) == (False, "pending"), "neither routed nor recorded yet"
+    assert (after, state) == (True, "ready")
 
 
 def test_reports_in_one_interval_are_written_in_one_transaction(tmp_path: Path) -> None:
