@@ -161,6 +161,8 @@ def test(c: Context, k: str = "") -> None:
         "before": "also measure the gateway of another letsinfer checkout (A/B)",
         "records": "also the request-records benchmark (their cost, the authority's writes)",
         "cli": "only the CLI's own timing: --help, status, ... against `python -c pass`",
+        "scale": "only one main under simulated nodes: 100, 1,000, 3,000 (about 15 minutes)",
+        "nodes": "with --scale: the sizes, comma-separated (e.g. 100,1000)",
     }
 )
 def bench(
@@ -170,11 +172,18 @@ def bench(
     json: str = "",
     before: str = "",
     records: bool = False,
+    scale: bool = False,
+    nodes: str = "",
     cli: bool = False,
 ) -> None:
     """The gateway benchmark (direct, nginx, LiteLLM, letsinfer); see docs/benchmarks.md."""
     if cli:
         c.run(f"{PY} -m benchmarks.cli" + (" --runs 3" if short else ""), pty=False)
+        return
+    if scale:
+        sizes = f" --nodes {nodes}" if nodes else ""
+        sizes += " --nodes 50,200 --warm 10 --measure 20" if short and not nodes else ""
+        c.run(f"{PY} -m benchmarks.scale{sizes}", pty=False)
         return
     flags = (" --short" if short else "") + (f" --json {json}" if json else "")
     flags += f" --before {before}" if before else ""

@@ -169,6 +169,18 @@ class ControlSettings(_Section):
     node_stale_after_s: float = Field(20.0, gt=0)
     # A node certificate (30 days) is renewed this long before it expires.
     renew_certificates_before_s: float = Field(10 * 24 * 3600, gt=0)
+    # Every node keeps one connection open to the control plane (its reports
+    # reuse it): room for them all, and a share per source address. Lowered
+    # to fit under the open-file limit, like the gateway's.
+    max_connections: int = Field(4096, ge=16, le=1_000_000)
+    max_connections_per_client: int = Field(64, ge=1)
+    # Nodes' facts are written in batches: one transaction per this interval
+    # for every node that reported meanwhile (a report is answered once its
+    # batch is on disk).
+    facts_batch_interval_s: float = Field(0.1, gt=0, le=5)
+    # Tests and benchmarks of overload only: each report's facts cost this many
+    # more seconds to write, inside their batch's transaction.
+    report_cost_s: float = Field(0.0, ge=0, le=10)
 
 
 class HardwareSettings(_Section):

@@ -73,17 +73,43 @@ def raise_file_limit() -> int:
     return soft
 
 
+def control_limits(
+    max_connections: int, per_client: int, heartbeat_interval_s: float, file_limit: int
+) -> ConnectionLimits:
+    """The main's control plane: every node keeps one connection open across
+    its reports, so the cap leaves room for them all (at most a quarter of
+    ``file_limit``), and an idle connection outlives the heartbeat interval
+    by far (agents keep theirs three intervals and close first, see
+    letsinfer/agent/pacing.py)."""
+    cap = max(16, min(max_connections, file_limit // 4))
+    if cap < max_connections:
+        log.info(
+            "control plane: at most %d open connections (max_connections is %d, but the "
+            "file limit is %d)",
+            cap,
+            max_connections,
+            file_limit,
+        )
+    return ConnectionLimits(
+        max_connections=cap,
+        per_client=min(per_client, cap),
+        header_timeout_s=PLANE_LIMITS.header_timeout_s,
+        idle_timeout_s=max(PLANE_LIMITS.idle_timeout_s, 4 * heartbeat_interval_s + 5),
+    )
+
+
 def gateway_limits(
     max_connections: int,
     per_client: int,
     header_timeout_s: float,
     idle_timeout_s: float,
     file_limit: int,
+    reserved: int = RESERVED_FDS,
 ) -> ConnectionLimits:
     """The gateway's limits under ``file_limit``: a client connection may carry
-    one connection to an engine too, and :data:`RESERVED_FDS` (at most half
-    the limit) stay for the rest."""
-    room = (file_limit - min(RESERVED_FDS, file_limit // 2)) // 2
+    one connection to an engine too, and ``reserved`` descriptors (at most
+    half the limit; a main adds its control plane's cap) stay for the rest."""
+    room = (file_limit - min(reserved, file_limit // 2)) // 2
     cap = max(1, min(max_connections, room))
     if cap < max_connections:
         log.info(

@@ -1,5 +1,11 @@
 """A running main node: authority store, gateway and the node's own agent.
 
+Two threads, each with its event loop and its own store connection (see
+letsinfer/control/thread.py): the gateway's (the process's main thread: the
+inference plane, this node's own engines, the admin socket) and the control
+plane's (the mutual-TLS planes, children's reports through
+letsinfer/authority/reports.py, the background work about remote nodes).
+
 The agent part reconciles: it reads the placement groups the authority wants
 on this node, keeps an engine running for each, and reports what it observes
 back to the authority and the gateway's routing table.
@@ -11,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import resource
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -32,29 +39,30 @@ from letsinfer.agent.runtime import (
 )
 from letsinfer.agent.supervisor import EngineStatus, EngineSupervisor, SupervisionPolicy
 from letsinfer.authority import engine_keys
-from letsinfer.authority.anchor import SignedHead, open_authority, witness
+from letsinfer.authority.anchor import open_authority
 from letsinfer.authority.audit_echo import AuditEcho
 from letsinfer.authority.denials import DenialLog
-from letsinfer.authority.facts import FactLedger
-from letsinfer.authority.links import LinkBook, link_label, needed_links
-from letsinfer.authority.parallel import TaskBoard, TaskReport
+from letsinfer.authority.factwriter import FactWriter
+from letsinfer.authority.overload import AttentionClock, Shedder
 from letsinfer.authority.placements import desired_for_node
-from letsinfer.authority.pressure import group_facts, hottest
+from letsinfer.authority.pressure import hottest
 from letsinfer.authority.removal import Removal
+from letsinfer.authority.reports import ReportDesk, hardware, replica_for
 from letsinfer.config import Settings
+from letsinfer.connections import control_limits
 from letsinfer.contracts.artifacts import present_digests
-from letsinfer.contracts.facts import FactError
-from letsinfer.contracts.placement import DesiredPlacement, to_wire
+from letsinfer.contracts.placement import DesiredPlacement
 from letsinfer.control.admin_socket import AdminPlane, LocalGate
 from letsinfer.control.app import ControlContext, create_control_app
 from letsinfer.control.local_ops import local_router
 from letsinfer.control.ops import ops_router
 from letsinfer.control.removal_notice import tell_removed
+from letsinfer.control.thread import ControlThread, LoopPost
 from letsinfer.control.typed_app import typed_app
 from letsinfer.gateway.app import Gateway, create_app
 from letsinfer.gateway.directory import Directory
 from letsinfer.gateway.metrics import start_metrics_server
-from letsinfer.gateway.routing import Replica, ReplicaFacts, RoutingTable
+from letsinfer.gateway.routing import ReplicaFacts, RoutingTable
 from letsinfer.home import Home
 from letsinfer.identity import NodeIdentity, load_identity
 from letsinfer.lifecycle.routes import lifecycle_router
@@ -63,13 +71,13 @@ from letsinfer.mirror.layout import MirrorLayout
 from letsinfer.planes import RunningPlane, tls_server
 from letsinfer.release import runtime
 from letsinfer.storage.routes import storage_router
-from letsinfer.storage.uses import groups_for_child, main_uses
-from letsinfer.store import PlacementGroupRecord
+from letsinfer.storage.uses import main_uses
+from letsinfer.store import FactsUpdate
 from letsinfer.telemetry.collector import ClusterCollector
 from letsinfer.telemetry.view import ClusterView
 from letsinfer.trust import pki, renewal
 from letsinfer.trust.material import ClusterCA, presented_fingerprint, tls_files
-from letsinfer.trust.peer import Peer, server_context
+from letsinfer.trust.peer import server_context
 from letsinfer.usage.recorder import RequestLog
 
 log = logging.getLogger("letsinfer.node")
@@ -82,10 +90,15 @@ class MainNode:
         self.home = home
         self.settings = settings
         self.identity = identity
-        self.store = open_authority(home)
-        self.denials = DenialLog(self.store, settings.audit.denial_interval_s)
+        control = settings.control
+        self.store = open_authority(home)  # the gateway thread's connection
+        self.control_store = open_authority(home)  # the control thread's
+        # Stands still while the control plane sheds load: nodes' facts age on it.
+        self.attention = AttentionClock()
+        # Refusals are counted from both threads and written by the control thread.
+        self.denials = DenialLog(self.control_store, settings.audit.denial_interval_s)
         self.audit_echo = AuditEcho(self.store)  # a log line per change and refusal
-        self.routing = RoutingTable()
+        self.routing = RoutingTable(clock=self.attention.now)
         self.directory = Directory(self.store)
         self.records = (
             RequestLog(home.requests_database, settings.requests)
@@ -122,26 +135,32 @@ class MainNode:
             self.apply_now,
             settings.lifecycle,
             trusted=trusted,
-            stale_after_s=settings.control.node_stale_after_s,
+            stale_after_s=control.node_stale_after_s,
+            window=self.attention.window,
         )
-        self.ledger = FactLedger()
-        self.tasks = TaskBoard()
-        self.links = LinkBook(
-            self.store,
-            self.ledger,
-            settings.control.node_stale_after_s,
-            settings.links.proof_ttl_s,
-        )
-        self._started = time.monotonic()
-        # (pg id, task) -> last observation written; only changes are written
-        self._observed: dict[tuple[str, str], tuple[object, ...]] = {}
         self.gpus = gpu_probe(settings.hardware.fake_gpus)
         self.firewall = FirewallProbe()
         # Nodes and groups in memory, for metrics at scrape time (no database read).
-        self.view = ClusterView(self.store)
-        self.gateway.metrics.registry.register(ClusterCollector(self.view, self.routing))
-        self._remote: dict[str, set[tuple[str, str]]] = {}  # node -> {(service, pg)} published
+        self.view = ClusterView(self.control_store)
+        self.shedder = Shedder(
+            self.attention,
+            retry_after_s=max(1, round(2 * control.heartbeat_interval_s)),
+            interval_s=control.heartbeat_interval_s,
+        )
+        self.gateway.metrics.registry.register(
+            ClusterCollector(
+                self.view, self.routing, attention=self.attention.now, control=self.shedder
+            )
+        )
+        self.writer = FactWriter(
+            self.control_store, control.facts_batch_interval_s, cost_s=control.report_cost_s
+        )
+        self.control = ControlThread()
+        self.desk: ReportDesk | None = None  # made on start (it posts to the gateway's loop)
+        self.post: LoopPost | None = None
+        self._planes: list[RunningPlane] = []  # on the control thread
         self._desired: dict[str, DesiredPlacement] = {}  # this node's own, as last reconciled
+        self._nodes_rev: int | None = None  # the node revision routing's paused set is from
         self.server: Any = None  # the uvicorn server, set by `up`
         self.moved = False  # this main joined another cluster (see _watch_identity)
 
@@ -157,25 +176,38 @@ class MainNode:
         control = self.settings.control
         return f"{advertise_address(control.host, control.advertise)}:{control.port}"
 
-    async def _start_planes(self) -> list[RunningPlane]:
+    def control_limits(self) -> Any:
+        control = self.settings.control
+        return control_limits(
+            control.max_connections,
+            control.max_connections_per_client,
+            control.heartbeat_interval_s,
+            resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+        )
+
+    async def _control_up(self) -> None:
+        """On the control thread: the mutual-TLS planes, the nodes' reports
+        and the background work about remote nodes."""
+        assert self.desk is not None
+        self.desk.round()  # revocations, parallel groups, link states
         files = tls_files(self.home, self.identity)
         ctx = server_context(files.cert, files.key, files.ca)
         control = ControlContext(
-            store=self.store,
+            store=self.control_store,
             ca=ClusterCA(self.home, self.identity),
             identity=self.identity,
             gateway_url=self.gateway_url(),
             heartbeat_interval_s=self.settings.control.heartbeat_interval_s,
-            on_facts=self.on_facts,
+            reports=self.desk,
             model_store=self.home.model_store,
             mirror=MirrorLayout.for_home(self.home),
             release_key=runtime.ensure_cluster_key(self.home).text,
             denials=self.denials,
-            on_change=self.apply_now,
+            on_change=self._apply_from_control,
         )
         fingerprint = presented_fingerprint(self.home, self.identity)
         agent = self.settings.agent
-        planes = [
+        self._planes = [
             RunningPlane(
                 tls_server(
                     create_control_app(control),
@@ -184,6 +216,7 @@ class MainNode:
                     ctx,
                     on_refused=self.denials.tls_refusals("control"),
                     name="control plane",
+                    limits=self.control_limits(),
                 )
             ),
             RunningPlane(
@@ -192,9 +225,9 @@ class MainNode:
                         self.home,
                         lambda: self.identity,
                         fingerprint,
-                        self.store,
+                        self.control_store,
                         self.denials,
-                        revoked=self.store.is_revoked,
+                        revoked=self.control_store.is_revoked,
                     ),
                     agent.api_host,
                     agent.api_port,
@@ -204,6 +237,28 @@ class MainNode:
                 )
             ),
         ]
+        for plane in self._planes:
+            await plane.start()
+        self.control.spawn(self._control_rounds)
+        self.control.spawn(self.shedder.watch)
+        self.control.spawn(self.denials.run)
+
+    async def _control_down(self) -> None:
+        for plane in self._planes:
+            await plane.stop()
+        self.writer.flush()  # what is staged goes to disk before the thread ends
+
+    async def _control_rounds(self) -> None:
+        interval = self.settings.agent.reconcile_interval_s
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                assert self.desk is not None
+                self.desk.round()
+            except Exception:  # a bad row must not stop the loop
+                log.exception("the control plane's round failed")
+
+    async def _start_admin(self) -> AdminPlane:
         admin = typed_app("letsinfer admin socket")
         admin.include_router(ops_router(self.store, self.identity, on_change=self.apply_now))
         admin.include_router(local_router(self.store, self.node_removed))
@@ -217,28 +272,36 @@ class MainNode:
                 self._facts_changed,
             )
         )
-        planes.append(
-            AdminPlane(self.home.admin_socket, LocalGate(admin, self.denials, os.geteuid()))
-        )
-        for plane in planes:
-            await plane.start()
-        return planes
+        plane = AdminPlane(self.home.admin_socket, LocalGate(admin, self.denials, os.geteuid()))
+        await plane.start()
+        return plane
+
+    def _apply_from_control(self) -> None:
+        """A controller's change (on the control thread) takes effect on the
+        gateway's loop before the control plane answers."""
+        assert self.post is not None
+        self.post.wait(self.apply_now)
 
     def apply_now(self) -> None:
         """A change made through the admin socket takes effect before it answers."""
         self.directory.refresh(force=True)
+        self._nodes_rev = None  # read the paused nodes again
         self.reconcile()
 
     async def node_removed(self, removal: Removal) -> dict[str, Any]:
         """After a removal committed: the gateway stops routing to the node's
         placement groups at once, then the node's agent is told to stop them."""
         node_id = removal.node.id
-        for g in removal.groups:
-            self.routing.forget(g.service, g.pg_id)
-        for service, pg_id in self._remote.pop(node_id, set()):
+        groups = [(g.service, g.pg_id) for g in removal.groups]
+        desk = self.desk
+
+        async def forget() -> None:  # on the control thread, which posts the routes' end
+            if desk is not None:
+                desk.forget_node(node_id, groups)
+
+        await self.control.run(forget)
+        for service, pg_id in groups:  # already posted and run; this says it twice
             self.routing.forget(service, pg_id)
-        self.tasks.forget_node(node_id)
-        self.ledger.views.pop(node_id, None)
         self.apply_now()  # this node's own tasks of a removed parallel group stop too
         return await tell_removed(
             tls_files(self.home, self.identity), removal.node, self.store, "main"
@@ -267,12 +330,28 @@ class MainNode:
         if self.store.anchor is not None:  # records appended without the key
             self.store.anchor.advance(self.store)
         self.directory.refresh()
+        self.view.load()  # the control thread keeps it from here
         await self.gateway.restore_usage()  # keys' spent budgets, before serving
         self.record_own_facts()
         await self.placements.adopt_running()  # engines a previous run left serving
         self.reconcile()
-        self.view.refresh(force=True)
-        planes = await self._start_planes()
+        self.post = LoopPost(asyncio.get_running_loop())
+        control = self.settings.control
+        self.desk = ReportDesk(
+            self.control_store,
+            self.writer,
+            self.routing,
+            self.post,
+            self.view,
+            self._engine_secret,
+            self.attention,
+            heartbeat_interval_s=control.heartbeat_interval_s,
+            stale_after_s=control.node_stale_after_s,
+            proof_ttl_s=self.settings.links.proof_ttl_s,
+            shedder=self.shedder,
+        )
+        await self.control.start(self._control_up)
+        admin = await self._start_admin()
         adv = None
         if self.settings.discovery.enabled:
             gw = self.settings.gateway
@@ -286,17 +365,23 @@ class MainNode:
             await adv.start()
         loop = asyncio.create_task(self._background())
         watch = asyncio.create_task(self._watch_identity())
-        denials = asyncio.create_task(self.denials.run())
         echo = asyncio.create_task(self.audit_echo.run())
         weigh = asyncio.create_task(self._weigh_own_engines())
         records = asyncio.create_task(self.records.run()) if self.records else None
-        metrics = await start_metrics_server(self.gateway.metrics, self.settings.gateway)
+
+        async def serve_metrics() -> RunningPlane | None:
+            return await start_metrics_server(self.gateway.metrics, self.settings.gateway)
+
+        # Scrapes are served on the control thread: a big cluster's series take
+        # a while to make, and requests must not wait for them.
+        metrics = await self.control.run(serve_metrics)
         try:
             yield
         finally:
             if metrics is not None:
-                await metrics.stop()
-            for task in (loop, watch, denials, echo, weigh, records):
+                stopping = metrics
+                await self.control.run(stopping.stop)
+            for task in (loop, watch, echo, weigh, records):
                 if task is None:
                     continue
                 task.cancel()
@@ -304,13 +389,16 @@ class MainNode:
                     await task
             if adv is not None:
                 await adv.stop()
-            for plane in planes:
-                await plane.stop()
+            await admin.stop()
+            await self.control.stop(self._control_down)
             await stop_engines(self.home, self.placements)
             await self.gateway.aclose()
+            self.control_store.close()
             self.store.close()
 
     async def _background(self) -> None:
+        """The gateway side's round: keys and models, this node's own engines,
+        paused nodes; each a small read unless something changed."""
         interval = self.settings.agent.reconcile_interval_s
         rounds = 0
         while True:
@@ -322,21 +410,29 @@ class MainNode:
             self.directory.refresh()
             try:
                 self.reconcile()
-                self.sweep_stale()
-                self.reconcile_links()
             except Exception:  # a bad row must not stop the loop
                 log.exception("reconcile failed")
-            self.view.refresh()
 
     # -- this node's own engines ---------------------------------------------
     def record_own_facts(self) -> None:
-        facts = {
-            **host_facts(self.gpus),
-            "artifacts": present_digests(self.home.model_store),
-            "firewall": self.firewall.loaded(),
-        }
-        self.store.record_node_facts(
-            self.identity.node_id, _hardware(facts), cert_not_after=self._own_cert_expiry()
+        facts = hardware(
+            {
+                **host_facts(self.gpus),
+                "artifacts": present_digests(self.home.model_store),
+                "firewall": self.firewall.loaded(),
+            }
+        )
+        expiry = self._own_cert_expiry()
+        # Written with the nodes' facts, on the control thread; before it runs, here.
+        update = FactsUpdate(self.identity.node_id, facts, time.time(), 0, cert_not_after=expiry)
+        if not self.control.call_soon(self.writer.stage, update):
+            self.store.record_node_facts(self.identity.node_id, facts, cert_not_after=expiry)
+        self.view.note_facts(
+            self.identity.node_id,
+            facts,
+            time.time(),
+            heard_at=self.attention.now(),
+            cert_not_after=expiry,
         )
 
     def _renew_own_certificate(self) -> None:
@@ -367,8 +463,10 @@ class MainNode:
         desired = desired_for_node(self.store, self.identity.node_id, self._engine_secret)
         self._desired = {d.pg_id: d for d in desired}
         self.placements.apply(desired)
-        paused = {n.id for n in self.store.list_nodes() if n.paused}
-        self.routing.set_paused_nodes(paused)
+        nodes = self.store.revisions()["nodes"]
+        if nodes != self._nodes_rev:  # someone was paused, resumed, added or removed
+            self.routing.set_paused_nodes(self.store.paused_node_ids())
+            self._nodes_rev = nodes
         for pg_id, adapters in self.placements.adapters.items():  # adopted engines' too
             service = self.placements.services.get(pg_id)
             if service is not None:
@@ -395,7 +493,7 @@ class MainNode:
                 serving.append((pg_id, st.base_url, d.engine_key))
         loads = await read_loads(client, serving)
         gpus = self.gpus.gpus()
-        now = time.monotonic()
+        now = self.routing.clock()
         for pg_id, load in loads.items():
             service, d = self.placements.services.get(pg_id), self._desired.get(pg_id)
             if service is None or d is None:
@@ -411,33 +509,14 @@ class MainNode:
         if service:
             self.routing.withdraw(service, pg_id, why)
 
-    def _replica(
-        self,
-        pg_id: str,
-        service: str,
-        base_url: str,
-        capacity: int,
-        node_id: str,
-        adapters: tuple[str, ...] = (),
-    ) -> Replica:
-        key = engine_keys.derive(self._engine_secret, pg_id, "0")
-        return Replica(
-            pg_id=pg_id,
-            service=service,
-            base_url=base_url,
-            authorization=f"Bearer {key}",
-            capacity=capacity,
-            node_id=node_id,
-            adapters=adapters,
-        )
-
     def _on_engine_status(self, st: EngineStatus) -> None:
         service = self.placements.services.get(st.pg_id)
         if service is None:
             return
         if st.state == "ready" and st.base_url:
             self.routing.publish(
-                self._replica(
+                replica_for(
+                    self._engine_secret,
                     st.pg_id,
                     service,
                     st.base_url,
@@ -472,200 +551,3 @@ class MainNode:
             )
         except Exception:  # observation is best effort; routing already updated
             log.exception("could not record state of %s", st.pg_id)
-
-    # -- children: signed facts in, desired state out ------------------------
-    def on_facts(
-        self, peer: Peer, cert_der: bytes, envelope: dict[str, object]
-    ) -> dict[str, object]:
-        """Raises FactError (refused and audited by the caller)."""
-        node = self.store.get_node(peer.identity.id)
-        if node is None:
-            raise FactError("unknown node")
-        facts = self.ledger.accept(peer, cert_der, envelope, persisted_seq=node.facts_seq)
-        seen = None
-        if facts.audit is not None:
-            a = facts.audit
-            seen = witness(node, SignedHead(a.count, a.hash, a.signature), a.problem)
-            if seen.problem != node.audit_problem and seen.problem is not None:
-                log.error("node %s: %s", node.name, seen.problem)
-                self.store.append_audit(
-                    f"node:{node.id}",
-                    "node.audit-head",
-                    "flagged",
-                    target=node.name,
-                    detail=seen.problem,
-                )
-        self.store.record_node_facts(
-            node.id,
-            _hardware(facts.model_dump(mode="json")),
-            peer.identity.fingerprint,
-            seq=facts.seq,
-            witness=seen,
-            cert_not_after=peer.identity.not_after.timestamp(),
-        )
-        self.reconcile_links()
-        wanted: dict[str, PlacementGroupRecord] = {}
-        stopping: list[PlacementGroupRecord] = []
-        for t in self.store.tasks_on_node(node.id):
-            pg = self.store.get_placement_group(t.pg_id)
-            if pg is not None and pg.desired == "running":
-                wanted[pg.id] = pg
-            elif pg is not None and pg.state != "stopped" and t.task == "0":
-                stopping.append(pg)
-        for p in facts.placements:
-            pg_now = wanted.get(p.pg_id)
-            if pg_now is not None and p.generation < pg_now.generation and p.state != "ready":
-                # From before the main asked for a fresh start (model start, a new
-                # release): its parked or failed engine is about to be replaced.
-                p = p.model_copy(update={"state": "starting", "detail": "starting afresh"})
-            self.tasks.report(
-                p.pg_id,
-                p.task,
-                TaskReport(node.id, p.state, p.base_url, p.capacity, p.detail, tuple(p.adapters)),
-            )
-            seen = (p.state, p.base_url, p.pid, p.capacity, p.restarts, p.detail, p.generation)
-            # Facts arrive every interval: write an observation only when it changed.
-            if p.pg_id in wanted and self._observed.get((p.pg_id, p.task)) != seen:
-                self._observed[(p.pg_id, p.task)] = seen
-                self.store.record_task_observation(p.pg_id, p.task, p.state, p.detail)
-                if len(self.store.pg_tasks(p.pg_id)) == 1:
-                    self.store.record_pg_observation(
-                        p.pg_id,
-                        state=p.state,
-                        endpoint=p.base_url,
-                        pid=p.pid,
-                        capacity=p.capacity,
-                        restarts=p.restarts,
-                        detail=p.detail,
-                        generation=p.generation,
-                    )
-        reported = {p.pg_id for p in facts.placements}
-        for pg in stopping:  # stopped on purpose and no engine reported any more
-            if pg.id not in reported:
-                self.store.record_pg_observation(pg.id, state="stopped")
-        published: set[tuple[str, str]] = set()
-        for pg in wanted.values():
-            if self._route(pg):
-                published.add((pg.service, pg.id))
-                self._weigh(pg)
-        for service, pg_id in self._remote.get(node.id, set()) - published:
-            if self.store.get_placement_group(pg_id) is None:  # removed (replaced, model removed)
-                self.routing.forget(service, pg_id)
-            else:
-                self.routing.withdraw(service, pg_id, "not ready on its node")
-        self._remote[node.id] = published
-        desired = desired_for_node(self.store, node.id, self._engine_secret)
-        return {
-            "placements": [to_wire(d) for d in desired],
-            "paused": node.paused,
-            "interval_s": self.settings.control.heartbeat_interval_s,
-            # Children refuse these on their agent plane (link challenges).
-            "revoked": self.store.revoked_fingerprints(),
-            # Every group placed there, stopped ones too (what `node cleanup` may free).
-            "groups": groups_for_child(self.store, node.id),
-        }
-
-    def _route(self, pg: PlacementGroupRecord) -> bool:
-        """Publish a group's endpoint if every task is ready, it is not paused and
-        every data link its plan needs is proven; otherwise withdraw it, saying why."""
-        tasks = self.store.pg_tasks(pg.id)
-        expected = {t.task for t in tasks}
-        url = self.tasks.endpoint(pg.id, expected)
-        names = {n.id: n.name for n in self.store.list_nodes(include_removed=True)}
-        parked = self.tasks.parked(pg.id)
-        if parked is not None:
-            if len(tasks) > 1:
-                self._observe_group(pg, None, parked.detail)
-            self.routing.park(pg.service, pg.id, parked.detail or "parked")
-            return False
-        why = None
-        if pg.paused_reason:
-            why = f"paused: {pg.paused_reason}; run `letsinfer model resume {pg.service}`"
-        else:
-            missing = [
-                link_label(link, names)
-                for link in needed_links(tasks)
-                if not self.links.is_proven(link)
-            ]
-            if missing:
-                why = f"waiting for proof of data link(s) {', '.join(missing)}"
-        if why is None and url is None:
-            why = f"waiting for task(s) {', '.join(self.tasks.waiting_for(pg.id, expected))}"
-        head = self.tasks.head(pg.id)
-        if len(tasks) > 1:
-            self._observe_group(pg, url if why is None else None, why)
-        if why is not None or url is None:
-            self.routing.withdraw(pg.service, pg.id, why or "not ready")
-            return False
-        capacity = head.capacity if head and head.capacity else 1
-        adapters = head.adapters if head else ()
-        self.routing.publish(
-            self._replica(pg.id, pg.service, url, capacity, tasks[0].node_id, adapters)
-        )
-        return True
-
-    def _weigh(self, pg: PlacementGroupRecord) -> None:
-        """A published group's load, GPU temperature and facts age, for routing."""
-        tasks = [
-            (t.task, t.node_id, self.store.task_gpus(pg.id, t.task))
-            for t in self.store.pg_tasks(pg.id)
-        ]
-        facts = group_facts(pg.id, tasks, self.ledger.views)
-        if facts is not None:
-            self.routing.observe(pg.service, pg.id, facts)
-
-    def _observe_group(self, pg: PlacementGroupRecord, url: str | None, why: str | None) -> None:
-        """A parallel group's own state: ready only when published."""
-        if url is not None:
-            state = "ready"
-        elif pg.paused_reason:
-            state = "paused"
-        else:
-            states = [r.state for r in self.tasks.reports.get(pg.id, {}).values()]
-            state = next((s for s in ("parked", "failed", "restarting") if s in states), "starting")
-        head = self.tasks.head(pg.id)
-        seen = (state, url, why)
-        if self._observed.get((pg.id, "*")) != seen:
-            self._observed[(pg.id, "*")] = seen
-            self.store.record_pg_observation(
-                pg.id,
-                state=state,
-                endpoint=url,
-                capacity=head.capacity if head and url else None,
-                detail=why,
-            )
-
-    def reconcile_links(self) -> None:
-        """Record link changes; withdraw at once the groups a lost link paused."""
-        settled = time.monotonic() - self._started > self.settings.control.node_stale_after_s
-        for pg_id in self.links.reconcile(may_lose=settled):
-            pg = self.store.get_placement_group(pg_id)
-            if pg is not None:
-                self.routing.withdraw(pg.service, pg.id, f"paused: {pg.paused_reason}")
-
-    def sweep_stale(self) -> None:
-        """Routing health comes from fresh facts only."""
-        window = self.settings.control.node_stale_after_s
-        for node_id, published in list(self._remote.items()):
-            if published and self.ledger.fresh(node_id, window) is None:
-                for service, pg_id in published:
-                    self.routing.withdraw(
-                        service, pg_id, f"node {node_id} sent no facts for {window:.0f}s"
-                    )
-                self._remote[node_id] = set()
-                self.tasks.forget_node(node_id)
-                log.warning("node %s is stale: its placement groups are unroutable", node_id)
-
-
-def _hardware(facts: dict[str, Any]) -> dict[str, Any]:
-    """What placement, metrics and `doctor --cluster` need from a node's facts."""
-    keys = (
-        "cpus",
-        "memory_bytes",
-        "memory_available",
-        "targets",
-        "gpus",
-        "artifacts",
-        "firewall",
-    )
-    return {k: facts[k] for k in keys if k in facts}

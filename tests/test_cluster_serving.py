@@ -1117,32 +1117,144 @@ def test_a_cut_or_rewritten_child_chain_fails_verify_there_and_on_the_main(
     assert {r["outcome"] for r in flagged} == {"flagged"} and len(flagged) >= 2
 
 
-def test_a_captured_facts_envelope_is_refused_after_the_main_restarts(cluster: Cluster) -> None:
+def _restart_main(c: Cluster, sig: int = signal.SIGTERM, **env: str) -> None:
+    main = c.procs.pop("main")
+    main.send_signal(sig)
+    main.wait(timeout=30)
+    c.extra_env["main"] = {
+        k: v for k, v in c.extra_env["main"].items() if k != "LETSINFER_CONTROL__REPORT_COST_S"
+    }
+    c.extra_env["main"].update(env)
+    c.up("main")
+
+
+def _write_locked(db: Path) -> bool:
+    """Whether a write transaction is open on the database now (a batch)."""
+    conn = sqlite3.connect(db, timeout=0, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError as exc:
+        return "locked" in str(exc)
+    else:
+        conn.execute("ROLLBACK")
+        return False
+    finally:
+        conn.close()
+
+
+def test_an_overloaded_main_sheds_reports_and_no_node_goes_stale(cluster: Cluster) -> None:
+    """The main's report handling made slow (a test seam: each node's facts
+    cost a second inside their batch's transaction, the control loop blocked
+    meanwhile): it answers n1's reports 503 with Retry-After instead of letting
+    them time out, n1's agent waits as told (spread), and n1 is never shown
+    unreachable nor its group taken out of routing."""
     c = cluster
-    proc = c.procs.pop("n2", None)  # n2 says nothing of its own meanwhile
+    proc = c.procs.pop("n2", None)  # n2 says nothing of its own from here
     if proc is not None:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
-    url = f"https://{c.lab.hosts['main']}:8443/v1/agent/facts"
+    n1_log = c.root / "n1.log"
+    before = len(n1_log.read_text())
+    _restart_main(c, LETSINFER_CONTROL__REPORT_COST_S="1.0")
+    c.wait(lambda: load(c, "big", n=1, threads=1) == [200], "n1's group routed again")
+    states: set[str] = set()
+    deadline = time.monotonic() + 12  # four times the main's stale window
+    while time.monotonic() < deadline:
+        states |= {
+            n["state"]
+            for n in json.loads(c.ok("main", "node", "list", "--json"))
+            if n["name"] == "n1"
+        }
+        time.sleep(0.5)
+    assert states == {"active"}, states
+    assert load(c, "big", n=4, threads=2) == [200] * 4
+    main_log = (c.root / "main.log").read_text()
+    assert "control plane: falling behind" in main_log, main_log[-3000:]
+    assert "is stale" not in main_log
+    told = re.findall(
+        r"is busy \(503, Retry-After (\d+)s\): next report in ([\d.]+)s",
+        n1_log.read_text()[before:],
+    )
+    assert told, "n1's agent heard 503s"
+    for after, wait in told:  # as long as it was told, spread by up to a half
+        assert float(after) <= float(wait) <= 1.5 * float(after) + 0.05, (after, wait)
+    assert len({wait for _, wait in told}) > 1, "jittered"
+    scrape = c.py("main", 'import httpx; print(httpx.get("http://127.0.0.1:9400/metrics").text)')
+    shed = re.search(r"^letsinfer_control_reports_shed_total (\S+)$", scrape, re.M)
+    assert shed is not None and float(shed.group(1)) >= len(told)
+
+
+def test_a_kill_mid_batch_loses_no_enrollment_key_or_audit_record_and_replays_stay_refused(
+    cluster: Cluster,
+) -> None:
+    """With reports written in batches (each held open a second by the seam),
+    the main is killed (SIGKILL) while a batch's transaction is open. What it
+    had answered survives: an enrollment, an API key, their audit records and
+    an accepted facts envelope, which is still refused as a replay."""
+    c = cluster
+    main_addr = c.lab.hosts["main"]
+    url = f"https://{main_addr}:8443/v1/agent/facts"
+    if "LETSINFER_CONTROL__REPORT_COST_S" not in c.extra_env["main"]:
+        _restart_main(c, LETSINFER_CONTROL__REPORT_COST_S="1.0")
     capture = (
         as_node(c.home("n2"))
         + f"""
 import time, httpx
 from letsinfer.contracts.facts import Facts, sign
-facts = Facts(node_id=node_id, seq=int(time.time() * 1000), ts=time.time(), cpus=1,
-              memory_bytes=1, targets=["cpu"], version="x")
-envelope = sign(facts, key)
-r = httpx.post("{url}", json=envelope, verify=ctx, timeout=10)
+while True:  # the main sheds some reports now: until one is taken
+    facts = Facts(node_id=node_id, seq=int(time.time() * 1000), ts=time.time(), cpus=1,
+                  memory_bytes=1, targets=["cpu"], version="x")
+    envelope = sign(facts, key)
+    r = httpx.post("{url}", json=envelope, verify=ctx, timeout=30)
+    if r.status_code != 503:
+        break
+    time.sleep(float(r.headers["retry-after"]))
 print(json.dumps([r.status_code, envelope]))
 """
     )
     status, envelope = json.loads(c.py("n2", capture))
     assert status == 200
+    key = json.loads(c.ok("main", "auth", "key", "create", "survivor", "--model", "big", "--json"))
+    enroll = f"""
+import json, uuid, httpx
+from pathlib import Path
+from letsinfer.authority import enrollment
+from letsinfer.authority.anchor import open_authority
+from letsinfer.home import Home
+from letsinfer.identity import load_identity
+from letsinfer.trust import pki
+from letsinfer.trust.peer import client_context
+home = Home.under(Path("{c.home("main")}"))
+ca = home.cluster_dir(load_identity(home.identity_file).cluster) / "ca.crt"
+store = open_authority(home)
+key = pki.new_key()
+node_id = uuid.uuid4().hex
+offer = enrollment.open_offer(store, node_id, "late", "10.9.9.9:8444",
+                              pki.public_key_fingerprint(key.public_key()), 600)
+store.close()
+r = httpx.post("https://{main_addr}:8443/v1/enroll/complete", verify=client_context(ca),
+               timeout=30, json={{"enrollment_id": offer.record.id, "token": offer.token,
+                                  "csr": pki.make_csr(key, node_id).decode()}})
+print(json.dumps([r.status_code, node_id]))
+"""
+    status, late_id = json.loads(c.py("main", enroll))
+    assert status == 200
+    db = c.home("main") / "var/authority.db"
+    c.wait(lambda: _write_locked(db), "a batch's transaction open", timeout=30)
+    _restart_main(c, signal.SIGKILL)  # in the middle of that batch
 
-    main = c.procs.pop("main")
-    main.send_signal(signal.SIGTERM)
-    main.wait(timeout=30)
-    c.up("main")
+    nodes = {n["name"]: n for n in json.loads(c.ok("main", "node", "list", "--all", "--json"))}
+    late = nodes["late"]
+    assert late["id"] == late_id and late["fingerprint"], "enrolled, its certificate recorded"
+    assert late["state"] == "unreachable", "a member that never reported (a stand-in here)"
+    assert "survivor" in {
+        k["name"] for k in json.loads(c.ok("main", "auth", "key", "list", "--json"))
+    }
+    assert load_error_with(c, "big", key["key"]) == 200
+    done = [(r["action"], r["target"]) for r in c.audit("main")]
+    assert ("auth.key.create", "survivor") in done and ("node.enroll.complete", "late") in done
+    verified = c.cli("main", "audit", "verify")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
 
     replay = (
         as_node(c.home("n2"))
@@ -1163,3 +1275,19 @@ print(json.dumps([r.status_code, r.json()["error"]["message"]]))
         ),
         "the main auditing the replay",
     )
+
+
+def load_error_with(c: Cluster, model: str, key: str) -> int:
+    """One chat request through the main's gateway with ``key``: its status."""
+    main = c.lab.hosts["main"]
+    out = c.py(
+        "main",
+        f"""
+import httpx
+r = httpx.post("http://{main}:8000/v1/chat/completions", timeout=30,
+               headers={{"authorization": "Bearer {key}"}},
+               json={{"model": "{model}", "messages": [{{"role": "user", "content": "hi"}}]}})
+print(r.status_code)
+""",
+    )
+    return int(out.strip())

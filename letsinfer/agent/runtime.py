@@ -27,6 +27,7 @@ from letsinfer.agent.api import create_agent_app
 from letsinfer.agent.engine_load import EngineLoad, read_loads
 from letsinfer.agent.firewall import FirewallProbe
 from letsinfer.agent.hardware import gpu_probe, host_facts
+from letsinfer.agent.pacing import ReportPacing, keepalive_s, retry_after
 from letsinfer.agent.placement import Fetch, PlacementRunner
 from letsinfer.agent.supervisor import EngineSupervisor, SupervisionPolicy
 from letsinfer.authority.anchor import HeadAnchor, head_report
@@ -437,57 +438,79 @@ class AgentNode:
             await asyncio.sleep(interval)
 
     async def _report(self) -> None:
-        """Signed facts up, desired placements down, every interval."""
+        """Signed facts up, desired placements down, every interval, over one
+        kept-alive connection; slower, spread, when the main is busy or
+        unreachable (agent/pacing.py)."""
         ident = self.identity
-        client = ClusterClient(self.files, expect_node=ident.main_id)
+        interval = self.settings.control.heartbeat_interval_s
+        client = ClusterClient(
+            self.files, expect_node=ident.main_id, keepalive_s=keepalive_s(interval)
+        )
         key = pki.read_private_key(self.files.key)
         url = f"https://{ident.main_address}/v1/agent"
-        interval = self.settings.control.heartbeat_interval_s
         engine = self.settings.engine
+        pacing = ReportPacing(interval)
         refused = False
         seq = 0
-        while True:
-            try:
-                loads = await self._engine_loads(min(1.0, interval))
-            except Exception:  # the facts go out without them
-                log.exception("could not read the engines' load")
-                loads = {}
-            # Milliseconds since the epoch: still increasing after a restart.
-            seq = max(seq + 1, int(time.time() * 1000))
-            try:
-                resp = await client.arequest(
-                    "POST", url + "/facts", json=sign(self._facts(seq, loads), key)
-                )
-                if resp.status_code == 200:
-                    refused = False
-                    self.removed_by = None
-                    desired = [
-                        from_wire(d, engine.threads, engine.context, engine.parallel)
-                        for d in resp.json()["placements"]
-                    ]
-                    self.desired = desired
-                    self._set_revoked(resp.json().get("revoked", []))
-                    groups = resp.json().get("groups")
-                    if isinstance(groups, list):
-                        self.groups = groups
-                        save_groups(self.home, groups)
-                    self.placements.apply(desired, fetch=self._fetcher(client, url))
-                    await self._renew_if_due(client, url)
-                else:
-                    if error_code(resp) == NODE_REMOVED:
-                        await self.removed(f"main:{ident.main_id}")
-                    if not refused:
-                        log.error("the main refused this node: %s", resp.text)
-                    refused = True
-            except (httpx.HTTPError, PeerMismatch, OSError) as exc:
-                log.warning("reporting to the main at %s failed: %s", ident.main_address, exc)
-            self._reported.set()
-            # A refused node keeps asking, slowly: the main audits every refusal.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._report_now.wait(), interval * 20 if refused else interval
-                )
-            self._report_now.clear()
+        try:
+            while True:
+                try:
+                    loads = await self._engine_loads(min(1.0, interval))
+                except Exception:  # the facts go out without them
+                    log.exception("could not read the engines' load")
+                    loads = {}
+                # Milliseconds since the epoch: still increasing after a restart.
+                seq = max(seq + 1, int(time.time() * 1000))
+                try:
+                    resp = await client.arequest(
+                        "POST", url + "/facts", json=sign(self._facts(seq, loads), key)
+                    )
+                    if resp.status_code == 200:
+                        wait = pacing.answered()
+                        refused = False
+                        self.removed_by = None
+                        desired = [
+                            from_wire(d, engine.threads, engine.context, engine.parallel)
+                            for d in resp.json()["placements"]
+                        ]
+                        self.desired = desired
+                        self._set_revoked(resp.json().get("revoked", []))
+                        groups = resp.json().get("groups")
+                        if isinstance(groups, list):
+                            self.groups = groups
+                            save_groups(self.home, groups)
+                        self.placements.apply(desired, fetch=self._fetcher(client, url))
+                        await self._renew_if_due(client, url)
+                    elif resp.status_code == 503:
+                        asked = retry_after(resp)
+                        wait = pacing.busy(asked)
+                        log.info(
+                            "the main at %s is busy (503, Retry-After %s): next report in %.1fs",
+                            ident.main_address,
+                            f"{asked:g}s" if asked is not None else "not given",
+                            wait,
+                        )
+                    else:
+                        wait = pacing.refused()
+                        if error_code(resp) == NODE_REMOVED:
+                            await self.removed(f"main:{ident.main_id}")
+                        if not refused:
+                            log.error("the main refused this node: %s", resp.text)
+                        refused = True
+                except (httpx.HTTPError, PeerMismatch, OSError) as exc:
+                    wait = pacing.failed()
+                    log.warning(
+                        "reporting to the main at %s failed: %s; next report in %.1fs",
+                        ident.main_address,
+                        str(exc) or type(exc).__name__,
+                        wait,
+                    )
+                self._reported.set()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._report_now.wait(), wait)
+                self._report_now.clear()
+        finally:
+            await client.aclose()
 
     def _fetcher(self, client: ClusterClient, url: str) -> Fetch:
         async def fetch(digest: str) -> None:
@@ -514,4 +537,7 @@ class AgentNode:
         except (pki.CertificateError, KeyError, ValueError) as exc:
             log.error("the renewed certificate from the main was not installed: %s", exc)
             return
+        # The kept connection was opened with the old certificate: the next
+        # report opens one that presents the new one.
+        await client.aclose()
         log.info("node certificate renewed until %s", new.not_valid_after_utc)

@@ -9,7 +9,9 @@ has sent facts itself): a proof the peer's key did not sign refuses the facts.
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -24,7 +26,16 @@ from letsinfer.trust.peer import Peer
 @dataclass
 class NodeView:
     facts: Facts
-    received_at: float  # main's monotonic clock
+    received_at: float  # the ledger's clock (the main's attention clock)
+
+
+@functools.lru_cache(maxsize=8192)
+def _cert_key(der: bytes) -> ec.EllipticCurvePublicKey:
+    """A node certificate's key, parsed once per certificate (not per report)."""
+    key = pki.load_cert(der).public_key()
+    if not isinstance(key, ec.EllipticCurvePublicKey):
+        raise FactError("the node's certificate has no P-256 key")
+    return key
 
 
 @dataclass
@@ -33,6 +44,9 @@ class FactLedger:
     views: dict[str, NodeView] = field(default_factory=dict)
     last_seq: dict[str, int] = field(default_factory=dict)
     keys: dict[str, ec.EllipticCurvePublicKey] = field(default_factory=dict)  # node -> cert key
+    # Monotonic seconds; on a main, its attention clock (letsinfer.authority.overload),
+    # which stands still while the main sheds load: nodes do not age meanwhile.
+    clock: Callable[[], float] = time.monotonic
 
     def accept(
         self,
@@ -45,10 +59,10 @@ class FactLedger:
         """Raise FactError with the reason, or record and return the facts.
         ``persisted_seq``: the last sequence the authority stored for the node,
         so a replay is refused after the main restarts as well."""
-        cert = pki.load_cert(peer_cert_der)
-        key = cert.public_key()
-        if not isinstance(key, ec.EllipticCurvePublicKey):
-            raise FactError("the node's certificate has no P-256 key")
+        try:
+            key = _cert_key(peer_cert_der)
+        except pki.CertificateError as exc:
+            raise FactError("the node's certificate cannot be read") from exc
         facts = verify(envelope, key)
         if facts.node_id != peer.identity.id:
             raise FactError(
@@ -65,7 +79,7 @@ class FactLedger:
             raise FactError(f"replayed facts: sequence {facts.seq} after {last}", "replayed facts")
         for link in facts.links:
             self._check_link(facts.node_id, link)
-        if facts.audit is not None:
+        if facts.audit is not None and not self._same_head(facts, key):
             head = SignedHead(facts.audit.count, facts.audit.hash, facts.audit.signature)
             if not signature_valid(head, key):
                 raise FactError(
@@ -74,8 +88,22 @@ class FactLedger:
                 )
         self.last_seq[facts.node_id] = facts.seq
         self.keys[facts.node_id] = key
-        self.views[facts.node_id] = NodeView(facts, time.monotonic())
+        self.views[facts.node_id] = NodeView(facts, self.clock())
         return facts
+
+    def _same_head(self, facts: Facts, key: ec.EllipticCurvePublicKey) -> bool:
+        """The audit head this node's last accepted facts carried, signature and
+        all, verified then with the same key: most reports repeat it."""
+        view = self.views.get(facts.node_id)
+        before = view.facts.audit if view is not None else None
+        now = facts.audit
+        return (
+            before is not None
+            and now is not None
+            and self.keys.get(facts.node_id) is key
+            and (before.count, before.hash, before.signature)
+            == (now.count, now.hash, now.signature)
+        )
 
     def _check_link(self, prober: str, link: LinkFact) -> None:
         if link.peer == prober:
@@ -127,6 +155,6 @@ class FactLedger:
 
     def fresh(self, node_id: str, within_s: float) -> Facts | None:
         view = self.views.get(node_id)
-        if view is None or time.monotonic() - view.received_at > within_s:
+        if view is None or self.clock() - view.received_at > within_s:
             return None
         return view.facts

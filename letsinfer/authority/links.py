@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import itertools
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from letsinfer.authority.facts import FactLedger
 from letsinfer.authority.lifecycle import unpark
-from letsinfer.store import AuthorityStore, PgTaskRecord
+from letsinfer.store import AuthorityStore, PgTaskRecord, PlacementGroupRecord
 
 log = logging.getLogger("letsinfer.links")
 
@@ -43,11 +43,18 @@ def needed_links(tasks: list[PgTaskRecord]) -> list[Pair]:
 
 @dataclass
 class LinkBook:
+    """Link states as stored (only this book writes them: read once, then kept),
+    and the parallel groups meant to run (read again when groups change), so
+    that judging one node's links reads nothing about the others."""
+
     store: AuthorityStore
     ledger: FactLedger
     fresh_within_s: float
     proof_ttl_s: float
     states: dict[Pair, str] | None = None  # as stored: proven, lost
+    groups: list[tuple[PlacementGroupRecord, list[PgTaskRecord]]] = field(default_factory=list)
+    _groups_rev: int | None = None
+    _by_node: dict[str, set[Pair]] = field(default_factory=dict)
 
     def proven_now(self, link: Pair) -> bool:
         a, b = link
@@ -58,35 +65,72 @@ class LinkBook:
     def is_proven(self, link: Pair) -> bool:
         return (self.states or {}).get(link) == "proven"
 
-    def reconcile(self, may_lose: bool = True) -> list[str]:
+    def load(self, groups_rev: int | None = None) -> None:
+        """Read the stored states (once) and the parallel groups (when
+        ``groups_rev``, the store's groups revision, moved; None: ask it)."""
+        if self.states is None:
+            self.states = {(r.node_a, r.node_b): r.state for r in self.store.list_links()}
+        if groups_rev is None:
+            groups_rev = self.store.revisions()["groups"]
+        if groups_rev != self._groups_rev:
+            self.groups = self.store.parallel_groups()
+            self._groups_rev = groups_rev
+        self._index()
+
+    def _index(self) -> None:
+        by_node: dict[str, set[Pair]] = {}
+        for link in self._needed() | set(self.states or {}):
+            for n in link:
+                by_node.setdefault(n, set()).add(link)
+        self._by_node = by_node
+
+    def _needed(self) -> set[Pair]:
+        return {link for _, tasks in self.groups for link in needed_links(tasks)}
+
+    def involving(self, node_id: str) -> set[Pair]:
+        """The links a node's facts can change: those a group needs, and those
+        with a stored state."""
+        return self._by_node.get(node_id, set())
+
+    def label(self, link: Pair) -> str:
+        names = {}
+        for n in link:
+            node = self.store.get_node(n)
+            names[n] = node.name if node is not None else n
+        return link_label(link, names)
+
+    def reconcile(self, links: set[Pair] | None = None, may_lose: bool = True) -> list[str]:
         """Record links that became proven or were lost; pause the groups a lost
-        link breaks. Returns the ids of groups paused now. ``may_lose`` is false
+        link breaks. Returns the ids of groups paused now. ``links``: only
+        these (one node's, as its facts arrive); None: every link that matters
+        (the groups are read again if they changed). ``may_lose`` is false
         while the main has not heard from every node since it started."""
-        stored = {(r.node_a, r.node_b): r.state for r in self.store.list_links()}
-        groups = [
-            (pg, tasks)
-            for pg in self.store.list_placement_groups()
-            if pg.desired == "running" and len(tasks := self.store.pg_tasks(pg.id)) > 1
-        ]
-        needed = {link for _, tasks in groups for link in needed_links(tasks)}
-        names = {n.id: n.name for n in self.store.list_nodes(include_removed=True)}
+        if links is None or self.states is None:
+            self.load()
+        stored = self.states if self.states is not None else {}
+        if links is None:
+            links = self._needed() | set(stored)
         paused: list[str] = []
-        for link in sorted(needed | set(stored)):
-            label = link_label(link, names)
+        changed = False
+        for link in sorted(links):
             now = self.proven_now(link)
             if now and stored.get(link) != "proven":
+                label = self.label(link)
                 with self.store.transaction():
                     self.store.set_link_state(*link, "proven")
                     self.store.append_audit(ACTOR, "link.proven", "ok", target=label)
                 stored[link] = "proven"
+                changed = True
                 log.info("data link %s proven by both ends", label)
             elif not now and stored.get(link) == "proven" and may_lose:
-                hit = [pg for pg, tasks in groups if link in needed_links(tasks)]
+                label = self.label(link)
+                hit = [pg for pg, tasks in self.groups if link in needed_links(tasks)]
                 with self.store.transaction():
                     self.store.set_link_state(*link, "lost")
                     self.store.append_audit(ACTOR, "link.lost", "ok", target=label)
                     for pg in hit:
-                        if pg.paused_reason is None:
+                        current = self.store.get_placement_group(pg.id)
+                        if current is not None and current.paused_reason is None:
                             self.store.set_pg_paused(pg.id, f"data link {label} lost")
                             self.store.append_audit(
                                 ACTOR,
@@ -97,8 +141,11 @@ class LinkBook:
                             )
                             paused.append(pg.id)
                 stored[link] = "lost"
+                changed = True
                 log.warning("data link %s lost; paused %s", label, ", ".join(paused) or "nothing")
         self.states = stored
+        if changed:
+            self._index()
         return paused
 
 

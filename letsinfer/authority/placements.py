@@ -8,7 +8,7 @@ from letsinfer.authority import engine_keys
 from letsinfer.contracts.placement import DesiredPlacement
 from letsinfer.engines.parallel_command import GroupTask
 from letsinfer.engines.releases import Release
-from letsinfer.store import AuthorityStore, StoreError
+from letsinfer.store import AuthorityStore, PgTaskRecord, StoreError
 
 
 def release_of(row: dict[str, Any]) -> Release:
@@ -28,19 +28,24 @@ def group_of(store: AuthorityStore, pg_id: str) -> tuple[GroupTask, ...]:
     tasks = store.pg_tasks(pg_id)
     if len(tasks) < 2:
         return ()
-    nodes = {n.id: n for n in store.list_nodes(include_removed=True)}
     out = []
     for t in tasks:
-        node = nodes.get(t.node_id)
+        node = store.get_node(t.node_id)  # the group's nodes only, whatever the cluster's size
         if t.address is None or t.port is None or node is None or node.address is None:
             raise StoreError(f"task {t.task} of {pg_id} has no data address or port")
         out.append(GroupTask(t.task, t.node_id, t.address, t.port, node.address))
     return tuple(out)
 
 
-def desired_for_node(store: AuthorityStore, node_id: str, secret: bytes) -> list[DesiredPlacement]:
+def desired_for_node(
+    store: AuthorityStore,
+    node_id: str,
+    secret: bytes,
+    tasks: list[PgTaskRecord] | None = None,
+) -> list[DesiredPlacement]:
+    """``tasks``: the node's tasks when the caller read them already."""
     out = []
-    for task in store.tasks_on_node(node_id):
+    for task in store.tasks_on_node(node_id) if tasks is None else tasks:
         pg = store.get_placement_group(task.pg_id)
         if pg is None or pg.desired != "running":
             continue

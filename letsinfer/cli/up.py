@@ -170,7 +170,12 @@ def _run(ctx: CliContext, settings: config.Settings, name: str | None) -> None:
     for noisy in ("httpx", "gguf"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     logging.getLogger("uvicorn.error").addFilter(_Once())
-    from letsinfer.connections import GuardedServer, gateway_limits, raise_file_limit
+    from letsinfer.connections import (
+        RESERVED_FDS,
+        GuardedServer,
+        gateway_limits,
+        raise_file_limit,
+    )
 
     file_limit = raise_file_limit()  # connections are capped below it
     from letsinfer.authority.modelstore import clean_partials
@@ -227,6 +232,8 @@ def _run(ctx: CliContext, settings: config.Settings, name: str | None) -> None:
             gw.header_timeout_s,
             gw.idle_timeout_s,
             file_limit,
+            # the control plane holds a connection per node
+            reserved=RESERVED_FDS + node.control_limits().max_connections,
         ),
         name="gateway",
     )

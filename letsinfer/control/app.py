@@ -11,15 +11,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi import HTTPException, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from letsinfer.authority import adoption, controllers, enrollment, lifecycle
 from letsinfer.authority.denials import DenialLog
 from letsinfer.contracts.artifacts import artifact_path
-from letsinfer.contracts.facts import FactError
+from letsinfer.control.facts_route import FactsRoute
 from letsinfer.control.ops import actor_of, ops_router
 from letsinfer.control.typed_app import typed_app
 from letsinfer.identity import NodeIdentity
@@ -33,6 +33,21 @@ from letsinfer.trust.peer import NODE_REMOVED, Peer, PeerGate, Refusal, Scope, g
 OPEN_PATHS = ("/v1/enroll/complete", "/v1/pair/ca", "/v1/pair/controller", "/v1/time")
 
 
+class ReportIntake(Protocol):
+    """Where nodes' signed facts go (letsinfer.authority.reports.ReportDesk)."""
+
+    def admit(self) -> int | None:
+        """None: take the next report now; else shed it: the seconds of
+        ``Retry-After`` to answer 503 with."""
+
+    def heard(self, node_id: str) -> None:
+        """A shed report's node: alive, nothing taken."""
+
+    async def report(self, peer: Peer, cert_der: bytes, envelope: dict[str, Any]) -> dict[str, Any]:
+        """Desired state for the node; raises FactError (refused) or
+        NotRecorded (not written: 503)."""
+
+
 @dataclass
 class ControlContext:
     store: AuthorityStore
@@ -40,8 +55,7 @@ class ControlContext:
     identity: NodeIdentity
     gateway_url: str
     heartbeat_interval_s: float
-    # (peer, its certificate, signed envelope) -> desired state; raises FactError
-    on_facts: Callable[[Peer, bytes, dict[str, Any]], dict[str, Any]]
+    reports: ReportIntake
     model_store: Path
     mirror: MirrorLayout
     release_key: str  # the cluster's release-signing public key, for new nodes
@@ -64,11 +78,6 @@ class EnrollComplete(_Body):
 class PairController(_Body):
     code: str
     csr: str
-
-
-class FactEnvelope(_Body):
-    facts: str = Field(max_length=256_000)
-    signature: str = Field(max_length=512)
 
 
 class Pause(_Body):
@@ -144,16 +153,6 @@ def create_control_app(ctx: ControlContext) -> PeerGate:
         return {"time": time.time()}
 
     # -- nodes --------------------------------------------------------------
-    @app.post("/v1/agent/facts")
-    async def facts(body: FactEnvelope, request: Request) -> dict[str, Any]:
-        p = gated_peer(request)
-        der = request.scope["extensions"]["tls"]["client_cert_der"]
-        try:
-            return ctx.on_facts(p, der, body.model_dump())
-        except FactError as exc:
-            ctx.denials.note(actor(p), "node.facts", exc.reason)
-            raise HTTPException(422, f"facts refused: {exc}") from exc
-
     @app.post("/v1/agent/pause")
     async def agent_pause(body: Pause, request: Request) -> dict[str, Any]:
         p = gated_peer(request)
@@ -200,7 +199,7 @@ def create_control_app(ctx: ControlContext) -> PeerGate:
 
     def admit(p: Peer, path: str) -> str | None:
         ident = p.identity
-        node = store.get_node(ident.id) if ident.kind == "node" else None
+        node = store.get_node(ident.id, facts=False) if ident.kind == "node" else None
         if node is not None and node.state == "removed":
             # Said first, with its code: the node stops its engines on hearing it.
             return Refusal(
@@ -224,4 +223,9 @@ def create_control_app(ctx: ControlContext) -> PeerGate:
         who = actor(p) if p is not None else f"anonymous:{(scope.get('client') or ('?',))[0]}"
         ctx.denials.note(who, "control:request", reason)
 
-    return PeerGate(app, OPEN_PATHS, admit, denied)
+    def facts_refused(p: Peer, reason: str) -> None:
+        ctx.denials.note(actor(p), "node.facts", reason)
+
+    # Nodes' reports (every node, every heartbeat) take a route of their own.
+    reports = FactsRoute(app, ctx.reports, facts_refused, ctx.heartbeat_interval_s)
+    return PeerGate(reports, OPEN_PATHS, admit, denied)

@@ -16,7 +16,9 @@ def typed_app(title: str) -> FastAPI:
     @app.exception_handler(HTTPException)
     async def _error(request: Request, exc: HTTPException) -> JSONResponse:
         return JSONResponse(
-            {"error": {"message": exc.detail, "code": exc.status_code}}, status_code=exc.status_code
+            {"error": {"message": exc.detail, "code": exc.status_code}},
+            status_code=exc.status_code,
+            headers=exc.headers,
         )
 
     return app

@@ -151,11 +151,11 @@ def _node(s: ClusterState, n: NodeRecord) -> list[Finding]:
                     "start it and check it reaches the main's control plane",
                 )
             )
-        elif s.now - n.facts_at > s.stale_after_s:
+        elif s.now - _heard(n) > s.stale_after_s:
             out.append(
                 fail(
                     f"facts {name}",
-                    f"{name} sent no facts for {s.now - n.facts_at:.0f}s "
+                    f"{name} sent no facts for {s.now - _heard(n):.0f}s "
                     f"(stale after {s.stale_after_s:.0f}s): its placement groups are unroutable",
                     f"check that {name} runs (letsinfer status there) and reaches the main",
                 )
@@ -203,12 +203,18 @@ def _node(s: ClusterState, n: NodeRecord) -> list[Finding]:
     return out
 
 
+def _heard(n: NodeRecord) -> float:
+    """When the main last heard the node: its facts, or a report it shed while
+    busy (a node is not unreachable because the main was too busy to listen)."""
+    return max(n.facts_at or 0.0, n.last_seen or 0.0)
+
+
 def _groups(s: ClusterState, names: dict[str, str]) -> list[Finding]:
     out = []
     stale = {
         n.id
         for n in s.nodes
-        if n.role != "main" and (n.facts_at is None or s.now - n.facts_at > s.stale_after_s)
+        if n.role != "main" and (n.facts_at is None or s.now - _heard(n) > s.stale_after_s)
     }
     meant = [g for g in s.groups if g.desired == "running"]
     for g in meant:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -154,16 +153,19 @@ class Admission:
         exclude: frozenset[str],
         adapter: str | None = None,
     ) -> Replica | None:
-        replicas = self.routing.replicas(service)
-        if adapter is not None:
-            replicas = tuple(r for r in replicas if adapter in r.adapters)
-        replica = policy.choose(replicas, time.monotonic(), self.policy, prefix_hash, exclude)
+        replica = policy.choose(
+            self._replicas(service, adapter),
+            self.routing.clock(),
+            self.policy,
+            prefix_hash,
+            exclude,
+        )
         if replica is not None:
             replica.in_flight += 1
         return replica
 
     def _any_usable(self, service: str, exclude: frozenset[str], adapter: str | None) -> bool:
-        now = time.monotonic()
+        now = self.routing.clock()
         return any(
             r.pg_id not in exclude and policy.usable(r, now, self.policy)
             for r in self._replicas(service, adapter)

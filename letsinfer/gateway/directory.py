@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -91,6 +92,7 @@ class Directory:
         self._loaded_at = 0.0
         self._version: int | None = None
         self.failing: str | None = None
+        self._lock = threading.Lock()  # one reload at a time (a main refreshes from two threads)
         # Told of each new snapshot (external models, key limits); not per request.
         self._listeners: list[Callable[[Snapshot], None]] = []
 
@@ -99,18 +101,24 @@ class Directory:
         if self._snapshot is not None:
             listener(self._snapshot)
 
-    def refresh(self, force: bool = False) -> None:
-        """Reload when another process committed, and at least every third of
-        the staleness bound (so a dead store is noticed). ``force``: reload now
-        (this process wrote the store itself, which data_version does not see)."""
+    def refresh(self, force: bool = False, store: AuthorityStore | None = None) -> None:
+        """Reload when keys, models, groups' desired state or the cluster-stop
+        record changed (the store's ``directory`` revision, whoever wrote it:
+        the nodes' facts never move it), and at least every third of the
+        staleness bound (so a dead store is noticed). ``force``: reload now.
+        ``store``: the calling thread's own connection (default: the one given)."""
+        with self._lock:
+            self._refresh(force, store or self.store)
+
+    def _refresh(self, force: bool, store: AuthorityStore) -> None:
         try:
-            version = self.store.data_version()
+            version = store.revisions()["directory"]
             fresh = time.monotonic() - self._loaded_at < self.max_stale_s / 3
             if not force and self._snapshot is not None and version == self._version and fresh:
                 return
-            keys = {k.digest: KeyPolicy.from_record(k) for k in self.store.list_api_keys()}
+            keys = {k.digest: KeyPolicy.from_record(k) for k in store.list_api_keys()}
             groups: dict[str, list[tuple[str, str]]] = {}
-            for pg in self.store.list_placement_groups():
+            for pg in store.list_placement_groups():
                 groups.setdefault(pg.service, []).append((pg.id, pg.desired))
             models = tuple(
                 ServiceEntry(
@@ -122,14 +130,14 @@ class Directory:
                     ExternalModel.from_record(s.external) if s.external else None,
                     s.fallback,
                 )
-                for s in self.store.list_services()
+                for s in store.list_services()
             )
             adapters = tuple(
                 ServiceEntry(a.name, int(a.created_at), (), base=a.service)
-                for a in self.store.list_adapters()
+                for a in store.list_adapters()
             )
             services = tuple(sorted((*models, *adapters), key=lambda e: e.name))
-            stopped = self.store.cluster_stop() is not None
+            stopped = store.cluster_stop() is not None
         except Exception as exc:  # any store failure: keep serving the last snapshot
             if self.failing is None:
                 log.error("authority store unreadable: %s", exc)

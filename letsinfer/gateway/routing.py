@@ -13,6 +13,7 @@ none is left.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
@@ -32,7 +33,7 @@ class Replica:
     paused: bool = False
     in_flight: int = 0  # the gateway's own count of requests at this replica
     # Facts the replica's agent reports (signed and checked upstream of here);
-    # None when not reported. facts_at is time.monotonic() of the report.
+    # None when not reported. facts_at is the table's clock() at the report.
     slots_free: int | None = None
     queue_depth: int | None = None
     temperature_c: float | None = None
@@ -55,8 +56,8 @@ class Replica:
 @dataclass(frozen=True)
 class ReplicaFacts:
     """What the latest verified facts say about a replica's engine (None: not
-    said). ``at`` is time.monotonic() when they arrived: older than the
-    policy's fact_max_age_s, the replica is not chosen."""
+    said). ``at`` is the routing table's clock() when they arrived: older
+    than the policy's fact_max_age_s, the replica is not chosen."""
 
     at: float
     slots_free: int | None = None
@@ -69,6 +70,12 @@ Listener = Callable[[str], None]  # called with the model service whose replicas
 
 @dataclass
 class RoutingTable:
+    """Owned by the gateway's event loop: changes made elsewhere (the control
+    plane's thread) are posted to that loop (letsinfer/control/thread.py)."""
+
+    # What facts' ages are read on: monotonic seconds; on a main its attention
+    # clock, which stands still while it sheds load (letsinfer.authority.overload).
+    clock: Callable[[], float] = time.monotonic
     _by_service: dict[str, dict[str, Replica]] = field(default_factory=dict)
     # Groups that exist but are not ready, with why: explains a 503.
     _not_ready: dict[str, dict[str, str]] = field(default_factory=dict)
@@ -168,7 +175,8 @@ class RoutingTable:
         return self._parked.get(service, {})
 
     def all_parked(self) -> dict[str, dict[str, str]]:
-        return self._parked
+        """A copy (metrics read it from the control plane's thread)."""
+        return {service: dict(groups) for service, groups in dict(self._parked).items()}
 
     def drain(self, pg_ids: set[str]) -> None:
         """Admit nothing new to these groups; their requests in flight finish."""

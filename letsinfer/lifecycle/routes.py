@@ -80,8 +80,12 @@ def lifecycle_router(sv: Serving, model_store: Path) -> APIRouter:
     async def scene() -> dict[str, Any]:
         """What displays need beside the authority (letsinfer.authority.states):
         the groups leaving service now, which only this process knows, and when
-        a child counts as unreachable."""
-        return {"draining": sorted(sv.routing.draining()), "stale_after_s": sv.stale_after_s}
+        a child counts as unreachable (later while the main was too busy to
+        hear its nodes)."""
+        return {
+            "draining": sorted(sv.routing.draining()),
+            "stale_after_s": sv.shown_stale_after_s,
+        }
 
     @router.post("/v1/ops/models/{name:path}/upgrade")
     async def upgrade(name: str, body: Upgrade, p: Operator) -> dict[str, Any]:

@@ -53,6 +53,9 @@ class Serving:
     settings: LifecycleSettings
     trusted: list[PublicKey] = field(default_factory=list)  # release signers
     stale_after_s: float = 20.0  # a child without facts this long is unreachable
+    # That silence on the wall clock, widened by the time the main was too busy
+    # to hear its nodes (letsinfer.authority.overload.AttentionClock.window).
+    window: Callable[[float], float] = lambda quiet_s: quiet_s
     poll_s: float = 0.25
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _doing: str | None = None
@@ -69,6 +72,11 @@ class Serving:
             finally:
                 self._doing = None
 
+    @property
+    def shown_stale_after_s(self) -> float:
+        """How long a child may go unheard (wall clock) before it is unreachable."""
+        return self.window(self.stale_after_s)
+
     def unreachable(self, node_id: str) -> str | None:
         """Why a group on this node cannot be changed now (None: it can)."""
         node = self.store.get_node(node_id)
@@ -76,7 +84,9 @@ class Serving:
             return "its node is gone"
         if node.role == "main":
             return None
-        if node.facts_at is None or time.time() - node.facts_at > self.stale_after_s:
+        # Heard: its facts, or a report the main shed while busy (it is alive).
+        heard = max(node.facts_at or 0.0, node.last_seen or 0.0)
+        if node.facts_at is None or time.time() - heard > self.shown_stale_after_s:
             return f"its node {node.name} is unreachable (no fresh facts from its agent)"
         return None
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from letsinfer.home import Home
-from letsinfer.store import AuthorityStore, ServiceRecord
+from letsinfer.store import AuthorityStore, PgTaskRecord, ServiceRecord
 
 
 @dataclass(frozen=True)
@@ -102,10 +102,13 @@ def main_uses(store: AuthorityStore, node_id: str, engines: set[str]) -> NodeUse
     return NodeUses("main", groups, origins)
 
 
-def groups_for_child(store: AuthorityStore, node_id: str) -> list[dict[str, Any]]:
-    """What the main tells a child about every group placed on it (see child_uses)."""
+def groups_for_child(
+    store: AuthorityStore, node_id: str, tasks: list[PgTaskRecord] | None = None
+) -> list[dict[str, Any]]:
+    """What the main tells a child about every group placed on it (see child_uses);
+    ``tasks``: the node's tasks when the caller read them already."""
     out = []
-    for task in store.tasks_on_node(node_id):
+    for task in store.tasks_on_node(node_id) if tasks is None else tasks:
         pg = store.get_placement_group(task.pg_id)
         svc = store.get_service(pg.service) if pg is not None else None
         if pg is not None and svc is not None:

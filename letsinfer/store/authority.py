@@ -1,8 +1,13 @@
 """All SQL of the authority. Domain code calls these typed methods.
 
-One connection per process, WAL, a busy timeout, explicit ``BEGIN IMMEDIATE``
-transactions so that a mutation and its audit record land together or not at
-all.
+One connection per store object, used by one thread (a running main has two:
+its gateway thread's and its control plane's, see letsinfer/control/thread.py),
+WAL, a busy timeout, explicit ``BEGIN IMMEDIATE`` transactions so that a
+mutation and its audit record land together or not at all.
+
+Each store counts the queries it runs and the rows they return
+(``queries``, ``rows_read``): tests hold the main's per-report and
+per-round reads to what they must be.
 """
 
 from __future__ import annotations
@@ -75,6 +80,33 @@ class Witness:
 
     head: dict[str, Any] | None
     problem: str | None
+
+
+@dataclass(frozen=True)
+class NodeEntry:
+    """A node's membership (no facts): what changes rarely, read by revision."""
+
+    id: str
+    name: str
+    role: str
+    address: str | None
+    state: str
+    paused: bool
+    cert_fingerprint: str | None
+    rev: int  # the `nodes` revision of its last change
+
+
+@dataclass(frozen=True)
+class FactsUpdate:
+    """One node's accepted facts, as a batch writes them (see record_facts_batch)."""
+
+    node_id: str
+    facts: dict[str, Any]  # the hardware part the main keeps
+    at: float  # when the main accepted them (its wall clock)
+    seq: int
+    cert_fingerprint: str | None = None
+    witness: Witness | None = None
+    cert_not_after: float | None = None
 
 
 @dataclass(frozen=True)
@@ -256,12 +288,16 @@ class AuthorityStore(AuditTables, AdapterTables):
             os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o660))
             path.chmod(0o660)  # past the umask
             share_with_group(path, admin_gid())  # the letsinfer group's CLI
+        # Each thread opens its own store; the check stays off because a store
+        # is created on one thread and may be closed on another at shutdown.
         conn = sqlite3.connect(path, timeout=10.0, isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA busy_timeout=10000")
         conn.execute("PRAGMA foreign_keys=OFF")  # on once migrated (see _migrate)
         self.db = sqlite_utils.Database(conn)
         self._depth = 0
+        self.queries = 0
+        self.rows_read = 0
         self._migrate()
         conn.execute("PRAGMA foreign_keys=ON")
 
@@ -305,9 +341,8 @@ class AuthorityStore(AuditTables, AdapterTables):
         version = self.db.execute("PRAGMA user_version").fetchone()[0]
         for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
             with self.transaction():
-                for statement in script.split(";"):
-                    if statement.strip():
-                        self.db.execute(statement)
+                for statement in _statements(script):
+                    self.db.execute(statement)
                 broken = self.db.execute("PRAGMA foreign_key_check").fetchall()
                 if broken:
                     raise StoreError(f"migration {number} breaks references: {broken[:3]}")
@@ -316,14 +351,20 @@ class AuthorityStore(AuditTables, AdapterTables):
     def schema_version(self) -> int:
         return int(self.db.execute("PRAGMA user_version").fetchone()[0])
 
-    def data_version(self) -> int:
-        """Changes whenever another connection commits: a cheap 'anything new?'."""
-        return int(self.db.execute("PRAGMA data_version").fetchone()[0])
-
     def _rows(
         self, sql: str, params: tuple[Any, ...] | dict[str, Any] = ()
     ) -> list[dict[str, Any]]:
-        return list(self.db.query(sql, params))
+        cursor = self.db.conn.execute(sql, params)
+        keys = [d[0] for d in cursor.description]
+        rows = [dict(zip(keys, row, strict=True)) for row in cursor.fetchall()]
+        self.queries += 1
+        self.rows_read += len(rows)
+        return rows
+
+    # -- what changed (migration 11's counters) -----------------------------
+    def revisions(self) -> dict[str, int]:
+        """Each kind of change's counter: directory, groups, nodes, revoked."""
+        return {r["name"]: int(r["rev"]) for r in self._rows("SELECT name, rev FROM revisions")}
 
     def _execute(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Cursor:
         return self.db.execute(sql, params)
@@ -380,13 +421,40 @@ class AuthorityStore(AuditTables, AdapterTables):
         assert node is not None
         return node
 
-    def get_node(self, node_id: str) -> NodeRecord | None:
-        rows = self._rows("SELECT * FROM nodes WHERE id = ?", (node_id,))
+    def get_node(self, node_id: str, facts: bool = True) -> NodeRecord | None:
+        """``facts``: False leaves the node's facts unread (``facts`` None): a
+        report's path needs its membership and sequence, not its last facts."""
+        columns = "*" if facts else _NODE_NO_FACTS
+        rows = self._rows(f"SELECT {columns} FROM nodes WHERE id = ?", (node_id,))
         return _node(rows[0]) if rows else None
 
     def list_nodes(self, include_removed: bool = False) -> list[NodeRecord]:
         where = "" if include_removed else " WHERE state != 'removed'"
         return [_node(r) for r in self._rows(f"SELECT * FROM nodes{where} ORDER BY created_at")]
+
+    def nodes_changed_since(self, rev: int) -> list[NodeEntry]:
+        """Nodes added or changed (membership, not facts) after revision ``rev``."""
+        rows = self._rows(
+            "SELECT id, name, role, address, state, paused, cert_fingerprint, rev "
+            "FROM nodes WHERE rev > ? ORDER BY rev",
+            (rev,),
+        )
+        return [
+            NodeEntry(
+                r["id"],
+                r["name"],
+                r["role"],
+                r["address"],
+                r["state"],
+                bool(r["paused"]),
+                r["cert_fingerprint"],
+                int(r["rev"]),
+            )
+            for r in rows
+        ]
+
+    def paused_node_ids(self) -> set[str]:
+        return {r["id"] for r in self._rows("SELECT id FROM nodes WHERE paused = 1")}
 
     def find_node(self, name_or_id: str) -> NodeRecord | None:
         rows = self._rows(
@@ -432,6 +500,44 @@ class AuthorityStore(AuditTables, AdapterTables):
                 node_id,
             ),
         )
+
+    def record_facts_batch(self, updates: list[FactsUpdate], heard: dict[str, float]) -> None:
+        """Many nodes' accepted facts in one statement of the caller's
+        transaction (a batch, see letsinfer.authority.factwriter); ``heard``:
+        nodes whose reports the main heard but did not take (it was shedding
+        load), with when: they are alive, so ``last_seen`` moves."""
+        self.db.conn.executemany(
+            "UPDATE nodes SET facts = ?, facts_at = ?, last_seen = ?, "
+            "cert_fingerprint = COALESCE(?, cert_fingerprint), "
+            "cert_not_after = COALESCE(?, cert_not_after), "
+            "facts_seq = MAX(COALESCE(facts_seq, 0), ?), "
+            "audit_head = CASE WHEN ? THEN ? ELSE audit_head END, "
+            "audit_problem = CASE WHEN ? THEN ? ELSE audit_problem END "
+            "WHERE id = ?",
+            [
+                (
+                    json.dumps(u.facts, sort_keys=True),
+                    u.at,
+                    u.at,
+                    u.cert_fingerprint,
+                    u.cert_not_after,
+                    u.seq,
+                    u.witness is not None,
+                    json.dumps(u.witness.head, sort_keys=True)
+                    if u.witness and u.witness.head
+                    else None,
+                    u.witness is not None,
+                    u.witness.problem if u.witness else None,
+                    u.node_id,
+                )
+                for u in updates
+            ],
+        )
+        if heard:
+            self.db.conn.executemany(
+                "UPDATE nodes SET last_seen = MAX(COALESCE(last_seen, 0), ?) WHERE id = ?",
+                [(at, node_id) for node_id, at in heard.items()],
+            )
 
     def delete_placement_group(self, pg_id: str) -> None:
         """Gone from the desired state; its GPUs are free again (cascade)."""
@@ -787,6 +893,29 @@ class AuthorityStore(AuditTables, AdapterTables):
         assert pg is not None
         return pg
 
+    def parallel_groups(self) -> list[tuple[PlacementGroupRecord, list[PgTaskRecord]]]:
+        """Every group meant to run with more than one task, with its tasks (the
+        groups whose plans need data links): two queries, whatever the cluster's size."""
+        groups = {
+            r["id"]: _pg(r)
+            for r in self._rows(
+                "SELECT * FROM placement_groups WHERE desired = 'running' AND id IN "
+                "(SELECT pg_id FROM pg_tasks GROUP BY pg_id HAVING COUNT(*) > 1) "
+                "ORDER BY created_at"
+            )
+        }
+        if not groups:
+            return []
+        marks = ", ".join("?" * len(groups))
+        tasks: dict[str, list[PgTaskRecord]] = {g: [] for g in groups}
+        for r in self._rows(
+            f"SELECT * FROM pg_tasks WHERE pg_id IN ({marks}) "
+            "ORDER BY pg_id, CAST(task AS INTEGER), task",
+            tuple(groups),
+        ):
+            tasks[r["pg_id"]].append(PgTaskRecord(**r))
+        return [(g, tasks[g.id]) for g in groups.values()]
+
     def pg_tasks(self, pg_id: str) -> list[PgTaskRecord]:
         rows = self._rows(
             "SELECT * FROM pg_tasks WHERE pg_id = ? ORDER BY CAST(task AS INTEGER), task", (pg_id,)
@@ -1033,6 +1162,26 @@ class AuthorityStore(AuditTables, AdapterTables):
             (time.time(), name),
         )
         return cur.rowcount > 0
+
+
+def _statements(script: str) -> list[str]:
+    """A migration's statements; a trigger's body holds semicolons of its own."""
+    out, buf = [], ""
+    for piece in script.split(";"):
+        buf += piece + ";"
+        if sqlite3.complete_statement(buf):
+            if buf.strip(" \n;"):
+                out.append(buf.strip())
+            buf = ""
+    if buf.strip(" \n;"):
+        out.append(buf.strip())
+    return out
+
+
+_NODE_NO_FACTS = (
+    "id, name, role, address, state, paused, created_at, cert_fingerprint, last_seen, "
+    "facts_at, removed_at, facts_seq, audit_head, audit_problem, cert_not_after"
+)
 
 
 def _node(r: dict[str, Any]) -> NodeRecord:

@@ -261,4 +261,96 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX model_adapters_service ON model_adapters(service);
     """,
+    # 11: what changed, cheaply, for a main with many nodes. A counter per kind
+    # of change, raised by triggers whoever writes (the node, the CLI): the
+    # gateway's directory (keys, models, groups' desired state, settings), the
+    # groups' observed state, node membership (not facts: those change every
+    # report) and revocations. Each node row carries the membership counter of
+    # its last change, so a reader asks for the rows changed since it last
+    # looked instead of reading every node. Paused nodes have an index of their
+    # own (routing asks for them every round).
+    """
+    CREATE TABLE revisions (name TEXT PRIMARY KEY, rev INTEGER NOT NULL DEFAULT 0);
+    INSERT INTO revisions(name) VALUES ('directory'), ('groups'), ('nodes'), ('revoked');
+    ALTER TABLE nodes ADD COLUMN rev INTEGER NOT NULL DEFAULT 0;
+    CREATE INDEX nodes_by_rev ON nodes(rev);
+    CREATE INDEX nodes_paused ON nodes(id) WHERE paused = 1;
+    CREATE TRIGGER nodes_added AFTER INSERT ON nodes BEGIN
+        UPDATE revisions SET rev = rev + 1 WHERE name = 'nodes';
+        UPDATE nodes SET rev = (SELECT rev FROM revisions WHERE name = 'nodes')
+            WHERE id = NEW.id;
+    END;
+    CREATE TRIGGER nodes_changed AFTER UPDATE ON nodes
+    WHEN OLD.name IS NOT NEW.name OR OLD.role IS NOT NEW.role
+        OR OLD.address IS NOT NEW.address OR OLD.state IS NOT NEW.state
+        OR OLD.paused IS NOT NEW.paused OR OLD.cert_fingerprint IS NOT NEW.cert_fingerprint
+        OR OLD.removed_at IS NOT NEW.removed_at
+    BEGIN
+        UPDATE revisions SET rev = rev + 1 WHERE name = 'nodes';
+        UPDATE nodes SET rev = (SELECT rev FROM revisions WHERE name = 'nodes')
+            WHERE id = NEW.id;
+    END;
+    CREATE TRIGGER nodes_deleted AFTER DELETE ON nodes BEGIN
+        UPDATE revisions SET rev = rev + 1 WHERE name = 'nodes';
+    END;
+    CREATE TRIGGER revoked_added AFTER INSERT ON revoked_certificates BEGIN
+        UPDATE revisions SET rev = rev + 1 WHERE name = 'revoked';
+    END;
+    CREATE TRIGGER revoked_deleted AFTER DELETE ON revoked_certificates BEGIN
+        UPDATE revisions SET rev = rev + 1 WHERE name = 'revoked';
+    END;
+    CREATE TRIGGER keys_added AFTER INSERT ON api_keys BEGIN
+        UPDATE revisions SET rev = rev + 1 WHERE name = 'directory';
+    END;
+    CREATE TRIGGER keys_changed AFTER UPDATE ON api_keys BEGIN
+        UPDATE revisions SET rev = rev + 1 WHERE name = 'directory';
+    END;
+    CREATE TRIGGER keys_deleted AFTER DELETE ON api_keys BEGIN
+        UPDATE revisions SET rev = rev + 1 WHERE name = 'directory';
+    END;
+    CREATE TRIGGER models_added AFTER INSERT ON model_services BEGIN
+        UPDATE revisions SET rev = rev + 1 WHERE name = 'directory';
+    END;
+    CREATE TRIGGER models_changed AFTER UPDATE ON model_services BEGIN
+        UPDATE revisions SET rev = rev + 1 WHERE name = 'directory';
+    END;
+    CREATE TRIGGER models_deleted AFTER DELETE ON model_services BEGIN
+        UPDATE revisions SET rev = rev + 1 WHERE name = 'directory';
+    END;
+    CREATE TRIGGER settings_added AFTER INSERT ON settings BEGIN
+        UPDATE revisions SET rev = rev + 1 WHERE name = 'directory';
+    END;
+    CREATE TRIGGER settings_changed AFTER UPDATE ON settings BEGIN
+        UPDATE revisions SET rev = rev + 1 WHERE name = 'directory';
+    END;
+    CREATE TRIGGER settings_deleted AFTER DELETE ON settings BEGIN
+        UPDATE revisions SET rev = rev + 1 WHERE name = 'directory';
+    END;
+    CREATE TRIGGER adapters_added AFTER INSERT ON model_adapters BEGIN
+        UPDATE revisions SET rev = rev + 1 WHERE name = 'directory';
+    END;
+    CREATE TRIGGER adapters_changed AFTER UPDATE ON model_adapters BEGIN
+        UPDATE revisions SET rev = rev + 1 WHERE name = 'directory';
+    END;
+    CREATE TRIGGER adapters_deleted AFTER DELETE ON model_adapters BEGIN
+        UPDATE revisions SET rev = rev + 1 WHERE name = 'directory';
+    END;
+    CREATE TRIGGER groups_added AFTER INSERT ON placement_groups BEGIN
+        UPDATE revisions SET rev = rev + 1 WHERE name IN ('directory', 'groups');
+    END;
+    CREATE TRIGGER groups_changed AFTER UPDATE ON placement_groups BEGIN
+        UPDATE revisions SET rev = rev + 1 WHERE name = 'groups'
+            OR (name = 'directory'
+                AND (OLD.desired IS NOT NEW.desired OR OLD.service IS NOT NEW.service));
+    END;
+    CREATE TRIGGER groups_deleted AFTER DELETE ON placement_groups BEGIN
+        UPDATE revisions SET rev = rev + 1 WHERE name IN ('directory', 'groups');
+    END;
+    CREATE TRIGGER tasks_added AFTER INSERT ON pg_tasks BEGIN
+        UPDATE revisions SET rev = rev + 1 WHERE name = 'groups';
+    END;
+    CREATE TRIGGER tasks_deleted AFTER DELETE ON pg_tasks BEGIN
+        UPDATE revisions SET rev = rev + 1 WHERE name = 'groups';
+    END;
+    """,
 ]

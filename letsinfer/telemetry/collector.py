@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from typing import Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -21,19 +22,66 @@ def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, labels=labels)
 
 
+class ControlLoad(Protocol):
+    """How the control plane keeps up with its nodes' reports
+    (letsinfer.authority.overload.Shedder)."""
+
+    share: float  # of reports shed now
+    lag_s: float  # how late its event loop runs
+    reports: int  # reports that reached it
+    shed: int  # of them, answered 503
+
+
 class ClusterCollector(Collector):
+    """``attention``: the main's attention clock, on which a node's facts
+    age (it stands still while the main sheds load); ``control``: the control
+    plane's load."""
+
     def __init__(
-        self, view: ClusterView, routing: RoutingTable, clock: Callable[[], float] = time.time
+        self,
+        view: ClusterView,
+        routing: RoutingTable,
+        clock: Callable[[], float] = time.time,
+        attention: Callable[[], float] | None = None,
+        control: ControlLoad | None = None,
     ) -> None:
         self.view = view
         self.routing = routing
         self.clock = clock
+        self.attention = attention
+        self.control = control
 
     def collect(self) -> Iterator[Metric]:
         yield from self._models()
         yield from self._groups()
         yield from self._nodes()
         yield from self._gpus()
+        if self.control is not None:
+            yield from self._control(self.control)
+
+    def _control(self, load: ControlLoad) -> Iterator[Metric]:
+        share = _gauge(
+            "letsinfer_control_shed_ratio",
+            "Share of node reports the main answers 503 now, to keep up (0: it takes all).",
+            [],
+        )
+        share.add_metric([], load.share)
+        lag = _gauge(
+            "letsinfer_control_loop_lag_seconds",
+            "How late the control plane's event loop runs (its own timers fire late by this).",
+            [],
+        )
+        lag.add_metric([], load.lag_s)
+        reports = CounterMetricFamily(
+            "letsinfer_control_reports", "Node reports (signed facts) that reached the main."
+        )
+        reports.add_metric([], load.reports)
+        shed = CounterMetricFamily(
+            "letsinfer_control_reports_shed",
+            "Node reports the main answered 503 with Retry-After because it was behind.",
+        )
+        shed.add_metric([], load.shed)
+        yield from (share, lag, reports, shed)
 
     def _models(self) -> Iterator[Metric]:
         ready = _gauge(
@@ -103,7 +151,8 @@ class ClusterCollector(Collector):
         info = _gauge("letsinfer_node_info", "1 for each node, with its role.", ["node", "role"])
         age = _gauge(
             "letsinfer_node_facts_age_seconds",
-            "Seconds since the node's latest verified facts reached the main.",
+            "Seconds since the node's latest verified facts reached the main (time the "
+            "main spent shedding load does not count).",
             ["node"],
         )
         cert = _gauge(
@@ -122,9 +171,12 @@ class ClusterCollector(Collector):
             ["node"],
         )
         paused = _gauge("letsinfer_node_paused", "1 when the node admits no new work.", ["node"])
+        attending = self.attention() if self.attention is not None else None
         for n in self.view.nodes:
             info.add_metric([n.name, n.role], 1)
-            if n.facts_at is not None:
+            if n.heard_at is not None and attending is not None:
+                age.add_metric([n.name], max(0.0, attending - n.heard_at))
+            elif n.facts_at is not None:
                 age.add_metric([n.name], max(0.0, now - n.facts_at))
             if n.cert_not_after is not None:
                 cert.add_metric([n.name], n.cert_not_after - now)

@@ -10,7 +10,7 @@ import httpx
 
 from letsinfer.trust import pki
 from letsinfer.trust.material import TlsFiles
-from letsinfer.trust.peer import client_context
+from letsinfer.trust.peer import ResumingContext, client_context
 
 
 class PeerMismatch(Exception):
@@ -18,14 +18,25 @@ class PeerMismatch(Exception):
 
 
 class ClusterClient:
+    """``keepalive_s``: keep one connection open across calls for that long
+    while idle (an agent's heartbeat: the main's control plane keeps it longer,
+    see letsinfer.connections.control_limits); None: a connection per call.
+    Either way a new connection resumes the TLS session the last one got."""
+
     def __init__(
-        self, files: TlsFiles, expect_node: str | None = None, timeout: float = 10.0
+        self,
+        files: TlsFiles,
+        expect_node: str | None = None,
+        timeout: float = 10.0,
+        keepalive_s: float | None = None,
     ) -> None:
         if files.ca is None:
             raise ValueError("not enrolled: no cluster CA to verify peers with")
         self._ctx = client_context(files.ca, files.cert, files.key)
         self._expect_node = expect_node
         self._timeout = timeout
+        self._keepalive_s = keepalive_s
+        self._client: httpx.AsyncClient | None = None
 
     def request(self, method: str, url: str, json: Any = None) -> httpx.Response:
         with httpx.Client(verify=self._ctx, timeout=self._timeout) as client:
@@ -34,16 +45,35 @@ class ClusterClient:
             return resp
 
     async def arequest(self, method: str, url: str, json: Any = None) -> httpx.Response:
-        async with httpx.AsyncClient(verify=self._ctx, timeout=self._timeout) as client:
-            resp = await client.request(method, url, json=json)
-            self._check_peer(resp)
-            return resp
+        if self._keepalive_s is None:
+            async with httpx.AsyncClient(verify=self._ctx, timeout=self._timeout) as client:
+                resp = await client.request(method, url, json=json)
+                self._check_peer(resp)
+                return resp
+        if self._client is None:
+            self._client = httpx.AsyncClient(
+                verify=self._ctx,
+                timeout=self._timeout,
+                limits=httpx.Limits(max_connections=4, keepalive_expiry=self._keepalive_s),
+            )
+        resp = await self._client.request(method, url, json=json)
+        self._check_peer(resp)
+        return resp
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
 
     def async_client(self, timeout: float | None = 10.0) -> httpx.AsyncClient:
         """A raw client with this node's TLS (for streaming downloads)."""
         return httpx.AsyncClient(verify=self._ctx, timeout=timeout)
 
     def _check_peer(self, resp: httpx.Response) -> None:
+        stream = resp.extensions.get("network_stream")
+        ssl_object = stream.get_extra_info("ssl_object") if stream else None
+        if ssl_object is not None and isinstance(self._ctx, ResumingContext):
+            self._ctx.remember(ssl_object)
         if self._expect_node is None:
             return
         ident = pki.identity_of(pki.load_cert(peer_certificate(resp)))

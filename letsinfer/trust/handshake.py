@@ -65,12 +65,14 @@ class TlsListener(Listener):
         super().__init__(sock, limits, protocol, name=name)
         self.ctx = ctx
         self.on_refused = on_refused
+        self.handshakes = 0  # completed
+        self.resumed = 0  # of them, a resumed TLS session (no certificate work)
 
     async def _connect(self, conn: socket.socket, address: str, factory: ProtocolFactory) -> bool:
         loop = asyncio.get_running_loop()
         try:
             # On failure the loop closes the connection (and the socket) itself.
-            await loop.connect_accepted_socket(
+            transport, _ = await loop.connect_accepted_socket(
                 factory, conn, ssl=self.ctx, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S
             )
         except (OSError, TimeoutError, EOFError) as exc:  # ssl.SSLError is an OSError
@@ -78,4 +80,8 @@ class TlsListener(Listener):
             if reason is not None and self.on_refused is not None:
                 self.on_refused(address, reason)
             return False
+        self.handshakes += 1
+        ssl_object = transport.get_extra_info("ssl_object")
+        if ssl_object is not None and ssl_object.session_reused:
+            self.resumed += 1
         return True

@@ -11,6 +11,7 @@ without one before any handler runs (only explicitly open paths pass).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import ssl
 import weakref
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives import serialization
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from letsinfer.trust.pki import CertIdentity, CertificateError, identity_of, load_cert
 
@@ -53,8 +54,9 @@ def _with_tls(app: ASGIApp, der: bytes | None) -> ASGIApp:
     return wrapped
 
 
-class PeerCertProtocol(H11Protocol):
-    """uvicorn's h11 protocol, plus the verified client certificate in scope."""
+class PeerCertProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol (its C parser: every node's reports come
+    through here), plus the verified client certificate in scope."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -63,13 +65,19 @@ class PeerCertProtocol(H11Protocol):
         self.app = _with_tls(self.app, der)
 
 
+@functools.lru_cache(maxsize=8192)
+def _identity(der: bytes) -> CertIdentity:
+    """A verified certificate's identity, parsed once per certificate."""
+    return identity_of(load_cert(der))
+
+
 def peer_of(scope: Scope) -> Peer | None:
     tls = scope.get("extensions", {}).get("tls") or {}
     der = tls.get("client_cert_der")
     if not der:
         return None
     try:
-        ident = identity_of(load_cert(der))
+        ident = _identity(der)
     except CertificateError:
         return None
     client = scope.get("client")
@@ -192,10 +200,70 @@ def server_context(cert: Path, key: Path, ca: Path | None) -> ssl.SSLContext:
     return ctx
 
 
+class ResumingContext(ssl.SSLContext):
+    """A client context that offers each server the TLS session it last gave
+    this context (:meth:`remember`), so a reconnecting agent resumes instead
+    of a full handshake: no certificate signature or chain check on either
+    side. A server that cannot resume it (it restarted) just runs a full one.
+    The session carries the verified peer certificate: identity checks see it
+    as after a full handshake."""
+
+    sessions: dict[str, ssl.SSLSession]
+
+    def _session(self, server_hostname: str | bytes | None) -> ssl.SSLSession | None:
+        sessions = getattr(self, "sessions", None)
+        if not sessions:
+            return None
+        if isinstance(server_hostname, bytes):  # as some callers pass it
+            server_hostname = server_hostname.decode("ascii", "replace")
+        return sessions.get(server_hostname or "")
+
+    def remember(self, ssl_object: ssl.SSLObject | ssl.SSLSocket) -> None:
+        session = ssl_object.session
+        if session is not None and session.has_ticket:
+            if not hasattr(self, "sessions"):
+                self.sessions = {}
+            self.sessions[ssl_object.server_hostname or ""] = session
+
+    def wrap_bio(  # type: ignore[override]
+        self,
+        incoming: ssl.MemoryBIO,
+        outgoing: ssl.MemoryBIO,
+        server_side: bool = False,
+        server_hostname: str | bytes | None = None,
+        session: ssl.SSLSession | None = None,
+    ) -> ssl.SSLObject:
+        return super().wrap_bio(
+            incoming,
+            outgoing,
+            server_side,
+            server_hostname,
+            session=session or self._session(server_hostname),
+        )
+
+    def wrap_socket(  # type: ignore[override]
+        self,
+        sock: Any,
+        server_side: bool = False,
+        do_handshake_on_connect: bool = True,
+        suppress_ragged_eofs: bool = True,
+        server_hostname: str | None = None,
+        session: ssl.SSLSession | None = None,
+    ) -> ssl.SSLSocket:
+        return super().wrap_socket(
+            sock,
+            server_side,
+            do_handshake_on_connect,
+            suppress_ragged_eofs,
+            server_hostname,
+            session=session or self._session(server_hostname),
+        )
+
+
 def client_context(ca: Path, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
     """Verify the server against the cluster CA only; identity is checked by
     node id in its certificate, not by host name (nodes move between addresses)."""
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx = ResumingContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_REQUIRED
