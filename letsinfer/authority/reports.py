@@ -280,7 +280,7 @@ class ReportDesk:
         for service, pg_id in self._remote.get(node.id, set()) - published:
             if self.store.get_placement_group(pg_id) is None:  # removed (replaced, model removed)
                 self._forget(service, pg_id)
-            else:
+            elif pg_id not in wanted:  # a wanted one was withdrawn above, saying why
                 self._withdraw(service, pg_id, "not ready on its node")
         if published:
             self._remote[node.id] = published
