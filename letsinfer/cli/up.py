@@ -229,6 +229,7 @@ def _run(ctx: CliContext, settings: config.Settings, name: str | None) -> None:
             file_limit,
         ),
         name="gateway",
+        batch_writes=True,
     )
     node.server = server
     server.run()
