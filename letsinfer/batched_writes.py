@@ -7,7 +7,8 @@ receiver's work. A profile of the gateway under load showed those writes as
 its largest single cost. :class:`BatchedTransport` keeps what is written
 during one turn of the loop and sends it as one write at the start of the
 next: the same bytes in the same order, in fewer system calls (a whole
-answer that is ready at once goes out in one).
+answer that is ready at once goes out in one). A complete answer is sent as
+soon as its last part is written, without waiting for the turn to end.
 
 Closing sends what is kept first; aborting drops it, as aborting a transport
 drops its buffer.
@@ -87,6 +88,14 @@ class BatchedWrites:
     """Mixed in front of a uvicorn HTTP protocol class: its connection's writes
     go through a :class:`BatchedTransport`."""
 
+    transport: Any
+
     def connection_made(self, transport: Any) -> None:
         batched = BatchedTransport(transport, asyncio.get_running_loop())
         super().connection_made(batched)  # type: ignore[misc]
+
+    def on_response_complete(self, *args: Any) -> None:
+        # The whole answer is written: it leaves now, not after the handler's
+        # bookkeeping (records, access log, metrics) that follows in this turn.
+        self.transport.flush()
+        super().on_response_complete(*args)  # type: ignore[misc]

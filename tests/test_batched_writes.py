@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from letsinfer.batched_writes import BatchedTransport
+from letsinfer.batched_writes import BatchedTransport, BatchedWrites
 
 
 class _Counting:
@@ -79,5 +79,38 @@ def test_close_sends_what_is_kept_and_abort_drops_it() -> None:
         assert await reader.read() == b""
         server.close()
         server2.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_complete_answer_leaves_at_once_not_at_the_end_of_the_turn() -> None:
+    """uvicorn says when a response is complete; what is kept goes out then,
+    before the handler's bookkeeping that follows in the same turn."""
+
+    class Protocol(asyncio.Protocol):
+        completed = 0
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport = transport
+
+        def on_response_complete(self) -> None:
+            self.completed += 1
+
+    class Batched(BatchedWrites, Protocol):
+        pass
+
+    async def scenario() -> None:
+        real, reader, server = await _pair()
+        proto = Batched()
+        proto.connection_made(real)
+        proto.transport.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n")
+        proto.transport.write(b"ok")
+        assert real.writes == []
+        proto.on_response_complete()
+        assert real.writes == [b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"]
+        assert proto.completed == 1
+        proto.transport.close()
+        assert await reader.read() == b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+        server.close()
 
     asyncio.run(scenario())
