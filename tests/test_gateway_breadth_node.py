@@ -124,7 +124,7 @@ def test_an_external_model_over_verified_tls_serves_and_its_key_stays_out_of_eve
         ok(node.cli("model", "fallback", "tiny", "--clear"))
 
         shown = ok(node.cli("model", "show", "ext", "--json"))
-        assert json.loads(shown)[0]["external"]["key_file"] == str(key_file)
+        assert json.loads(shown)["external"]["key_file"] == str(key_file)
         listed = ok(node.cli("model", "list", "--json")) + ok(node.cli("model", "show", "ext"))
         audit = ok(node.cli("audit", "list", "--json"))
         for text in (shown, listed, audit, node.log()):
