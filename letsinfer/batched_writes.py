@@ -7,8 +7,9 @@ receiver's work. A profile of the gateway under load showed those writes as
 its largest single cost. :class:`BatchedTransport` keeps what is written
 during one turn of the loop and sends it as one write at the start of the
 next: the same bytes in the same order, in fewer system calls (a whole
-answer that is ready at once goes out in one). A complete answer is sent as
-soon as its last part is written, without waiting for the turn to end.
+answer that is ready at once goes out in one). When it is the only request
+being answered, a complete answer leaves as soon as its last part is
+written.
 
 Closing sends what is kept first; aborting drops it, as aborting a transport
 drops its buffer.
@@ -89,13 +90,17 @@ class BatchedWrites:
     go through a :class:`BatchedTransport`."""
 
     transport: Any
+    tasks: set[Any]  # uvicorn's: the server's requests being answered, all connections
 
     def connection_made(self, transport: Any) -> None:
         batched = BatchedTransport(transport, asyncio.get_running_loop())
         super().connection_made(batched)  # type: ignore[misc]
 
     def on_response_complete(self, *args: Any) -> None:
-        # The whole answer is written: it leaves now, not after the handler's
-        # bookkeeping (records, access log, metrics) that follows in this turn.
-        self.transport.flush()
+        # The only request being answered: its answer leaves now, not after the
+        # handler's bookkeeping (record, access log, metrics) later in this
+        # turn. With others in progress it waits for the turn's end, with
+        # theirs: fewer wake-ups of the clients, more answers per second.
+        if len(getattr(self, "tasks", ())) <= 1:
+            self.transport.flush()
         super().on_response_complete(*args)  # type: ignore[misc]

@@ -83,12 +83,16 @@ def test_close_sends_what_is_kept_and_abort_drops_it() -> None:
     asyncio.run(scenario())
 
 
-def test_a_complete_answer_leaves_at_once_not_at_the_end_of_the_turn() -> None:
-    """uvicorn says when a response is complete; what is kept goes out then,
-    before the handler's bookkeeping that follows in the same turn."""
+def test_a_complete_answer_leaves_at_once_when_it_is_the_only_one() -> None:
+    """uvicorn says when a response is complete. Alone, what is kept goes out
+    then, before the handler's bookkeeping later in the turn; with other
+    requests in progress it waits for the turn's end, with theirs."""
 
     class Protocol(asyncio.Protocol):
         completed = 0
+
+        def __init__(self, tasks: set[str]) -> None:
+            self.tasks = tasks  # as uvicorn's protocols hold the server's
 
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             self.transport = transport
@@ -99,18 +103,27 @@ def test_a_complete_answer_leaves_at_once_not_at_the_end_of_the_turn() -> None:
     class Batched(BatchedWrites, Protocol):
         pass
 
+    answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+
     async def scenario() -> None:
         real, reader, server = await _pair()
-        proto = Batched()
-        proto.connection_made(real)
-        proto.transport.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n")
-        proto.transport.write(b"ok")
+        alone = Batched({"this request"})
+        alone.connection_made(real)
+        alone.transport.write(answer[:-2])
+        alone.transport.write(b"ok")
         assert real.writes == []
-        proto.on_response_complete()
-        assert real.writes == [b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"]
-        assert proto.completed == 1
-        proto.transport.close()
-        assert await reader.read() == b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+        alone.on_response_complete()
+        assert real.writes == [answer] and alone.completed == 1
+
+        busy = Batched({"this request", "another"})
+        busy.connection_made(real)
+        busy.transport.write(answer)
+        busy.on_response_complete()
+        assert real.writes == [answer] and busy.completed == 1  # kept until the turn ends
+        await asyncio.sleep(0)
+        assert real.writes == [answer, answer]
+        busy.transport.close()
+        assert await reader.read() == answer + answer
         server.close()
 
     asyncio.run(scenario())
