@@ -161,6 +161,7 @@ def test(c: Context, k: str = "") -> None:
         "before": "also measure the gateway of another letsinfer checkout (A/B)",
         "records": "also the request-records benchmark (their cost, the authority's writes)",
         "cli": "only the CLI's own timing: --help, status, ... against `python -c pass`",
+        "zero_delay": "the proxy's own cost: every token at once (direct, nginx, letsinfer)",
         "scale": "only one main under simulated nodes: 100, 1,000, 3,000 (about 15 minutes)",
         "nodes": "with --scale: the sizes, comma-separated (e.g. 100,1000)",
     }
@@ -175,6 +176,7 @@ def bench(
     scale: bool = False,
     nodes: str = "",
     cli: bool = False,
+    zero_delay: bool = False,
 ) -> None:
     """The gateway benchmark (direct, nginx, LiteLLM, letsinfer); see docs/benchmarks.md."""
     if cli:
@@ -187,6 +189,7 @@ def bench(
         return
     flags = (" --short" if short else "") + (f" --json {json}" if json else "")
     flags += f" --before {before}" if before else ""
+    flags += " --zero-delay" if zero_delay else ""
     c.run(f"{PY} -m benchmarks.gateway{flags}", pty=False)
     if records:
         c.run(f"{PY} -m benchmarks.records" + (" --short" if short else ""), pty=False)

@@ -5,6 +5,7 @@ through the LiteLLM proxy and through letsinfer's gateway, in one run.
     ./dev bench --short         # small counts: what the test suite runs
     python -m benchmarks.gateway --json out.json
     python -m benchmarks.gateway --before ../main   # also another checkout's gateway
+    ./dev bench --zero-delay    # the proxy's own cost: every token sent at once
 
 The mock engine streams a fixed number of tokens at a fixed pace, so what
 changes between rows is only the gateway in the path. For each load
@@ -19,6 +20,14 @@ with both off, and ``--before DIR`` adds the gateway of another checkout
 (say, the branch before a change) as ``before``; these A/B rows are measured
 twice per cell in A-B-B-A order, so the machine's drift hits both alike,
 and reported as ratios.
+
+``--zero-delay``: the mock sends every token at once, so a request costs
+what the proxies themselves cost; rows direct, nginx and letsinfer (as a main
+runs it, with fallbacks, an adapter, bands, limits and a cache configured
+for other keys and models: ``--breadth``), and ``before`` with ``--before``
+(whose ``benchmarks/`` must know ``--breadth``: use this checkout's). Its
+targets: throughput at least 0.9x nginx streaming and 0.6x not streaming at
+50 and 200 clients, under 0.15 ms added at one client.
 """
 
 from __future__ import annotations
@@ -52,6 +61,8 @@ class Plan:
 
 FULL = Plan((1, 50, 200), {1: 25, 50: 600, 200: 2000}, 8.0, tokens=16, interval_ms=20.0)
 SHORT = Plan((1, 20), {1: 10, 20: 80}, 3.0, tokens=4, interval_ms=5.0)
+# Bounded by time: thousands of requests a second per cell.
+ZERO = Plan((1, 50, 200), {1: 20_000, 50: 60_000, 200: 60_000}, 4.0, tokens=16, interval_ms=0.0)
 
 
 @dataclass
@@ -122,6 +133,7 @@ def start_targets(
     with_litellm: bool,
     stack: contextlib.ExitStack,
     before: Path | None = None,
+    zero_delay: bool = False,
 ) -> list[Target]:
     mock_port = free_port()
     mock = Server(
@@ -150,6 +162,19 @@ def start_targets(
         targets.append(Target("nginx", proxy.url))
     except (baselines.Unavailable, RuntimeError) as exc:
         targets.append(Target("nginx", "", skipped=str(exc)))
+
+    if zero_delay:  # letsinfer as a main runs it, with items 1-5 configured, against nginx
+        extra = ("--breadth",)
+        if before is not None:
+            try:
+                targets.append(
+                    _gateway("before", work, mock.url, stack, *extra, tree=before.resolve())
+                )
+            except RuntimeError as exc:
+                targets.append(Target("before", "", skipped=str(exc)))
+        records = ("--records", str(work / "requests.db"), "--facts")
+        targets.append(_gateway("letsinfer", work, mock.url, stack, *records, *extra))
+        return targets
 
     if with_litellm:
         try:
@@ -292,16 +317,40 @@ def targets_check(summary: dict[str, object], cell: str) -> list[str]:
     return [f"  {'met' if ok else 'MISSED':<6} {name}: {value}" for name, ok, value in lines]
 
 
+def zero_delay_check(summary: dict[str, object]) -> list[str]:
+    """The zero-delay targets (issue 16, item 6), judged cell by cell."""
+    lines = []
+    for cell, rows in summary.items():
+        if not isinstance(rows, dict) or "letsinfer" not in rows:
+            continue
+        stream, c = cell.split(" c=")
+        if c == "1":
+            added = rows["letsinfer"]["added_p50_ms"]
+            lines.append((f"{cell}: added p50 < 0.15 ms", added < 0.15, f"{added:.3f} ms"))
+        elif "letsinfer/nginx" in rows:
+            goal = 0.9 if stream == "stream" else 0.6
+            r = rows["letsinfer/nginx"]["throughput_ratio"]
+            lines.append((f"{cell}: throughput >= {goal}x nginx", r >= goal, f"{r:.2f}x"))
+    return [f"  {'met' if ok else 'MISSED':<6} {name}: {value}" for name, ok, value in lines]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--short", action="store_true", help="small counts (CI)")
     parser.add_argument("--no-litellm", action="store_true", help="skip the LiteLLM proxy")
+    parser.add_argument(
+        "--zero-delay",
+        action="store_true",
+        help="the proxy's own cost: every token at once; direct, nginx, letsinfer",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument(
         "--before", type=Path, help="another letsinfer checkout to measure beside this one"
     )
     args = parser.parse_args(argv)
-    plan = SHORT if args.short else FULL
+    plan = ZERO if args.zero_delay else SHORT if args.short else FULL
+    if args.zero_delay and args.short:
+        plan = Plan((1, 20), {1: 2000, 20: 4000}, 1.0, tokens=4, interval_ms=0.0)
     try:
         import uvloop
 
@@ -310,7 +359,8 @@ def main(argv: list[str] | None = None) -> int:
         pass
 
     print(
-        f"gateway benchmark ({'short' if args.short else 'full'}): mock engine streams "
+        f"gateway benchmark ({'short' if args.short else 'full'}"
+        f"{', zero delay' if args.zero_delay else ''}): mock engine streams "
         f"{plan.tokens} tokens {plan.interval_ms:g} ms apart; {os.cpu_count()} CPUs",
         flush=True,
     )
@@ -319,12 +369,19 @@ def main(argv: list[str] | None = None) -> int:
         contextlib.ExitStack() as stack,
     ):
         work = Path(tmp)
-        targets = start_targets(work, plan, not args.no_litellm, stack, args.before)
+        targets = start_targets(
+            work, plan, not args.no_litellm, stack, args.before, args.zero_delay
+        )
         results = measure(targets, plan)
         summary = report(targets, results)
-    heaviest = f"stream c={plan.concurrencies[-1]}"
-    print(f"\ntargets at {heaviest}:")
-    for line in targets_check(summary, heaviest) or ["  (letsinfer did not run)"]:
+    if args.zero_delay:
+        print("\ntargets (zero delay):")
+        checks = zero_delay_check(summary)
+    else:
+        heaviest = f"stream c={plan.concurrencies[-1]}"
+        print(f"\ntargets at {heaviest}:")
+        checks = targets_check(summary, heaviest)
+    for line in checks or ["  (letsinfer did not run)"]:
         print(line)
     skipped = {t.name: t.skipped for t in targets if t.skipped}
     if args.json:

@@ -7,7 +7,11 @@ gateway the way ``letsinfer up`` does (uvicorn, uvloop, httptools, its
 guarded listener, access log to a file). ``--records DB`` keeps request
 records as a main does; ``--facts`` feeds every replica fresh facts once a
 second, as a main does from its nodes' reports, so the replica choice weighs
-them.
+them. ``--breadth`` configures everything the gateway can add to a request
+(issue 16, items 1-5) without the benchmark's key using any of it: an
+external model as the fallback of ``mock``, a LoRA adapter loaded on every
+replica, other keys with a band, rate limits, a budget and a response cache;
+the benchmark's key has an allowlist (``mock`` and its adapter).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 import uvicorn
 
 from letsinfer.authority.apikeys import create_key
+from letsinfer.authority.external import add_external_model, set_fallback
 from letsinfer.config import GatewaySettings, RequestSettings
 from letsinfer.connections import GuardedServer, gateway_limits, raise_file_limit
 from letsinfer.gateway.app import Gateway, create_app
@@ -40,6 +45,26 @@ async def feed_facts(routing: RoutingTable, model: str, capacity: int) -> None:
         await asyncio.sleep(1.0)
 
 
+def configure_breadth(store: AuthorityStore, model: str, home: Path) -> tuple[str, ...]:
+    """Items 1-5 of issue 16 configured, none of them on the benchmark key's path;
+    returns the adapters every replica has loaded."""
+    provider_key = home / "provider.key"
+    provider_key.write_text("sk-never-sent\n")
+    provider_key.chmod(0o600)
+    # Port 9 (discard): never reached, since the model's own groups answer.
+    add_external_model(store, "provider", "http://127.0.0.1:9/v1", "their-model", provider_key)
+    set_fallback(store, model, "provider")
+    store.add_adapter(f"{model}-lora", model, "1" * 64, 1, None)
+    create_key(store, "batch", policy={"band": "batch"})
+    create_key(
+        store,
+        "limited",
+        policy={"rpm": 600, "tpm": 100_000, "budget_tokens": 1_000_000, "budget_period": "day"},
+    )
+    create_key(store, "cached", policy={"cache_ttl_s": 60})
+    return (f"{model}-lora",)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
@@ -53,11 +78,20 @@ def main() -> None:
     parser.add_argument("--access-log", type=Path, required=True)
     parser.add_argument("--records", type=Path, help="keep request records in this database")
     parser.add_argument("--facts", action="store_true", help="feed replicas fresh facts")
+    parser.add_argument(
+        "--breadth", action="store_true", help="configure fallbacks, adapters, limits, cache"
+    )
     args = parser.parse_args()
 
     store = AuthorityStore(args.home / "authority.db")
     store.add_service(args.model, "0" * 64, 0, "gguf", None)
-    args.key_file.write_text(create_key(store, "bench").secret)
+    adapters: tuple[str, ...] = ()
+    if args.breadth:
+        adapters = configure_breadth(store, args.model, args.home)
+        allowed: tuple[str, ...] = (args.model, *adapters)
+        args.key_file.write_text(create_key(store, "bench", allowed).secret)
+    else:
+        args.key_file.write_text(create_key(store, "bench").secret)
 
     handler = logging.FileHandler(args.access_log)
     access = logging.getLogger("letsinfer.access")
@@ -81,6 +115,7 @@ def main() -> None:
                 base_url=url,
                 authorization=f"Bearer {args.upstream_key}" if args.upstream_key else "",
                 capacity=args.capacity,
+                adapters=adapters,
             )
         )
     limits = gateway_limits(
@@ -93,6 +128,7 @@ def main() -> None:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
+        await gateway.restore_usage()  # the limited keys' counts, as a node does
         tasks = []
         if records is not None:
             tasks.append(asyncio.create_task(records.run()))
@@ -111,7 +147,11 @@ def main() -> None:
         log_level="warning",
         access_log=False,
     )
-    GuardedServer(config, limits, name="gateway").run()
+    try:
+        server = GuardedServer(config, limits, name="gateway", batch_writes=True)
+    except TypeError:  # a checkout from before batched writes (the benchmark's --before)
+        server = GuardedServer(config, limits, name="gateway")
+    server.run()
 
 
 if __name__ == "__main__":

@@ -32,6 +32,8 @@ from typing import Any
 
 import uvicorn
 
+from letsinfer.batched_writes import BatchedWrites
+
 log = logging.getLogger("letsinfer.connections")
 
 # Descriptors kept for everything but client connections: the planes' and the
@@ -389,6 +391,7 @@ class GuardedServer(uvicorn.Server):
         name: str,
         admit: Callable[[str], bool] | None = None,
         embedded: bool = False,
+        batch_writes: bool = False,
     ) -> None:
         config.timeout_keep_alive = limits.idle_timeout_s  # type: ignore[assignment]
         super().__init__(config)
@@ -396,6 +399,8 @@ class GuardedServer(uvicorn.Server):
         self.name = name
         self.admit = admit
         self.embedded = embedded
+        # The gateway's answers: one write per turn of the loop (letsinfer.batched_writes).
+        self.batch_writes = batch_writes
         self.listener: Listener | None = None
         self.late = Tally(
             f"{name}: closed %d connection(s) that sent no complete request headers "
@@ -424,6 +429,8 @@ class GuardedServer(uvicorn.Server):
             raise
         loop = asyncio.get_running_loop()
         cls = guarded(config.http_protocol_class, self.limits.header_timeout_s, self.late.note)
+        if self.batch_writes:
+            cls = type(f"Batched{cls.__name__}", (BatchedWrites, cls), {})
 
         def protocol() -> asyncio.Protocol:
             return cls(  # type: ignore[no-any-return]

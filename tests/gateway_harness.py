@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from letsinfer.authority.apikeys import create_key
+from letsinfer.batched_writes import BatchedWrites
 from letsinfer.config import GatewaySettings, TracingSettings
 from letsinfer.gateway.app import Gateway, create_app
 from letsinfer.gateway.directory import Directory
@@ -109,6 +111,8 @@ class GatewayHarness:
             log_config=None,
             access_log=False,
             lifespan="off",
+            # As the node serves it: its answers' writes batched per turn of the loop.
+            http=type("BatchedHttpTools", (BatchedWrites, HttpToolsProtocol), {}),
         )
         self._server = uvicorn.Server(config)
         self._serving = asyncio.ensure_future(self._server.serve())

@@ -39,3 +39,30 @@ def test_the_short_gateway_benchmark_runs_end_to_end(tmp_path: Path) -> None:
         assert rows["direct"]["errors"] == 0, cell
         assert ours["rps"] > 0
     assert "targets at stream c=20:" in run.stdout
+
+
+@pytest.mark.timeout(300)
+def test_the_short_zero_delay_benchmark_runs_with_items_1_to_5_configured(
+    tmp_path: Path,
+) -> None:
+    """The proxy-cost case (issue 16, item 6): every token at once, letsinfer
+    with fallbacks, an adapter, bands, limits and a cache configured."""
+    out = tmp_path / "zero.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gateway", "--zero-delay", "--short", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    print(run.stdout[-6000:], run.stderr[-3000:])
+    assert run.returncode == 0, run.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    assert figures["plan"]["interval_ms"] == 0
+    assert "nginx" not in figures["skipped"]
+    for cell, rows in figures["results"].items():
+        assert set(rows) >= {"direct", "nginx", "letsinfer", "letsinfer/nginx"}, cell
+        for name in ("direct", "nginx", "letsinfer"):
+            assert rows[name]["errors"] == 0 and rows[name]["completed"] > 0, (cell, name)
+    assert "targets (zero delay):" in run.stdout
+    assert "plain c=1: added p50 < 0.15 ms" in run.stdout

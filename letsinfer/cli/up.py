@@ -236,6 +236,7 @@ def _run(ctx: CliContext, settings: config.Settings, name: str | None) -> None:
             reserved=RESERVED_FDS + node.control_limits().max_connections,
         ),
         name="gateway",
+        batch_writes=True,
     )
     node.server = server
     server.run()
