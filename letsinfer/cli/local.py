@@ -86,16 +86,4 @@ def ask_node(
 
 def node_runs_here(home: Home) -> bool:
     """Whether a node process holds this home's pid-file lock (see `up`)."""
-    import fcntl
-
-    try:
-        fh = home.pid_file.open("r")
-    except FileNotFoundError:
-        return False
-    with fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(fh, fcntl.LOCK_UN)
-        return False
+    return home.running_pid() is not None
