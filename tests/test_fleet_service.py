@@ -32,6 +32,7 @@ def test_service_start_detaches_a_serving_node_and_stop_ends_it(tmp_path: Path) 
         assert info["started"] and info["initialised"] and info["role"] == "main"
         assert info["api_key"].startswith("li-")
         assert info["endpoint"] == f"http://127.0.0.1:{port}/v1"
+        assert info["serving"], "started means its endpoint answers the next request"
 
         again = letsinfer(home, "service", "start", "--json", env=env)
         assert json.loads(again.stdout)["started"] is False

@@ -678,4 +678,5 @@ def test_a_main_without_work_moves_into_another_cluster_and_serves(cluster: Clus
 
     c.wait(served, "tiny served through second's gateway")
     shown = json.loads(c.ok("second", "model", "show", "tiny", "--json", home="second"))
-    assert any(pg["node"] == "main" and pg["state"] == "ready" for pg in shown["placement_groups"])
+    groups = shown["placement_groups"]
+    assert any(pg["node"] == "main" and pg["state"] == "ready" for pg in groups), groups

@@ -9,6 +9,7 @@ restart`` works with both: it keeps the node's engines serving.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import click
@@ -81,7 +82,8 @@ def init(ctx: CliContext, name: str | None, as_json: bool) -> None:
 @click.option("--name", help="This node's name when it is initialised (default: host name).")
 @click.option(
     "--timeout", type=click.FloatRange(min=1), default=60.0, show_default=True,
-    help="Seconds to wait for the gateway (a main) or the agent port (a candidate or child).",
+    help="Seconds to wait for the gateway and its models (a main) or the agent port "
+    "(a candidate or child).",
 )  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
@@ -116,6 +118,7 @@ def start(
         identity, api_key = init_main(ctx.home, settings, name=name)
     # A main answers on its gateway; a candidate or child runs only its agent.
     is_main = identity is None or identity.role == "main"
+    begun = time.monotonic()
     try:
         state = service.start(
             ctx.home,
@@ -129,6 +132,10 @@ def start(
         _raise(exc)
         return
     shown = "127.0.0.1" if settings.gateway.host in ("0.0.0.0", "") else settings.gateway.host
+    # A main just started answers at once, and serves once its engines are
+    # ready: the endpoint printed below then answers its first request.
+    waited = 0 if before.running else max(0.0, timeout - (time.monotonic() - begun))
+    serving = is_main and service.wait_serving(shown, settings.gateway.port, waited)
     info: dict[str, Any] = {
         "started": not before.running,
         "initialised": api_key is not None,
@@ -136,6 +143,7 @@ def start(
         "pid": state.pid,
         "role": identity.role if identity else None,
         "endpoint": f"http://{shown}:{settings.gateway.port}/v1" if is_main else None,
+        "serving": serving,
         "log": str(state.log),
         "api_key": api_key,
     }
@@ -147,6 +155,10 @@ def start(
         return
     where = f"endpoint {info['endpoint']}" if is_main else f"agent on :{settings.agent.api_port}"
     console.print(f"started (pid {state.pid}); {where}; log {state.log}")
+    if is_main and not serving:
+        console.print(
+            f"its models are not all ready after {timeout:g}s: `letsinfer status` shows why"
+        )
     if api_key:
         click.echo(f"API key   {api_key}")
         click.echo("          (shown once: keep it; more with `letsinfer auth key create`)")

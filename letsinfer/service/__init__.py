@@ -67,6 +67,23 @@ def _gateway_answers(host: str, port: int) -> bool:
         return False
 
 
+def wait_serving(host: str, port: int, timeout: float) -> bool:
+    """Wait until the gateway serves every model meant to serve (its keyless
+    /health says "ok"), at most ``timeout`` seconds; whether it does. A model
+    that cannot start is parked and stops counting, so this does not wait for
+    a broken one."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(f"http://{host}:{port}/health", timeout=2).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)
+
+
 def _agent_answers(host: str, port: int) -> bool:
     """Whether something completes a TLS handshake on the agent port. A candidate
     or child runs only the agent plane (no gateway), so this is its readiness;
