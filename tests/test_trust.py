@@ -676,7 +676,10 @@ def test_a_main_without_work_moves_into_another_cluster_and_serves(cluster: Clus
         )
         return json.loads(result.stdout or "[]") == [200] * 4
 
+    def moved_serves() -> bool:
+        shown = json.loads(c.ok("second", "model", "show", "tiny", "--json", home="second"))
+        states = {g["node"]: (g["state"], g["detail"]) for g in shown["placement_groups"]}
+        return states.get("main", ("",))[0] == "ready"
+
+    c.wait(moved_serves, "the former main's group ready", timeout=60)
     c.wait(served, "tiny served through second's gateway")
-    shown = json.loads(c.ok("second", "model", "show", "tiny", "--json", home="second"))
-    groups = shown["placement_groups"]
-    assert any(pg["node"] == "main" and pg["state"] == "ready" for pg in groups), groups
