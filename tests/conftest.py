@@ -29,6 +29,18 @@ atexit.register(shutil.rmtree, _DEFAULT_HOME, True)
 
 
 @pytest.fixture(scope="session")
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheelhouse lab hosts install letsinfer from: the one `./dev test`
+    built (LETSINFER_LAB_WHEELHOUSE), else one built once for the session."""
+    from tests.lab import wheelhouse
+
+    given = os.environ.get("LETSINFER_LAB_WHEELHOUSE")
+    if given and Path(given).is_file():
+        return Path(given)
+    return wheelhouse.build(tmp_path_factory.mktemp("wheelhouse"))
+
+
+@pytest.fixture(scope="session")
 def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_model(tmp_path_factory.mktemp("models") / "tiny.gguf")
 

@@ -29,7 +29,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 from letsinfer.engines.tinymodel import SENTENCE
 from letsinfer.release.keys import generate
 from tests.lab import wheelhouse
-from tests.lab.netns import Lab, lab_up, new_prefix
+from tests.lab.netns import Lab, running_lab
 from tests.nodes import letsinfer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,13 +92,8 @@ def bundle(tmp_path_factory: pytest.TempPathFactory, tiny_gguf: Path) -> Bundle:
 
 @pytest.fixture(scope="module")
 def lab() -> Iterator[Lab]:
-    prefix = new_prefix()
-    the_lab = lab_up(list(HOSTS), Path(f"/tmp/letsinfer-lab-{prefix}"), prefix)
-    try:
-        the_lab.wait_for_ssh()
+    with running_lab(list(HOSTS)) as the_lab:
         yield the_lab
-    finally:
-        the_lab.down()
 
 
 def playbook(

@@ -19,7 +19,7 @@ import pytest
 
 from letsinfer.fleet.ssh_onboard import OnboardSettings, connect, onboard
 from tests.lab import wheelhouse
-from tests.lab.netns import Lab, lab_up, new_prefix
+from tests.lab.netns import Lab, running_lab
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -31,22 +31,9 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    given = os.environ.get("LETSINFER_LAB_WHEELHOUSE")
-    if given and Path(given).is_file():
-        return Path(given)
-    return wheelhouse.build(tmp_path_factory.mktemp("wheelhouse"))
-
-
-@pytest.fixture(scope="module")
 def lab(wheels: Path) -> Iterator[Lab]:
-    prefix = new_prefix()
-    the_lab = lab_up(["main", "n1", "n2"], Path(f"/tmp/letsinfer-lab-{prefix}"), prefix)
-    try:
-        the_lab.wait_for_ssh()
+    with running_lab(["main", "n1", "n2"]) as the_lab:
         yield the_lab
-    finally:
-        the_lab.down()
 
 
 def env(lab: Lab, wheels: Path) -> dict[str, str]:

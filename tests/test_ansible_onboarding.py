@@ -42,8 +42,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.lab import wheelhouse
-from tests.lab.netns import Lab, lab_up, new_prefix
+from tests.lab.netns import Lab, running_lab
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -214,22 +213,9 @@ class Watch:
 
 
 @pytest.fixture(scope="module")
-def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    given = os.environ.get("LETSINFER_LAB_WHEELHOUSE")
-    if given and Path(given).is_file():
-        return Path(given)
-    return wheelhouse.build(tmp_path_factory.mktemp("wheelhouse"))
-
-
-@pytest.fixture(scope="module")
 def lab() -> Iterator[Lab]:
-    prefix = new_prefix()
-    the_lab = lab_up(list(HOSTS), Path(f"/tmp/letsinfer-lab-{prefix}"), prefix)
-    try:
-        the_lab.wait_for_ssh()
+    with running_lab(list(HOSTS)) as the_lab:
         yield the_lab
-    finally:
-        the_lab.down()
 
 
 def plain_env() -> dict[str, str]:

@@ -347,9 +347,12 @@ def _build(lab: Lab, hosts: list[str]) -> None:
 
 
 @contextlib.contextmanager
-def running_lab(hosts: Sequence[str], workdir: Path) -> Iterator[Lab]:
-    lab = lab_up(hosts, workdir)
+def running_lab(hosts: Sequence[str], workdir: Path | None = None) -> Iterator[Lab]:
+    """A lab of ``hosts`` with sshd answering, torn down afterwards."""
+    prefix = new_prefix()
+    lab = lab_up(hosts, workdir or Path(f"/tmp/letsinfer-lab-{prefix}"), prefix)
     try:
+        lab.wait_for_ssh()
         yield lab
     finally:
         lab.down()
