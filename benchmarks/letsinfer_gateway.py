@@ -140,17 +140,22 @@ def main() -> None:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
+    app = create_app(gateway, lifespan=lifespan)
     config = uvicorn.Config(
-        create_app(gateway, lifespan=lifespan),
-        host="127.0.0.1",
-        port=args.port,
-        log_level="warning",
-        access_log=False,
+        app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False
     )
-    try:
-        server = GuardedServer(config, limits, name="gateway", batch_writes=True)
-    except TypeError:  # a checkout from before batched writes (the benchmark's --before)
-        server = GuardedServer(config, limits, name="gateway")
+    try:  # as a main serves (letsinfer/cli/up.py)
+        from letsinfer.gateway.app import direct_path
+
+        config.http = "httptools"
+        server = GuardedServer(
+            config, limits, name="gateway", batch_writes=True, protocol_mixins=direct_path(app)
+        )
+    except ImportError:  # a checkout from before (the benchmark's --before)
+        try:
+            server = GuardedServer(config, limits, name="gateway", batch_writes=True)
+        except TypeError:  # from before batched writes
+            server = GuardedServer(config, limits, name="gateway")
     server.run()
 
 

@@ -392,6 +392,7 @@ class GuardedServer(uvicorn.Server):
         admit: Callable[[str], bool] | None = None,
         embedded: bool = False,
         batch_writes: bool = False,
+        protocol_mixins: tuple[type, ...] = (),
     ) -> None:
         config.timeout_keep_alive = limits.idle_timeout_s  # type: ignore[assignment]
         super().__init__(config)
@@ -401,6 +402,8 @@ class GuardedServer(uvicorn.Server):
         self.embedded = embedded
         # The gateway's answers: one write per turn of the loop (letsinfer.batched_writes).
         self.batch_writes = batch_writes
+        # In front of the HTTP protocol class (the gateway's inference path).
+        self.protocol_mixins = protocol_mixins
         self.listener: Listener | None = None
         self.late = Tally(
             f"{name}: closed %d connection(s) that sent no complete request headers "
@@ -431,6 +434,8 @@ class GuardedServer(uvicorn.Server):
         cls = guarded(config.http_protocol_class, self.limits.header_timeout_s, self.late.note)
         if self.batch_writes:
             cls = type(f"Batched{cls.__name__}", (BatchedWrites, cls), {})
+        if self.protocol_mixins:
+            cls = type(cls.__name__, (*self.protocol_mixins, cls), {})
 
         def protocol() -> asyncio.Protocol:
             return cls(  # type: ignore[no-any-return]

@@ -23,7 +23,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from letsinfer.authority.apikeys import create_key
 from letsinfer.batched_writes import BatchedWrites
 from letsinfer.config import GatewaySettings, TracingSettings
-from letsinfer.gateway.app import Gateway, create_app
+from letsinfer.gateway.app import Gateway, create_app, direct_path
 from letsinfer.gateway.directory import Directory
 from letsinfer.gateway.mock_upstream import MockBehaviour, MockUpstream
 from letsinfer.gateway.routing import Replica, RoutingTable
@@ -104,15 +104,19 @@ class GatewayHarness:
             mock = await MockUpstream(behaviour).start()
             self.mocks[pg_id] = mock
             self.publish(pg_id)
+        app = create_app(self.gateway)
         config = uvicorn.Config(
-            create_app(self.gateway),
+            app,
             host="127.0.0.1",
             port=0,
             log_config=None,
             access_log=False,
             lifespan="off",
-            # As the node serves it: its answers' writes batched per turn of the loop.
-            http=type("BatchedHttpTools", (BatchedWrites, HttpToolsProtocol), {}),
+            # As the node serves it: the inference POSTs answered without ASGI,
+            # the answers' writes batched per turn of the loop.
+            http=type(
+                "GatewayHttpTools", (*direct_path(app), BatchedWrites, HttpToolsProtocol), {}
+            ),
         )
         self._server = uvicorn.Server(config)
         self._serving = asyncio.ensure_future(self._server.serve())

@@ -202,6 +202,7 @@ def _run(ctx: CliContext, settings: config.Settings, name: str | None) -> None:
         identity, first_key = init_main(ctx.home, settings, name=name)
     import uvicorn
 
+    from letsinfer.gateway.app import direct_path
     from letsinfer.node import MainNode
 
     node = MainNode(ctx.home, settings, identity)
@@ -216,9 +217,11 @@ def _run(ctx: CliContext, settings: config.Settings, name: str | None) -> None:
         _show_first_key(ctx, first_key)
     click.echo("Ctrl-C stops the node and its engines.")
     sys.stdout.flush()  # the banner must reach a pipe before the server starts
+    app = node.app()
     server = GuardedServer(
         uvicorn.Config(
-            node.app(),
+            app,
+            http="httptools",  # the inference path is built on it (direct_path)
             host=gw.host,
             port=gw.port,
             log_config=None,
@@ -237,6 +240,7 @@ def _run(ctx: CliContext, settings: config.Settings, name: str | None) -> None:
         ),
         name="gateway",
         batch_writes=True,
+        protocol_mixins=direct_path(app),
     )
     node.server = server
     server.run()

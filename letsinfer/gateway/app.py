@@ -12,8 +12,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from letsinfer.gateway.availability import MEANT_TO_SERVE
+from letsinfer.gateway.direct import protocol_mixin
 from letsinfer.gateway.directory import ServiceEntry, StoreUnavailable
-from letsinfer.gateway.errors import GatewayError, unknown_model
+from letsinfer.gateway.errors import GatewayError, internal_error, unknown_model
 from letsinfer.gateway.gateway import Gateway
 from letsinfer.gateway.serving import (
     ROUTES,
@@ -25,7 +26,7 @@ from letsinfer.gateway.serving import (
 
 log = logging.getLogger("letsinfer.gateway")
 
-__all__ = ["Gateway", "create_app"]
+__all__ = ["Gateway", "create_app", "direct_path"]
 
 
 class _GatewayApp(FastAPI):
@@ -39,6 +40,15 @@ class _GatewayApp(FastAPI):
             await self.inference(scope, receive, send)
             return
         await super().__call__(scope, receive, send)
+
+
+def direct_path(app: FastAPI) -> tuple[type, ...]:
+    """For the gateway's server (``protocol_mixins``, on uvicorn's httptools
+    protocol): its connections answer the inference POSTs without ASGI
+    (letsinfer.gateway.direct)."""
+    if not isinstance(app, _GatewayApp):
+        return ()
+    return (protocol_mixin(app.inference, ROUTES),)
 
 
 def create_app(
@@ -66,12 +76,7 @@ def create_app(
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> Response:
         log.exception("unexpected error on %s", request.url.path)
-        return GatewayError(
-            500,
-            "The gateway failed unexpectedly; see its log.",
-            type_="server_error",
-            code="internal_error",
-        ).response()
+        return internal_error().response()
 
     def ready(entry: ServiceEntry) -> int:
         if entry.base is None:

@@ -55,6 +55,15 @@ class GatewayError(Exception):
         await send({"type": "http.response.body", "body": body})
 
 
+def internal_error() -> GatewayError:
+    return GatewayError(
+        500,
+        "The gateway failed unexpectedly; see its log.",
+        type_="server_error",
+        code="internal_error",
+    )
+
+
 def invalid_key() -> GatewayError:
     # Unknown and revoked keys get the same answer: nothing to probe.
     return GatewayError(401, "Incorrect API key provided.", code="invalid_api_key")

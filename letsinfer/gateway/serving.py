@@ -37,7 +37,13 @@ from typing import Any
 from letsinfer.gateway import adapters, cache, policy, protocol
 from letsinfer.gateway.directory import KeyPolicy, ServiceEntry, StoreUnavailable
 from letsinfer.gateway.engine_client import EngineError
-from letsinfer.gateway.errors import GatewayError, invalid_key, missing_key, unknown_model
+from letsinfer.gateway.errors import (
+    GatewayError,
+    internal_error,
+    invalid_key,
+    missing_key,
+    unknown_model,
+)
 from letsinfer.gateway.gateway import Gateway
 from letsinfer.gateway.limits import KeyLimits
 from letsinfer.gateway.stream_usage import UsageFilter, ask_for_usage, wants_usage
@@ -88,6 +94,31 @@ ENDPOINTS = {
     "/v1/completions": "completions",
     "/v1/embeddings": "embeddings",
 }
+
+
+# Watches for the client leaving once its request's body is read: calls its
+# argument if it does, and returns what stops watching.
+Watch = Callable[[Callable[[], None]], Callable[[], None]]
+
+
+def _asgi_watch(receive: Receive) -> Watch:
+    """Over ASGI: a message after the body is complete can only be the client leaving."""
+
+    def watch(gone: Callable[[], None]) -> Callable[[], None]:
+        waiter = asyncio.ensure_future(receive())
+
+        def on_message(done: asyncio.Future[MutableMapping[str, Any]]) -> None:
+            if (
+                not done.cancelled()
+                and done.exception() is None
+                and done.result().get("type") == "http.disconnect"
+            ):
+                gone()
+
+        waiter.add_done_callback(on_message)
+        return waiter.cancel
+
+    return watch
 
 
 class ClientGone(Exception):
@@ -258,11 +289,9 @@ class _Exchange:
         self.cache_ttl = 0
         self.fallback: str | None = None  # the model that answered instead
 
-    def on_client_message(self, watcher: asyncio.Future[MutableMapping[str, Any]]) -> None:
-        # A message after the body is complete can only be the client leaving.
-        if self.done or watcher.cancelled() or watcher.exception() is not None:
-            return
-        if watcher.result().get("type") == "http.disconnect" and self.task is not None:
+    def client_gone(self) -> None:
+        """The client left before its answer was complete: stop its request."""
+        if not self.done and self.task is not None:
             self.gone = True
             self.task.cancel()
 
@@ -275,13 +304,17 @@ class InferenceEndpoints:
         self.prefix_chars = gw.policy.affinity_prefix_chars if gw.policy.affinity else 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Over ASGI (the gateway's own connections take letsinfer.gateway.direct)."""
+        await self.serve(scope, receive, send, _asgi_watch(receive))
+
+    async def serve(self, scope: Scope, receive: Receive, send: Send, watch: Watch) -> None:
         tracing = self.gw.tracing
         if tracing is None:
-            await self._handle(scope, receive, send)
+            await self._handle(scope, receive, send, watch)
         else:
-            await tracing.request(scope, self._handle(scope, receive, send))
+            await tracing.request(scope, self._handle(scope, receive, send, watch))
 
-    async def _handle(self, scope: Scope, receive: Receive, send: Send) -> _Exchange:
+    async def _handle(self, scope: Scope, receive: Receive, send: Send, watch: Watch) -> _Exchange:
         auth = given_id = declared = cache_control = None
         for name, value in scope["headers"]:
             if name == b"authorization":
@@ -293,14 +326,12 @@ class InferenceEndpoints:
             elif name == b"cache-control":
                 cache_control = value
         ex = _Exchange(request_id_from(given_id), asyncio.current_task())
-        watcher: asyncio.Future[MutableMapping[str, Any]] | None = None
+        unwatch: Callable[[], None] | None = None
         try:
             key = authenticate(self.gw, auth.decode("latin-1") if auth else None)
             ex.key = key.name
             body = await read_body(receive, declared, self.gw.max_body_bytes)
-            # From here on a message from the client means it went away.
-            watcher = asyncio.ensure_future(receive())
-            watcher.add_done_callback(ex.on_client_message)
+            unwatch = watch(ex.client_gone)
             await self._serve(scope["path"], key, body, ex, send, cache_control)
         except GatewayError as err:
             ex.status = err.status
@@ -326,16 +357,11 @@ class InferenceEndpoints:
             if not ex.responded:
                 ex.status = 500
                 ex.done = True
-                await GatewayError(
-                    500,
-                    "The gateway failed unexpectedly; see its log.",
-                    type_="server_error",
-                    code="internal_error",
-                ).send(send, ex.request_id)
+                await internal_error().send(send, ex.request_id)
         finally:
             ex.done = True
-            if watcher is not None and not watcher.done():
-                watcher.cancel()
+            if unwatch is not None:
+                unwatch()
             self._record(ex)
         return ex
 

@@ -1,0 +1,254 @@
+"""Inference POSTs answered by the gateway's HTTP protocol itself, not over ASGI.
+
+Every completion and embedding request is one of three POSTs whose answers
+the gateway builds itself (status, a few headers it wrote, then the engine's
+bytes). On that path ASGI's generality costs per request: a scope, an event
+and a receive future per request, a task to watch for the client leaving,
+and every response header checked again. So the gateway's connections (a
+uvicorn httptools protocol, with its parsing, keep-alive, pipelining, flow
+control and header deadline kept) hand those three POSTs to
+:class:`DirectCycle`, which gives the same handler
+(:class:`letsinfer.gateway.serving.InferenceEndpoints`) lean ``receive``,
+``send`` and a disconnect watch that costs an attribute:
+
+- the body is usually whole by the time the handler runs, and ``receive``
+  returns it without waiting;
+- a response's status line and headers leave with its first body part, in
+  one write (chunked for a stream, Content-Length otherwise);
+- the connection's loss cancels the handler directly.
+
+Anything else (other methods and paths, HTTP/1.0, ``Expect: 100-continue``,
+an absolute or percent-encoded URL) takes uvicorn's ASGI path as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, MutableMapping
+from typing import TYPE_CHECKING, Any
+
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE
+
+from letsinfer.gateway.errors import internal_error
+
+if TYPE_CHECKING:
+    from letsinfer.gateway.serving import InferenceEndpoints
+
+log = logging.getLogger("letsinfer.gateway")
+
+_DISCONNECT: dict[str, Any] = {"type": "http.disconnect"}
+_LAST_CHUNK = b"0\r\n\r\n"
+
+
+class DirectCycle:
+    """One inference request on a connection: what uvicorn's protocol expects
+    of a request cycle (``body``, ``more_body``, ``message_event.set()``,
+    ``disconnected``, ``response_complete``, ``keep_alive``, ``run_asgi``), and
+    the ``receive``/``send`` the handler uses."""
+
+    __slots__ = (
+        "_gone",
+        "_head",
+        "_set",
+        "_waiter",
+        "body",
+        "chunked",
+        "disconnected",
+        "endpoints",
+        "keep_alive",
+        "message_event",
+        "more_body",
+        "protocol",
+        "response_complete",
+        "scope",
+        "task",
+    )
+
+    def __init__(
+        self, protocol: Any, endpoints: InferenceEndpoints, scope: MutableMapping[str, Any]
+    ) -> None:
+        self.protocol = protocol
+        self.endpoints = endpoints
+        self.scope = scope
+        self.body = b""
+        self.more_body = True
+        self.message_event = self  # uvicorn calls message_event.set()
+        self.disconnected = False
+        self.response_complete = False
+        self.keep_alive = True
+        self.chunked = False
+        self.task: asyncio.Task[None] | None = None
+        self._head: bytes | None = None  # status line and headers, sent with the first part
+        self._set = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._gone: Callable[[], None] | None = None
+
+    # -- what uvicorn's protocol calls ---------------------------------------
+    def set(self) -> None:
+        """More body, its end, or the connection lost."""
+        self._set = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+        if self.disconnected and self._gone is not None:
+            gone, self._gone = self._gone, None
+            gone()
+
+    async def run_asgi(self, app: object = None) -> None:
+        """The handler, as uvicorn starts a request (``app`` is not used)."""
+        if self.task is None:
+            self.task = asyncio.current_task()
+        try:
+            await self.endpoints.serve(self.scope, self.receive, self.send, self.watch)
+        except asyncio.CancelledError:  # the server's shutdown ran out of time
+            self.protocol.transport.close()
+            raise
+        except Exception:  # (the handler answers its own failures: this is a bug)
+            log.exception("request on %s failed unexpectedly", self.scope["path"])
+            if self._head is None and not self.response_complete:
+                self.keep_alive = False
+                await internal_error().send(self.send, "-")
+            else:
+                self.protocol.transport.close()
+        else:
+            if not self.response_complete and not self.disconnected:
+                self.protocol.transport.close()  # an answer cut short: the client must see it
+
+    # -- what the handler calls ---------------------------------------------
+    async def receive(self) -> MutableMapping[str, Any]:
+        if self.more_body and not self.body and not self.disconnected:
+            self.protocol.flow.resume_reading()
+            while not self._set:
+                self._waiter = self.protocol.loop.create_future()
+                try:
+                    await self._waiter
+                finally:
+                    self._waiter = None
+            self._set = False
+        if self.disconnected or self.response_complete:
+            return _DISCONNECT
+        body, self.body = self.body, b""
+        self._set = False
+        return {"type": "http.request", "body": body, "more_body": self.more_body}
+
+    def watch(self, gone: Callable[[], None]) -> Callable[[], None]:
+        """Call ``gone`` if the client leaves before its answer is complete;
+        returns what stops watching."""
+        if self.disconnected:
+            gone()
+        else:
+            self._gone = gone
+        return self._unwatch
+
+    def _unwatch(self) -> None:
+        self._gone = None
+
+    async def send(self, message: MutableMapping[str, Any]) -> None:
+        protocol = self.protocol
+        if protocol.flow.write_paused and not self.disconnected:
+            await protocol.flow.drain()
+        if self.disconnected or self.response_complete:
+            return
+        if message["type"] == "http.response.start":
+            parts = [STATUS_LINE[message["status"]]]
+            for name, value in protocol.server_state.default_headers:  # date, server
+                parts += (name, b": ", value, b"\r\n")
+            chunked = True
+            # The handler's own headers: names it wrote, values it checked
+            # (an engine's content type has passed httptools' parser).
+            for name, value in message["headers"]:
+                if name == b"content-length":
+                    chunked = False
+                parts += (name, b": ", value, b"\r\n")
+            if chunked:
+                parts.append(b"transfer-encoding: chunked\r\n")
+            if not self.keep_alive:
+                parts.append(b"connection: close\r\n")
+            parts.append(b"\r\n")
+            self.chunked = chunked
+            self._head = b"".join(parts)
+            return
+        body = message.get("body", b"")
+        more = message.get("more_body", False)
+        if self.chunked:
+            data = b"%x\r\n%b\r\n" % (len(body), body) if body else b""
+            if not more:
+                data += _LAST_CHUNK
+        else:
+            data = body
+        head = self._head
+        if head is not None:
+            data = head + data
+            self._head = b""  # sent (not None: the response has started)
+        transport = protocol.transport
+        if data:
+            transport.write(data)
+        if not more:
+            self.response_complete = True
+            self._gone = None
+            if not self.keep_alive:
+                transport.close()
+            protocol.on_response_complete()
+
+
+class DirectInference:
+    """Mixed in front of uvicorn's httptools protocol (see :func:`protocol_mixin`):
+    the inference POSTs go to a :class:`DirectCycle`."""
+
+    inference: InferenceEndpoints
+    routes: frozenset[bytes]
+
+    # uvicorn's protocol sets these
+    parser: Any
+    url: bytes
+    scope: MutableMapping[str, Any]
+    cycle: Any
+    expect_100_continue: bool
+    limit_concurrency: int | None
+    pipeline: Any
+    flow: Any
+    loop: asyncio.AbstractEventLoop
+    tasks: set[asyncio.Task[None]]
+
+    def on_headers_complete(self) -> None:
+        parser = self.parser
+        url = self.url
+        if (
+            url not in self.routes
+            or parser.get_method() != b"POST"
+            or parser.get_http_version() != "1.1"
+            or self.expect_100_continue
+            or self.limit_concurrency is not None
+            or parser.should_upgrade()
+        ):
+            super().on_headers_complete()  # type: ignore[misc]
+            return
+        scope = self.scope
+        path = url.decode("ascii")
+        scope["method"] = "POST"
+        scope["path"] = path
+        scope["raw_path"] = url
+        scope["query_string"] = b""
+        cycle = DirectCycle(self, self.inference, scope)
+        cycle.keep_alive = parser.should_keep_alive()
+        before = self.cycle
+        self.cycle = cycle
+        if before is None or before.response_complete:
+            task = self.loop.create_task(cycle.run_asgi())
+            cycle.task = task
+            task.add_done_callback(self.tasks.discard)
+            self.tasks.add(task)
+        else:  # pipelined behind an unfinished answer: uvicorn starts it after that
+            self.flow.pause_reading()
+            self.pipeline.appendleft((cycle, None))
+
+
+def protocol_mixin(endpoints: InferenceEndpoints, routes: Any) -> type:
+    """A :class:`DirectInference` bound to the gateway's endpoints, for
+    :class:`letsinfer.connections.GuardedServer`'s ``protocol_mixins``."""
+    return type(
+        "GatewayInference",
+        (DirectInference,),
+        {"inference": endpoints, "routes": frozenset(r.encode() for r in routes)},
+    )
