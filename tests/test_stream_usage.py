@@ -65,3 +65,13 @@ def test_the_request_asks_for_usage_and_keeps_the_clients_own_options() -> None:
     body = b'{"model":"tiny","stream":true,"stream_options":{"include_usage":false,"x":1}}'
     asked = json.loads(ask_for_usage(body, {"include_usage": False, "x": 1}))
     assert asked["stream_options"] == {"include_usage": True, "x": 1}
+
+
+def test_a_null_usage_in_every_event_is_kept_and_the_real_one_counted() -> None:
+    # OpenAI's own API sends "usage":null in each chunk once usage is asked for.
+    token = b'data: {"choices":[{"index":0,"delta":{"content":"a"}}],"usage":null}\n\n'
+    stream = token * 4 + FINISH + USAGE + DONE
+    for cut in range(1, len(stream), 5):
+        out, f = relay(stream, [cut])
+        assert out == token * 4 + FINISH + DONE, cut
+        assert (f.prompt_tokens, f.completion_tokens) == (23, 14)

@@ -88,13 +88,26 @@ class UsageFilter:
         return b"".join(kept)
 
     def _take_usage_lf(self, data: bytes) -> bytes:
-        """:meth:`_take_usage` of data without carriage returns (the same split)."""
-        events = data.split(b"\n\n")  # the last one is the rest, with no separator after it
-        drop = [i for i, event in enumerate(events) if _USAGE in event and self._usage_only(event)]
-        if not drop or not self.strip:
+        """:meth:`_take_usage` of data without carriage returns: the events
+        around each ``"usage"`` found by byte search, not by splitting the
+        whole stream; only those whose usage is an object are parsed (an
+        engine may send ``"usage":null`` in every event)."""
+        kept: list[bytes] = []
+        start = 0  # what is kept runs from here to the next dropped event
+        at = data.find(_USAGE)
+        while at >= 0:
+            begins = data.rfind(b"\n\n", 0, at)
+            begins = 0 if begins < 0 else begins + 2
+            ends = data.find(b"\n\n", at)
+            ends = len(data) if ends < 0 else ends + 2  # the rest: no separator after it
+            value = data[at + len(_USAGE) : at + len(_USAGE) + 8].lstrip(b" :")
+            if value.startswith(b"{") and self._usage_only(data[begins:ends]) and self.strip:
+                kept.append(data[start:begins])
+                start = ends
+            at = data.find(_USAGE, ends)
+        if not start:
             return data
-        last = len(events) - 1
-        kept = [e if i == last else e + b"\n\n" for i, e in enumerate(events) if i not in drop]
+        kept.append(data[start:])
         return b"".join(kept)
 
     def _usage_only(self, event: bytes) -> bool:
