@@ -100,7 +100,7 @@ class DirectCycle:
         if self.task is None:
             self.task = asyncio.current_task()
         try:
-            await self.endpoints.serve(self.scope, self.receive, self.send, self.watch)
+            await self.endpoints.serve(self.scope, self.receive, self.send, self.watch, self.task)
         except asyncio.CancelledError:  # the server's shutdown ran out of time
             self.protocol.transport.close()
             raise

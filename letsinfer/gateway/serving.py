@@ -34,7 +34,7 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from letsinfer.gateway import adapters, cache, policy, protocol
+from letsinfer.gateway import access_log, adapters, cache, policy, protocol
 from letsinfer.gateway.directory import KeyPolicy, ServiceEntry, StoreUnavailable
 from letsinfer.gateway.engine_client import EngineError
 from letsinfer.gateway.errors import (
@@ -50,7 +50,6 @@ from letsinfer.gateway.stream_usage import UsageFilter, ask_for_usage, wants_usa
 from letsinfer.gateway.upstream import Started
 from letsinfer.store.requests import RequestRecord
 
-access_log = logging.getLogger("letsinfer.access")
 log = logging.getLogger("letsinfer.gateway")
 
 Scope = MutableMapping[str, Any]
@@ -165,13 +164,7 @@ def count_refusal(gw: Gateway, scope: Scope, err: GatewayError) -> None:
     gw.metrics.error(err.code or "error")
     gw.metrics.request("-", err.status, 0.0, None)
     given = next((v for k, v in scope["headers"] if k == b"x-request-id"), None)
-    access_log.info(
-        "request_id=%s key=- model=- served=- pg=- status=%d queue_ms=0.00 ttft_ms=- "
-        "total_ms=0.00 prompt_tokens=- completion_tokens=- path=%s",
-        request_id_from(given),
-        err.status,
-        scope["path"] if str(scope["path"]).isprintable() else repr(scope["path"]),
-    )
+    access_log.refusal(request_id_from(given), err.status, str(scope["path"]))
 
 
 def request_id_from(given: bytes | None) -> str:
@@ -214,24 +207,22 @@ async def read_body(receive: Receive, declared: bytes | None, limit: int) -> byt
     return b"".join(parts)
 
 
+_PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s*(\d+)')
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
+
+
 def usage_tokens(tail: bytes) -> tuple[int | None, int | None]:
     """Prompt and completion tokens from the last ``usage`` object in ``tail``,
     found by a byte search: cheap, and no JSON parse of the answer."""
-
-    def number(field: bytes) -> int | None:
-        at = tail.rfind(field)
-        if at < 0:
-            return None
-        at += len(field)
-        end = at
-        while end < len(tail) and tail[end : end + 1] in b" 0123456789":
-            end += 1
-        digits = tail[at:end].strip()
-        return int(digits) if digits else None
-
-    if b'"usage"' not in tail:
+    at = tail.rfind(b'"usage"')
+    if at < 0:
         return None, None
-    return number(b'"prompt_tokens":'), number(b'"completion_tokens":')
+    prompt = _PROMPT_TOKENS.search(tail, at)
+    completion = _COMPLETION_TOKENS.search(tail, at)
+    return (
+        int(prompt[1]) if prompt else None,
+        int(completion[1]) if completion else None,
+    )
 
 
 class _Exchange:
@@ -307,14 +298,30 @@ class InferenceEndpoints:
         """Over ASGI (the gateway's own connections take letsinfer.gateway.direct)."""
         await self.serve(scope, receive, send, _asgi_watch(receive))
 
-    async def serve(self, scope: Scope, receive: Receive, send: Send, watch: Watch) -> None:
+    async def serve(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        watch: Watch,
+        task: asyncio.Task[Any] | None = None,
+    ) -> None:
+        """One request; ``task``: the one running it (when the caller has it at hand)."""
+        handle = self._handle(scope, receive, send, watch, task or asyncio.current_task())
         tracing = self.gw.tracing
         if tracing is None:
-            await self._handle(scope, receive, send, watch)
+            await handle
         else:
-            await tracing.request(scope, self._handle(scope, receive, send, watch))
+            await tracing.request(scope, handle)
 
-    async def _handle(self, scope: Scope, receive: Receive, send: Send, watch: Watch) -> _Exchange:
+    async def _handle(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        watch: Watch,
+        task: asyncio.Task[Any] | None,
+    ) -> _Exchange:
         auth = given_id = declared = cache_control = None
         for name, value in scope["headers"]:
             if name == b"authorization":
@@ -325,7 +332,7 @@ class InferenceEndpoints:
                 declared = value
             elif name == b"cache-control":
                 cache_control = value
-        ex = _Exchange(request_id_from(given_id), asyncio.current_task())
+        ex = _Exchange(request_id_from(given_id), task)
         unwatch: Callable[[], None] | None = None
         try:
             key = authenticate(self.gw, auth.decode("latin-1") if auth else None)
@@ -633,7 +640,7 @@ class InferenceEndpoints:
             extra = f" cache={ex.cache.decode()}"
         if ex.fallback is not None:
             extra += f" fallback={ex.fallback}"
-        _access_line(
+        access_log.write(
             (
                 ex.request_id,
                 ex.key,
@@ -648,23 +655,6 @@ class InferenceEndpoints:
                 "-" if completion_tokens is None else completion_tokens,
                 extra,
             )
-        )
-
-
-_ACCESS_LINE = (
-    "request_id=%s key=%s model=%s served=%s pg=%s status=%d queue_ms=%.2f "
-    "ttft_ms=%s total_ms=%.2f prompt_tokens=%s completion_tokens=%s%s"
-)
-
-
-def _access_line(args: tuple[object, ...]) -> None:
-    """An inference request's access-log line, through the logger's filters and
-    handlers as ``access_log.info`` would, without its search of the stack for
-    the caller (a third of its cost per request; no format here names it)."""
-    if access_log.isEnabledFor(logging.INFO):
-        make = logging.getLogRecordFactory()
-        access_log.handle(
-            make(access_log.name, logging.INFO, __file__, 0, _ACCESS_LINE, args, None, "_record")
         )
 
 

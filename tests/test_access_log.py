@@ -1,0 +1,88 @@
+"""The inference access-log line: what a handler receives is what
+``logger.info`` would have given it, however the record was made."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from letsinfer.gateway import access_log
+
+ARGS = ("req-1", "alice", "mock", "mock", "pg-a", 200, 0.5, "1.25", 3.0, 12, 16, "")
+
+
+class Kept(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture
+def kept() -> Iterator[Kept]:
+    handler = Kept()
+    logger = access_log.logger
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def test_a_line_is_the_record_logger_info_makes(kept: Kept) -> None:
+    access_log.logger.info(access_log._LINE, *ARGS)
+    access_log.write(ARGS)
+    access_log.write(ARGS)
+    by_info, *written = kept.records
+    assert written[0] is not written[1]  # a record of its own each time
+    for record in written:
+        assert record.getMessage() == by_info.getMessage()
+        assert record.getMessage().startswith("request_id=req-1 key=alice model=mock")
+        ours, theirs = dict(record.__dict__), dict(by_info.__dict__)
+        # Where the call came from and when: the only fields that may differ.
+        for field in ("created", "msecs", "relativeCreated", "pathname", "filename"):
+            ours.pop(field), theirs.pop(field)
+        for field in ("module", "lineno", "funcName"):
+            ours.pop(field), theirs.pop(field)
+        assert ours == theirs
+        assert by_info.created <= record.created
+        assert 0 <= record.msecs < 1000
+
+
+def test_each_thread_gets_its_own_thread_fields(kept: Kept) -> None:
+    access_log.write(ARGS)
+    other = threading.Thread(target=access_log.write, args=(ARGS,), name="other-writer")
+    other.start()
+    other.join()
+    assert kept.records[0].threadName == threading.current_thread().name
+    assert kept.records[1].threadName == "other-writer"
+
+
+def test_a_record_factory_set_by_someone_else_is_used(kept: Kept) -> None:
+    default = logging.getLogRecordFactory()
+
+    def tagged(*args: object, **kwargs: object) -> logging.LogRecord:
+        record = default(*args, **kwargs)  # type: ignore[arg-type]
+        record.tag = "theirs"
+        return record
+
+    logging.setLogRecordFactory(tagged)
+    try:
+        access_log.write(ARGS)
+    finally:
+        logging.setLogRecordFactory(default)
+    assert kept.records[0].tag == "theirs"  # type: ignore[attr-defined]
+
+
+def test_nothing_is_made_when_the_level_is_off(kept: Kept) -> None:
+    access_log.logger.setLevel(logging.WARNING)
+    access_log.write(ARGS)
+    assert kept.records == []
