@@ -90,6 +90,10 @@ def prompt_start(request: _Request, limit: int) -> str:
 def parse(body: bytes, model: type[_Request]) -> _Request:
     if jsondepth.too_deep(body):  # before the parser recurses into it
         raise GatewayError(400, jsondepth.too_deep_message(), code="json_too_deep")
+    try:  # pydantic's own JSON parser: half the cost of json.loads, then validate
+        return model.model_validate_json(body)
+    except ValidationError:
+        pass  # refused, or stricter than json (a lone surrogate): the path below decides
     try:
         data = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

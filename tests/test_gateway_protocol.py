@@ -1,0 +1,60 @@
+"""What the gateway accepts of a request body, and what it says of one it
+refuses: the same whichever JSON parser read it (pydantic's for speed, the
+standard one for anything pydantic refuses)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from letsinfer.gateway import protocol
+from letsinfer.gateway.errors import GatewayError
+
+MESSAGES = '"messages":[{"role":"user","content":"hi"}]'
+
+
+def by_json_module(body: bytes, model: type[protocol._Request]) -> protocol._Request:
+    """The reference: the standard library's parser, then validation."""
+    return model.model_validate(json.loads(body))
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"model":"m",' + MESSAGES + "}",
+        '{"model":"m",' + MESSAGES + ',"temperature":1,"max_tokens":5,"stream":true}',
+        '{"model":"m",' + MESSAGES + ',"stream_options":{"include_usage":true},"x":[1,{"y":null}]}',
+        '{"model":"a","model":"b",' + MESSAGES + "}",  # the last one wins, as in json
+        '{"model":"m","messages":[{"role":"user","content":"\\ud800 lone"}]}',
+        '{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"é"}]}]}',
+    ],
+)
+def test_an_accepted_body_reads_the_same(body: str) -> None:
+    raw = body.encode()
+    parsed = protocol.parse(raw, protocol.ChatCompletionRequest)
+    reference = by_json_module(raw, protocol.ChatCompletionRequest)
+    assert parsed == reference
+    assert parsed.model_extra == reference.model_extra
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"{nope", "The request body is not valid JSON"),
+        (b"[1, 2]", "The request body must be a JSON object."),
+        (b'{"model":"m","messages":[]}', "Invalid value for 'messages'"),
+        (b'{"messages":[{"role":"user","content":"x"}]}', "Missing required parameter: 'model'."),
+        (b'{"model":"m",' + MESSAGES.encode() + b',"max_tokens":1.0}', "'max_tokens'"),
+        (b'{"model":"m",' + MESSAGES.encode() + b',"max_tokens":true}', "'max_tokens'"),
+        (b'{"model":"m",' + MESSAGES.encode() + b',"temperature":NaN}', "'temperature'"),
+        (b'{"model":"m","messages":[{"role":"robot","content":"x"}]}', "'messages.0.role'"),
+        (b'{"model":"m",' + MESSAGES.encode() + b',"n":2}', "'n'"),
+        (b"\xff\xfe{}", "The request body is not valid JSON"),
+    ],
+)
+def test_a_refused_body_is_named_precisely(body: bytes, message: str) -> None:
+    with pytest.raises(GatewayError) as refused:
+        protocol.parse(body, protocol.ChatCompletionRequest)
+    assert refused.value.status == 400
+    assert message in refused.value.message
