@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import io
 import logging
 import threading
 from collections.abc import Iterator
@@ -86,3 +87,48 @@ def test_nothing_is_made_when_the_level_is_off(kept: Kept) -> None:
     access_log.logger.setLevel(logging.WARNING)
     access_log.write(ARGS)
     assert kept.records == []
+
+
+class CountedStream(io.StringIO):
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def write(self, text: str) -> int:
+        self.writes += 1
+        return super().write(text)
+
+
+def test_lines_written_together_read_as_lines_written_one_by_one() -> None:
+    logger = access_log.logger
+    one_by_one, together = CountedStream(), CountedStream()
+    lines = [(f"req-{n}", *ARGS[1:]) for n in range(5)]
+    fmt = logging.Formatter("%(levelname)s %(name)s %(threadName)s: %(message)s")
+    level, propagate = logger.level, logger.propagate
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    try:
+        for stream, write in ((one_by_one, "each"), (together, "many")):
+            handler = logging.StreamHandler(stream)
+            handler.setFormatter(fmt)
+            handler.addFilter(lambda r: r.args[0] != "req-3")  # a handler's filter still applies
+            logger.addHandler(handler)
+            try:
+                if write == "each":
+                    for args in lines:
+                        access_log.write(args)
+                else:
+                    access_log.write_many(iter(lines))
+            finally:
+                logger.removeHandler(handler)
+    finally:
+        logger.setLevel(level)
+        logger.propagate = propagate
+    assert together.getvalue() == one_by_one.getvalue()
+    assert together.getvalue().count("\n") == 4 and "req-3" not in together.getvalue()
+    assert (one_by_one.writes, together.writes) == (4, 1)
+
+
+def test_lines_for_any_other_handler_go_one_by_one(kept: Kept) -> None:
+    access_log.write_many([ARGS, ARGS])
+    assert [r.getMessage() for r in kept.records] == [kept.records[0].getMessage()] * 2

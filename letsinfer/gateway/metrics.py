@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
@@ -33,6 +33,10 @@ if TYPE_CHECKING:
     from letsinfer.gateway.admission import Admission
 
 log = logging.getLogger("letsinfer.gateway")
+
+# A finished request: model, status, seconds in all, seconds to the first byte,
+# key name, placement group, prompt tokens, completion tokens.
+Finished = tuple[str, int, float, float | None, str, str, int | None, int | None]
 
 # Seconds; from sub-millisecond (errors, cached answers) to long generations.
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -154,19 +158,41 @@ class GatewayMetrics:
     ) -> None:
         """One finished request. ``key`` and ``pg`` are "-" when there was no
         authenticated key or no placement group (then no series is added)."""
-        self._child(self._requests, "r", model, str(status)).inc()
-        self._child(self._latency, "l", model).observe(total_s)
-        if ttft_s is not None:
-            self._child(self._ttft, "t", model).observe(ttft_s)
-        if key != "-":
-            self._child(self._key_requests, "k", key).inc()
-        for kind, tokens in (("prompt", prompt_tokens), ("completion", completion_tokens)):
-            if not tokens:
-                continue
-            if pg != "-":
-                self._child(self._group_tokens, "g", model, pg, kind).inc(tokens)
+        self.requests([(model, status, total_s, ttft_s, key, pg, prompt_tokens, completion_tokens)])
+
+    def requests(self, finished: Iterable[Finished]) -> None:
+        """Finished requests (as :meth:`request` takes them), counted together:
+        one increment per series, however many requests it counts."""
+        counts: dict[tuple[Any, ...], int] = {}
+        child = self._child
+        for model, status, total_s, ttft_s, key, pg, prompt, completion in finished:
+            counted = ("r", model, status)
+            counts[counted] = counts.get(counted, 0) + 1
+            child(self._latency, "l", model).observe(total_s)
+            if ttft_s is not None:
+                child(self._ttft, "t", model).observe(ttft_s)
             if key != "-":
-                self._child(self._key_tokens, "kt", key, kind).inc(tokens)
+                counted = ("k", key)
+                counts[counted] = counts.get(counted, 0) + 1
+            for kind, tokens in (("prompt", prompt), ("completion", completion)):
+                if not tokens:
+                    continue
+                if pg != "-":
+                    counted = ("g", model, pg, kind)
+                    counts[counted] = counts.get(counted, 0) + tokens
+                if key != "-":
+                    counted = ("kt", key, kind)
+                    counts[counted] = counts.get(counted, 0) + tokens
+        metrics = {
+            "r": self._requests,
+            "k": self._key_requests,
+            "g": self._group_tokens,
+            "kt": self._key_tokens,
+        }
+        for (kind, *labels), n in counts.items():
+            if kind == "r":
+                labels[1] = str(labels[1])  # the status
+            child(metrics[kind], kind, *labels).inc(n)
 
     def error(self, reason: str) -> None:
         self._child(self._errors, "e", reason).inc()

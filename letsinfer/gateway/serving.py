@@ -252,6 +252,7 @@ class _Exchange:
         "tail",
         "task",
         "tokens",
+        "total",
         "ttft",
         "usage",
     )
@@ -267,6 +268,7 @@ class _Exchange:
         self.stream = False
         self.usage: UsageFilter | None = None  # every streamed completion
         self.tokens: tuple[int | None, int | None] = (None, None)  # prompt, completion
+        self.total = 0.0  # seconds from arrival to the end
         self.status = 0
         self.queue_s = 0.0
         self.ttft: float | None = None
@@ -293,6 +295,7 @@ class InferenceEndpoints:
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
         self.prefix_chars = gw.policy.affinity_prefix_chars if gw.policy.affinity else 0
+        self._finished: list[_Exchange] = []  # settled in this turn of the loop, not booked
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Over ASGI (the gateway's own connections take letsinfer.gateway.direct)."""
@@ -589,7 +592,11 @@ class InferenceEndpoints:
         await send({"type": "http.response.body", "body": b""})
 
     def _record(self, ex: _Exchange) -> None:
-        total = time.perf_counter() - ex.started
+        """Settle a finished request now (its time, tokens and the key's charge,
+        which the key's next request must see), and book it (metrics, request
+        record, access-log line) with the others that finish in this turn of
+        the loop: one pass for them all, after their answers went out."""
+        ex.total = time.perf_counter() - ex.started
         if ex.usage is not None:
             prompt_tokens, completion_tokens = ex.usage.prompt_tokens, ex.usage.completion_tokens
         elif ex.tail:
@@ -604,19 +611,20 @@ class InferenceEndpoints:
             self.gw.limiter.charge(
                 ex.key, ex.limits, (prompt_tokens or 0) + (completion_tokens or 0)
             )
-        self.gw.metrics.request(
-            ex.served,
-            ex.status,
-            total,
-            ex.ttft,
-            key=ex.key,
-            pg=ex.pg,
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
+        finished = self._finished
+        finished.append(ex)
+        if len(finished) == 1:
+            asyncio.get_running_loop().call_soon(self._book)
+
+    def _book(self) -> None:
+        finished, self._finished = self._finished, []
+        gw = self.gw
+        gw.metrics.requests(
+            (ex.served, ex.status, ex.total, ex.ttft, ex.key, ex.pg, *ex.tokens) for ex in finished
         )
-        records = self.gw.records
-        if records is not None and ex.key != "-":  # refused keys are counted as denials
-            records.add(
+        records = gw.records
+        if records is not None:
+            records.add_many(
                 RequestRecord(
                     ex.arrived,
                     ex.request_id,
@@ -627,20 +635,17 @@ class InferenceEndpoints:
                     ex.endpoint,
                     ex.stream,
                     ex.status,
-                    prompt_tokens,
-                    completion_tokens,
+                    ex.tokens[0],
+                    ex.tokens[1],
                     None if ex.ttft is None else ex.ttft * 1000,
-                    total * 1000,
+                    ex.total * 1000,
                     ex.queue_s * 1000,
-                    cached,
+                    ex.cache is cache.HIT,
                 )
+                for ex in finished
+                if ex.key != "-"  # refused keys are counted as denials
             )
-        extra = ""
-        if ex.cache is not None:
-            extra = f" cache={ex.cache.decode()}"
-        if ex.fallback is not None:
-            extra += f" fallback={ex.fallback}"
-        access_log.write(
+        access_log.write_many(
             (
                 ex.request_id,
                 ex.key,
@@ -650,12 +655,22 @@ class InferenceEndpoints:
                 ex.status,
                 ex.queue_s * 1000,
                 "-" if ex.ttft is None else f"{ex.ttft * 1000:.2f}",
-                total * 1000,
-                "-" if prompt_tokens is None else prompt_tokens,
-                "-" if completion_tokens is None else completion_tokens,
-                extra,
+                ex.total * 1000,
+                "-" if ex.tokens[0] is None else ex.tokens[0],
+                "-" if ex.tokens[1] is None else ex.tokens[1],
+                _access_extra(ex),
             )
+            for ex in finished
         )
+
+
+def _access_extra(ex: _Exchange) -> str:
+    extra = ""
+    if ex.cache is not None:
+        extra = f" cache={ex.cache.decode()}"
+    if ex.fallback is not None:
+        extra += f" fallback={ex.fallback}"
+    return extra
 
 
 def _stream_error_event(message: str) -> bytes:

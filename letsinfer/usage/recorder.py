@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -48,10 +49,13 @@ class RequestLog:
 
     def add(self, record: RequestRecord) -> None:
         """On the request path: an append, nothing else."""
-        if len(self._pending) < self.max_pending:
-            self._pending.append(record)
-        else:
-            self.dropped += 1
+        self.add_many((record,))
+
+    def add_many(self, records: Iterable[RequestRecord]) -> None:
+        remaining = iter(records)
+        room = self.max_pending - len(self._pending)
+        self._pending.extend(itertools.islice(remaining, max(room, 0)))
+        self.dropped += sum(1 for _ in remaining)  # what did not fit
 
     @property
     def backlog(self) -> int:
