@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 from fastapi import FastAPI
 
+from letsinfer import heap
 from letsinfer.agent.api import create_agent_app
 from letsinfer.agent.engine_load import read_loads
 from letsinfer.agent.firewall import FirewallProbe
@@ -375,6 +376,7 @@ class MainNode:
         # Scrapes are served on the control thread: a big cluster's series take
         # a while to make, and requests must not wait for them.
         metrics = await self.control.run(serve_metrics)
+        heap.settle_after_startup()
         try:
             yield
         finally:
