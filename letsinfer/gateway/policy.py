@@ -82,20 +82,31 @@ def choose(
     exclude: frozenset[str] = frozenset(),
 ) -> Replica | None:
     """The replica to send a request to, or None when every usable one is full."""
-    candidates = [
-        r for r in replicas if not r.full and r.pg_id not in exclude and usable(r, now, policy)
-    ]
+    # (Every request passes here: plain loops, no properties or sorting on the way.)
+    candidates = []
+    total = 1  # requests in flight at the candidates, counting this one
+    capacity = 0
+    for r in replicas:
+        if r.in_flight < r.capacity and r.pg_id not in exclude and usable(r, now, policy):
+            candidates.append(r)
+            total += r.in_flight
+            capacity += max(r.capacity, 1)
     if not candidates:
         return None
     if len(candidates) == 1:
         return candidates[0]
     if prefix_hash is not None:
-        total = sum(r.in_flight for r in candidates) + 1  # counting this request
-        capacity = sum(max(r.capacity, 1) for r in candidates)
-        ranked = sorted(candidates, key=lambda r: _rendezvous_weight(prefix_hash, r), reverse=True)
-        for r in ranked:
+
+        def within_bound(r: Replica) -> bool:
             fair_share = total * max(r.capacity, 1) / capacity
-            if r.in_flight + 1 <= math.ceil(policy.load_bound * fair_share):
+            return r.in_flight + 1 <= math.ceil(policy.load_bound * fair_share)
+
+        first = max(candidates, key=lambda r: _rendezvous_weight(prefix_hash, r))
+        if within_bound(first):  # the usual case: the prefix's own replica has room
+            return first
+        ranked = sorted(candidates, key=lambda r: _rendezvous_weight(prefix_hash, r), reverse=True)
+        for r in ranked[1:]:
+            if within_bound(r):
                 return r
     return min(candidates, key=lambda r: (load(r, now, policy), r.in_flight))
 
