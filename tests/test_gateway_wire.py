@@ -207,3 +207,30 @@ def test_a_body_sent_in_pieces_is_read_whole(gateway: GatewayHarness) -> None:
     assert h.mocks["pg-a"].stats.bodies[-1] != b""
     sent = json.loads(h.mocks["pg-a"].stats.bodies[-1])
     assert sent["messages"] == chat()["messages"]
+
+
+def test_a_body_larger_than_the_read_buffer_arrives_whole(gateway: GatewayHarness) -> None:
+    # Past 64 KiB the connection stops reading until the handler takes what it has.
+    h = gateway
+    content = "".join(f"{n:07d} " for n in range(40_000))  # 320 kB
+    body = json.dumps(chat(content=content)).encode()
+    with _connect(h) as sock:
+        sock.sendall(_request(h, body))
+        status, _, answer = _read_response(sock, bytearray())
+        assert status == "HTTP/1.1 200 OK", answer
+    sent = json.loads(h.mocks["pg-a"].stats.bodies[-1])
+    assert sent["messages"][0]["content"] == content
+
+
+def test_a_client_leaving_midway_through_its_body_reaches_no_engine(
+    gateway: GatewayHarness,
+) -> None:
+    h = gateway
+    raw = _request(h, json.dumps(chat()).encode())
+    with _connect(h) as sock:
+        sock.sendall(raw[: len(raw) - 10])  # the body's last bytes never come
+    with _connect(h) as sock:  # the gateway goes on serving
+        sock.sendall(raw)
+        status, _, _ = _read_response(sock, bytearray())
+        assert status == "HTTP/1.1 200 OK"
+    assert h.mocks["pg-a"].stats.requests == 1
