@@ -1,17 +1,20 @@
-"""The inference endpoints, served straight over ASGI.
+"""The inference endpoints: one handler, reached through the gateway's own
+HTTP path (letsinfer.gateway.direct) or over ASGI, with ASGI's receive and
+send either way.
 
 Every completion and embedding request takes this path, so it stays lean:
-headers are read once from the ASGI scope, the body is checked by the wire
+headers are read once from the scope, the body is checked by the wire
 models and forwarded as the client's own bytes, and the engine's stream is
-passed through chunk by chunk without being parsed. A task watches the client
-connection: if it goes away, the request is cancelled, which closes the
-connection to the engine so its slot frees at once.
+passed through chunk by chunk without being parsed. Once the body is read
+the client connection is watched: if it goes away, the request is cancelled,
+which closes the connection to the engine so its slot frees at once.
 
 Each request gets one access-log line, one metrics update and, when the
 node keeps them, one request record (handed to a background writer: no
-database write here). Streamed answers get their token counts from the
-engine's usage event, asked for on the client's behalf when it did not ask
-and then taken out of its stream (letsinfer.gateway.stream_usage).
+database write here), booked together with the other requests that finish
+in the same turn of the event loop. Streamed answers get their token counts
+from the engine's usage event, asked for on the client's behalf when it did
+not ask and then taken out of its stream (letsinfer.gateway.stream_usage).
 
 What a key or a model may add, each behind one attribute check so that a
 request that uses none of it pays nothing more: the key's rate limits and
