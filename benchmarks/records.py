@@ -7,7 +7,10 @@ not slow the authority's.
 Three figures:
 
 1. the request path's share: :meth:`RequestLog.add` per record (an append);
-2. the writer: rows per second written in batches by its thread;
+2. the writer: rows per second written in batches by its thread, alone and
+   while another thread runs Python without pause (the gateway's event loop
+   under load), against ``executemany`` (one statement per row, which lets go
+   of the GIL around each row and must win it back from that thread);
 3. the authority's write latency (one audit append per transaction, as the
    CLI and the node make them) while nothing else writes, while the records
    writer writes its own database at several times a busy gateway's rate,
@@ -79,6 +82,43 @@ def writer_rate(rows: int, batch: int) -> float:
         return rows / (time.perf_counter() - started)
 
 
+def _busy(stop: threading.Event, laps: list[int]) -> None:
+    while not stop.is_set():
+        for _ in range(1000):
+            pass
+        laps[0] += 1
+
+
+def writer_rate_beside_busy_thread(
+    insert: Callable[[RequestStore, list[RequestRecord]], None], rows: int, batch: int
+) -> tuple[float, float]:
+    """Rows a second written by ``insert`` while a thread spins in Python, and
+    that thread's laps a second."""
+    with tempfile.TemporaryDirectory() as tmp:
+        store = RequestStore(Path(tmp) / "r.db")
+        records = [record(i) for i in range(batch)]
+        stop, laps = threading.Event(), [0]
+        spinner = threading.Thread(target=_busy, args=(stop, laps), daemon=True)
+        spinner.start()
+        started = time.perf_counter()
+        written = 0
+        while written < rows and time.perf_counter() - started < 10:
+            insert(store, records)
+            written += batch
+        elapsed = time.perf_counter() - started
+        stop.set()
+        spinner.join()
+        store.close()
+        return written / elapsed, laps[0] / elapsed
+
+
+def _one_statement_per_row(store: RequestStore, records: list[RequestRecord]) -> None:
+    columns = ", ".join(RequestRecord._fields)
+    marks = ", ".join("?" * len(RequestRecord._fields))
+    with store.conn:
+        store.conn.executemany(f"INSERT INTO requests ({columns}) VALUES ({marks})", records)
+
+
 class Writer:
     """A thread writing ``rate`` records a second in batches, like the recorder."""
 
@@ -124,6 +164,12 @@ def main(argv: list[str] | None = None) -> int:
     per_add = add_cost(100_000)
     print(f"request path: {per_add * 1e9:.0f} ns per record (built and handed to the log)")
     print(f"writer: {writer_rate(50_000, 1000):,.0f} rows/s in batches of 1000")
+    ours, our_laps = writer_rate_beside_busy_thread(RequestStore.insert_many, 20_000, 1000)
+    baseline, base_laps = writer_rate_beside_busy_thread(_one_statement_per_row, 2_000, 1000)
+    print(
+        f"writer beside a busy thread: {ours:,.0f} rows/s; executemany {baseline:,.0f} rows/s "
+        f"({ours / baseline:.1f}x); the busy thread's pace {our_laps / base_laps:.2f}x"
+    )
 
     with tempfile.TemporaryDirectory(prefix="letsinfer-bench-records-") as tmp:
         home = Path(tmp)
@@ -134,13 +180,15 @@ def main(argv: list[str] | None = None) -> int:
             "CREATE TABLE IF NOT EXISTS bench_requests (ts REAL, request_id TEXT, key TEXT, "
             "model TEXT, pg TEXT, node TEXT, endpoint TEXT, stream INTEGER, status INTEGER, "
             "prompt_tokens INTEGER, completion_tokens INTEGER, ttft_ms REAL, duration_ms REAL, "
-            "queue_ms REAL)"
+            "queue_ms REAL, cached INTEGER)"
         )
 
         def into_authority(batch: list[RequestRecord]) -> None:
             with shared:
                 shared.executemany(
-                    f"INSERT INTO bench_requests VALUES ({', '.join('?' * 14)})", batch
+                    "INSERT INTO bench_requests VALUES "
+                    f"({', '.join('?' * len(RequestRecord._fields))})",
+                    batch,
                 )
 
         phases: dict[str, list[float]] = {"idle": [], "own file": [], "authority file": []}

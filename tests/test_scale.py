@@ -349,3 +349,42 @@ def test_an_agent_keeps_its_connection_and_resumes_its_tls_session(tmp_path: Pat
     # The main keeps an idle connection longer than an agent does, at any heartbeat.
     for interval in (0.5, 5.0, 60.0):
         assert control_limits(4096, 64, interval, 20_000).idle_timeout_s > keepalive_s(interval)
+
+
+def test_a_batch_writes_each_nodes_facts_as_its_own_update_would(tmp_path: Path) -> None:
+    from letsinfer.store import FactsUpdate
+    from letsinfer.store.authority import Witness
+
+    store = AuthorityStore(tmp_path / "authority.db")
+    with store.transaction():
+        for n in ("a", "b", "c", "d"):
+            store.add_node(f"n-{n}", n, "child", f"10.0.0.{ord(n)}:8444", f"fp-{n}")
+    head = {"count": 3, "last": "ab" * 32}
+    with store.transaction():  # the first reports
+        store.record_facts_batch(
+            [
+                FactsUpdate("n-a", {"cpus": 1}, 100.0, 5, "fp-a2", Witness(head, None), 900.0),
+                FactsUpdate("n-b", {"cpus": 2}, 100.0, 50, "fp-b2", Witness(head, "cut"), 900.0),
+            ],
+            {"n-d": 500.0},
+        )
+    with store.transaction():  # and the next batch
+        store.record_facts_batch(
+            [
+                # an older sequence (kept at 50), no certificate seen, no witness: kept
+                FactsUpdate("n-b", {"cpus": 4}, 200.0, 7),
+                # a node the main does not know: nothing written for it
+                FactsUpdate("n-gone", {"cpus": 9}, 200.0, 1),
+            ],
+            {"n-c": 300.0, "n-d": 400.0},  # d was heard later before: its last_seen stays
+        )
+    a, b, c, d = (store.get_node(f"n-{n}") for n in "abcd")
+    assert a is not None and b is not None and c is not None and d is not None
+    assert (a.facts, a.facts_seq, a.last_seen, a.cert_not_after) == ({"cpus": 1}, 5, 100.0, 900.0)
+    assert (a.audit_head, a.audit_problem, a.cert_fingerprint) == (head, None, "fp-a2")
+    assert (b.facts, b.facts_seq, b.last_seen) == ({"cpus": 4}, 50, 200.0)
+    assert (b.cert_not_after, b.audit_head, b.audit_problem) == (900.0, head, "cut")
+    assert b.cert_fingerprint == "fp-b2"
+    assert c.last_seen == 300.0 and c.facts_seq is None
+    assert d.last_seen == 500.0
+    assert store.get_node("n-gone") is None

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Literal, NamedTuple
 
 from letsinfer.home import admin_gid, share_with_group
+from letsinfer.store.bulk import insert_rows
 
 
 class RequestRecord(NamedTuple):
@@ -69,10 +70,6 @@ CREATE INDEX IF NOT EXISTS requests_ts ON requests (ts);
 CREATE INDEX IF NOT EXISTS requests_id ON requests (request_id);
 """
 _COLUMNS = ", ".join(RequestRecord._fields)
-_ROW = f"({', '.join('?' * len(RequestRecord._fields))})"
-# Rows per INSERT statement: well under SQLite's least limit on bound
-# parameters (32,766 since 3.32).
-_ROWS_PER_INSERT = 500
 _GROUP = {"key": "key", "model": "model", "node": "COALESCE(node, '-')"}
 
 
@@ -103,17 +100,9 @@ class RequestStore:
         self.conn.close()
 
     def insert_many(self, records: list[RequestRecord]) -> None:
-        """One statement per few hundred rows, not one per row: sqlite3 lets go
-        of the GIL around every statement it steps, and under load each row's
-        taking it back waited on the gateway's event loop (ms per row, and the
-        loop interrupted as often)."""
+        """A few hundred rows per statement (see letsinfer.store.bulk)."""
         with self.conn:
-            for start in range(0, len(records), _ROWS_PER_INSERT):
-                part = records[start : start + _ROWS_PER_INSERT]
-                self.conn.execute(
-                    f"INSERT INTO requests ({_COLUMNS}) VALUES {', '.join([_ROW] * len(part))}",
-                    [value for record in part for value in record],
-                )
+            insert_rows(self.conn, "requests", records, RequestRecord._fields)
 
     def prune(self, before: float) -> int:
         with self.conn:
