@@ -55,3 +55,16 @@ def test_a_stuck_writer_holds_a_bounded_backlog_and_counts_what_it_drops(tmp_pat
     assert log.backlog == 100
     log.add(record("one more"))
     assert log.dropped == 51
+
+
+def test_a_batch_is_written_in_a_few_statements_not_one_per_row(tmp_path: Path) -> None:
+    # Each statement lets go of the GIL and must win it back from the gateway's
+    # busy event loop: a statement per row kept the writer below a busy gateway's rate.
+    store = RequestStore(tmp_path / "requests.db")
+    statements: list[str] = []
+    store.conn.set_trace_callback(statements.append)
+    batch = [record(f"r{i}", tokens=i) for i in range(1200)]
+    store.insert_many(batch)
+    inserts = [s for s in statements if s.startswith("INSERT")]
+    assert len(inserts) == 3  # 500 + 500 + 200 rows
+    assert sorted(store.find(f"r{i}")[0] for i in range(1200)) == sorted(batch)

@@ -388,3 +388,26 @@ def test_a_batch_writes_each_nodes_facts_as_its_own_update_would(tmp_path: Path)
     assert c.last_seen == 300.0 and c.facts_seq is None
     assert d.last_seen == 500.0
     assert store.get_node("n-gone") is None
+
+
+def test_a_thousand_nodes_facts_are_a_few_statements(tmp_path: Path) -> None:
+    # One statement per node made the control thread win the GIL back from the
+    # gateway's busy loop once per node (letsinfer/store/bulk.py).
+    from letsinfer.store import FactsUpdate
+
+    store = AuthorityStore(tmp_path / "authority.db")
+    with store.transaction():
+        for i in range(1000):
+            store.add_node(f"n-{i}", f"c-{i}", "child", f"10.2.{i // 250}.{i % 250}:8444")
+    statements: list[str] = []
+    store.db.conn.set_trace_callback(statements.append)
+    with store.transaction():
+        store.record_facts_batch(
+            [FactsUpdate(f"n-{i}", {"cpus": i}, 100.0, i) for i in range(1000)],
+            {f"n-{i}": 50.0 for i in range(1000, 1010)},
+        )
+    store.db.conn.set_trace_callback(None)
+    # (SQLite reports a statement again at each row's trigger: count each once.)
+    assert len({s for s in statements if s.startswith(("INSERT", "UPDATE"))}) <= 5
+    node = store.get_node("n-777")
+    assert node is not None and node.facts == {"cpus": 777} and node.facts_seq == 777
