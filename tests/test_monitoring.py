@@ -127,3 +127,36 @@ def test_every_alert_and_dashboard_query_reads_series_the_scrape_has() -> None:
         "letsinfer_key_requests_total",
     ):
         assert any(name in e for e in exprs), name
+
+
+def test_requests_booked_together_count_as_each_would_alone() -> None:
+    routing = RoutingTable()
+    admission = Admission(routing, RoutingPolicy(), AdmissionLimits())
+    together, alone = GatewayMetrics(routing, admission), GatewayMetrics(routing, admission)
+    finished = [
+        ("chat", 200, 0.5, 0.1, "team-a", "pg-1", 7, 9),
+        ("chat", 200, 0.02, None, "team-a", "pg-1", 3, None),
+        ("chat", 429, 0.0, None, "team-b", "-", None, None),
+        ("code", 200, 1.5, 0.2, "team-b", "pg-2", 0, 4),
+    ]
+    together.requests(finished)
+    for model, status, total, ttft, key, pg, prompt, completion in finished:
+        alone.request(
+            model, status, total, ttft, key=key, pg=pg, prompt_tokens=prompt,
+            completion_tokens=completion,
+        )  # fmt: skip
+
+    def samples(metrics: GatewayMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        scrape = generate_latest(metrics.registry).decode()
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(scrape)
+            for s in f.samples
+            if not s.name.endswith("_created")  # when each series began
+        }
+
+    values = samples(together)
+    assert values == samples(alone)
+    assert values[("letsinfer_gateway_requests_total", (("model", "chat"), ("status", "200")))] == 2
+    assert values[("letsinfer_key_tokens_total", (("key", "team-a"), ("kind", "prompt")))] == 10
+    assert ("letsinfer_key_tokens_total", (("key", "team-b"), ("kind", "prompt"))) not in values

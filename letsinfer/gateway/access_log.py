@@ -2,11 +2,12 @@
 
 One line per request, through the logger's level, filters and handlers as
 ``access_log.info`` would send it, at a fraction of its cost: no search of
-the stack for the caller (no format here names it); with logging's own record factory,
-each record copied from one made once per thread instead of built field by
-field (what differs between two lines of one thread is their time and their
-arguments; a factory set by someone else is used as is); and the lines of
-requests that finish together written together (:func:`write_many`).
+the stack for the caller (no format here names it); with logging's own
+record factory, each record copied from one made once per thread instead of
+built field by field (what differs between two lines of one thread is their
+time and their arguments; a factory set by someone else is used as is); and
+the lines of requests that finish together written together
+(:func:`write_many`).
 """
 
 from __future__ import annotations

@@ -135,6 +135,12 @@ class GatewayMetrics:
         self.registry.register(_LiveCollector(routing, admission))
         # Label lookups take a lock and build tuples: cache the children.
         self._children: dict[tuple[str, str], Any] = {}
+        self._counters = {  # by the kind in a child's cache key
+            "r": self._requests,
+            "k": self._key_requests,
+            "g": self._group_tokens,
+            "kt": self._key_tokens,
+        }
 
     def _child(self, metric: Any, kind: str, *labels: str) -> Any:
         key = (kind, *labels)
@@ -183,16 +189,10 @@ class GatewayMetrics:
                 if key != "-":
                     counted = ("kt", key, kind)
                     counts[counted] = counts.get(counted, 0) + tokens
-        metrics = {
-            "r": self._requests,
-            "k": self._key_requests,
-            "g": self._group_tokens,
-            "kt": self._key_tokens,
-        }
         for (kind, *labels), n in counts.items():
             if kind == "r":
                 labels[1] = str(labels[1])  # the status
-            child(metrics[kind], kind, *labels).inc(n)
+            child(self._counters[kind], kind, *labels).inc(n)
 
     def error(self, reason: str) -> None:
         self._child(self._errors, "e", reason).inc()
