@@ -109,6 +109,22 @@ class FactsUpdate:
     witness: Witness | None = None
     cert_not_after: float | None = None
 
+    def row(self) -> tuple[Any, ...]:
+        """As the batch stores it: node id, facts (JSON), at, certificate
+        fingerprint, its expiry, seq, witnessed, audit head (JSON), problem."""
+        witness = self.witness
+        return (
+            self.node_id,
+            json.dumps(self.facts, sort_keys=True),
+            self.at,
+            self.cert_fingerprint,
+            self.cert_not_after,
+            self.seq,
+            witness is not None,
+            json.dumps(witness.head, sort_keys=True) if witness and witness.head else None,
+            witness.problem if witness else None,
+        )
+
 
 @dataclass(frozen=True)
 class EnrollmentRecord:
@@ -518,29 +534,8 @@ class AuthorityStore(AuditTables, AdapterTables):
             "at REAL, fingerprint TEXT, not_after REAL, seq INTEGER, witnessed INTEGER, "
             "head TEXT, problem TEXT)"
         )
-        conn.execute("CREATE TEMP TABLE IF NOT EXISTS heard_batch (id TEXT PRIMARY KEY, at REAL)")
         conn.execute("DELETE FROM temp.facts_batch")
-        conn.execute("DELETE FROM temp.heard_batch")
-        insert_rows(
-            conn,
-            "temp.facts_batch",
-            [
-                (
-                    u.node_id,
-                    json.dumps(u.facts, sort_keys=True),
-                    u.at,
-                    u.cert_fingerprint,
-                    u.cert_not_after,
-                    u.seq,
-                    u.witness is not None,
-                    json.dumps(u.witness.head, sort_keys=True)
-                    if u.witness and u.witness.head
-                    else None,
-                    u.witness.problem if u.witness else None,
-                )
-                for u in updates
-            ],
-        )
+        insert_rows(conn, "temp.facts_batch", [u.row() for u in updates])
         conn.execute(
             "UPDATE nodes SET (facts, facts_at, last_seen, cert_fingerprint, cert_not_after, "
             "facts_seq, audit_head, audit_problem) = ("
@@ -553,6 +548,10 @@ class AuthorityStore(AuditTables, AdapterTables):
             "WHERE id IN (SELECT id FROM temp.facts_batch)"
         )
         if heard:
+            conn.execute(
+                "CREATE TEMP TABLE IF NOT EXISTS heard_batch (id TEXT PRIMARY KEY, at REAL)"
+            )
+            conn.execute("DELETE FROM temp.heard_batch")
             insert_rows(conn, "temp.heard_batch", list(heard.items()))
             conn.execute(
                 "UPDATE nodes SET last_seen = MAX(COALESCE(last_seen, 0), "
