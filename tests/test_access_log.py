@@ -40,8 +40,8 @@ def kept() -> Iterator[Kept]:
 
 def test_a_line_is_the_record_logger_info_makes(kept: Kept) -> None:
     access_log.logger.info(access_log._LINE, *ARGS)
-    access_log.write(ARGS)
-    access_log.write(ARGS)
+    access_log.write_many([ARGS])
+    access_log.write_many([ARGS])
     by_info, *written = kept.records
     assert written[0] is not written[1]  # a record of its own each time
     for record in written:
@@ -59,8 +59,8 @@ def test_a_line_is_the_record_logger_info_makes(kept: Kept) -> None:
 
 
 def test_each_thread_gets_its_own_thread_fields(kept: Kept) -> None:
-    access_log.write(ARGS)
-    other = threading.Thread(target=access_log.write, args=(ARGS,), name="other-writer")
+    access_log.write_many([ARGS])
+    other = threading.Thread(target=access_log.write_many, args=([ARGS],), name="other-writer")
     other.start()
     other.join()
     assert kept.records[0].threadName == threading.current_thread().name
@@ -77,16 +77,22 @@ def test_a_record_factory_set_by_someone_else_is_used(kept: Kept) -> None:
 
     logging.setLogRecordFactory(tagged)
     try:
-        access_log.write(ARGS)
+        access_log.write_many([ARGS, ARGS])
     finally:
         logging.setLogRecordFactory(default)
-    assert kept.records[0].tag == "theirs"  # type: ignore[attr-defined]
+    assert [r.tag for r in kept.records] == ["theirs", "theirs"]  # type: ignore[attr-defined]
 
 
 def test_nothing_is_made_when_the_level_is_off(kept: Kept) -> None:
     access_log.logger.setLevel(logging.WARNING)
-    access_log.write(ARGS)
-    assert kept.records == []
+    made = []
+
+    def lines() -> Iterator[tuple[object, ...]]:
+        made.append(ARGS)  # a line's arguments are not even built
+        yield ARGS
+
+    access_log.write_many(lines())
+    assert kept.records == [] and made == []
 
 
 class CountedStream(io.StringIO):
@@ -116,7 +122,7 @@ def test_lines_written_together_read_as_lines_written_one_by_one() -> None:
             try:
                 if write == "each":
                     for args in lines:
-                        access_log.write(args)
+                        access_log.write_many([args])
                 else:
                     access_log.write_many(iter(lines))
             finally:
@@ -130,5 +136,9 @@ def test_lines_written_together_read_as_lines_written_one_by_one() -> None:
 
 
 def test_lines_for_any_other_handler_go_one_by_one(kept: Kept) -> None:
-    access_log.write_many([ARGS, ARGS])
-    assert [r.getMessage() for r in kept.records] == [kept.records[0].getMessage()] * 2
+    second = ("req-2", *ARGS[1:])
+    access_log.write_many([ARGS, second])
+    assert [r.getMessage() for r in kept.records] == [
+        access_log._LINE % ARGS,
+        access_log._LINE % second,
+    ]

@@ -88,8 +88,7 @@ def gateway(tmp_path: Path) -> GatewayHarness:
 
 
 def _connect(h: GatewayHarness) -> socket.socket:
-    sock = socket.create_connection(("127.0.0.1", h.port), timeout=10)
-    return sock
+    return socket.create_connection(("127.0.0.1", h.port), timeout=10)
 
 
 @pytest.fixture
@@ -204,7 +203,6 @@ def test_a_body_sent_in_pieces_is_read_whole(gateway: GatewayHarness) -> None:
             sock.sendall(body[i : i + 7])
         status, _, answer = _read_response(sock, bytearray())
         assert status == "HTTP/1.1 200 OK", answer
-    assert h.mocks["pg-a"].stats.bodies[-1] != b""
     sent = json.loads(h.mocks["pg-a"].stats.bodies[-1])
     assert sent["messages"] == chat()["messages"]
 

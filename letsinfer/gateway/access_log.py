@@ -49,17 +49,11 @@ def _record(args: tuple[object, ...]) -> logging.LogRecord:
     return record
 
 
-def write(args: tuple[object, ...]) -> None:
-    """One request's line; ``args`` fill :data:`_LINE`."""
-    if logger.isEnabledFor(logging.INFO):
-        logger.handle(_record(args))
-
-
 def write_many(lines: Iterable[tuple[object, ...]]) -> None:
-    """Several requests' lines (``args`` of :func:`write` each). When every
-    handler they reach is a plain stream or file handler, each handler gets
-    them in one write and one flush instead of one per line; otherwise they
-    go one by one, as :func:`write` sends them."""
+    """Requests' lines, each from the ``args`` that fill :data:`_LINE`. When
+    there are several and every handler they reach is a plain stream or file
+    handler, each handler gets them in one write and one flush instead of one
+    per line; otherwise they go one by one, as ``logger.handle`` sends them."""
     if not logger.isEnabledFor(logging.INFO) or logger.disabled:
         return
     records = []

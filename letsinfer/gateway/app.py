@@ -48,7 +48,7 @@ def direct_path(app: FastAPI) -> tuple[type, ...]:
     (letsinfer.gateway.direct)."""
     if not isinstance(app, _GatewayApp):
         return ()
-    return (protocol_mixin(app.inference, ROUTES),)
+    return (protocol_mixin(app.inference),)
 
 
 def create_app(

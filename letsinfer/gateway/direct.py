@@ -26,14 +26,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, MutableMapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
 from letsinfer.gateway.errors import internal_error
-
-if TYPE_CHECKING:
-    from letsinfer.gateway.serving import InferenceEndpoints
+from letsinfer.gateway.serving import ROUTES, InferenceEndpoints
 
 log = logging.getLogger("letsinfer.gateway")
 
@@ -244,11 +242,11 @@ class DirectInference:
             self.pipeline.appendleft((cycle, None))
 
 
-def protocol_mixin(endpoints: InferenceEndpoints, routes: Any) -> type:
+def protocol_mixin(endpoints: InferenceEndpoints) -> type:
     """A :class:`DirectInference` bound to the gateway's endpoints, for
     :class:`letsinfer.connections.GuardedServer`'s ``protocol_mixins``."""
     return type(
         "GatewayInference",
         (DirectInference,),
-        {"inference": endpoints, "routes": frozenset(r.encode() for r in routes)},
+        {"inference": endpoints, "routes": frozenset(r.encode() for r in ROUTES)},
     )
