@@ -415,6 +415,11 @@ def test_doctor_cluster_metrics_and_top_see_the_whole_cluster(
 
         # Metrics: the new series for the main and its children.
         assert load(c, "shared", n=4) == [200] * 4
+        # Metrics read the main's in-memory view, which takes in accepted facts at
+        # most every couple of seconds; doctor reads the authority itself, so the
+        # firewall just loaded may reach the scrape a moment after doctor saw it.
+        firewall_seen = 'letsinfer_node_firewall_loaded{node="n2"} 1.0'
+        c.wait(lambda: firewall_seen in metrics(c), "the scrape to show n2's firewall", timeout=20)
         scrape = metrics(c)
         for series in (
             'letsinfer_model_ready_groups{model="shared"} 2.0',
