@@ -270,9 +270,13 @@ print(json.dumps([r.status_code, r.json()["error"]["message"]]))
     status, message = json.loads(c.py("n1", script))
     assert status == 422 and "refused link proof" in message, (status, message)
     assert "not signed by" in message
-    assert any(
-        a == "node.facts" and o == "denied" and "refused link proof" in (d or "")
-        for a, o, d in actions(c)
+    # Refusals are gathered and written a moment later (bounded under a flood).
+    c.wait(
+        lambda: any(
+            a == "node.facts" and o == "denied" and "refused link proof" in (d or "")
+            for a, o, d in actions(c)
+        ),
+        "the main to audit the forged proof",
     )
     # The real agents' facts still pass: the link stays proven.
     assert link_state(c, "n1", "n2") == "proven"

@@ -176,12 +176,13 @@ def test_a_group_is_routed_only_once_the_authority_says_it_is_ready(tmp_path: Pa
     store, me = _cluster(tmp_path, others=0)
 
     async def scenario() -> tuple[bool, str | None, bool, str | None]:
-        desk, routing = _desk(store, 0.2)
+        desk, routing = _desk(store, 30.0)  # the batch is written when the test says
         desk.round()
         report = asyncio.create_task(desk.report(me.peer, me.der, me.envelope(1)))
         await asyncio.sleep(0.05)  # taken, its batch not written yet
         before = any(r.pg_id == "pg-mine" for r in routing.replicas("chat"))
         stored_before = store.get_placement_group("pg-mine")
+        desk.writer.flush()  # as the batch's timer would
         await report
         after = any(r.pg_id == "pg-mine" for r in routing.replicas("chat"))
         stored = store.get_placement_group("pg-mine")
