@@ -134,7 +134,7 @@ class GatewayMetrics:
         )
         self.registry.register(_LiveCollector(routing, admission))
         # Label lookups take a lock and build tuples: cache the children.
-        self._children: dict[tuple[str, str], Any] = {}
+        self._children: dict[tuple[str, ...], Any] = {}
         self._counters = {  # by the kind in a child's cache key
             "r": self._requests,
             "k": self._key_requests,
@@ -144,10 +144,10 @@ class GatewayMetrics:
 
     def _child(self, metric: Any, kind: str, *labels: str) -> Any:
         key = (kind, *labels)
-        child = self._children.get(key)  # type: ignore[call-overload]
+        child = self._children.get(key)
         if child is None:
             child = metric.labels(*labels)
-            self._children[key] = child  # type: ignore[index]
+            self._children[key] = child
         return child
 
     def request(
@@ -171,6 +171,7 @@ class GatewayMetrics:
         one increment per series, however many requests it counts."""
         counts: dict[tuple[Any, ...], int] = {}
         child = self._child
+        counted: tuple[Any, ...]
         for model, status, total_s, ttft_s, key, pg, prompt, completion in finished:
             counted = ("r", model, status)
             counts[counted] = counts.get(counted, 0) + 1

@@ -118,7 +118,11 @@ def _asgi_watch(receive: Receive) -> Watch:
                 gone()
 
         waiter.add_done_callback(on_message)
-        return waiter.cancel
+
+        def stop() -> None:
+            waiter.cancel()
+
+        return stop
 
     return watch
 
@@ -416,12 +420,12 @@ class InferenceEndpoints:
             return
         if parsed.stream and isinstance(parsed, protocol._Sampling):
             options = parsed.stream_options
-            asked = wants_usage(options)
-            if not asked:
+            usage_asked = wants_usage(options)
+            if not usage_asked:
                 body = ask_for_usage(body, options)
             # Counted from the usage event itself (never a guess from the
             # stream's last bytes, which a slow network splits anywhere).
-            ex.usage = UsageFilter(strip=not asked)
+            ex.usage = UsageFilter(strip=not usage_asked)
         hint = None
         if self.prefix_chars:
             hint = policy.prefix_hash(protocol.prompt_start(parsed, self.prefix_chars), gw.policy)

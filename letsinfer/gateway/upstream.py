@@ -85,7 +85,7 @@ class Upstream:
         tried: set[str] = set()
         failures: list[str] = []
         queue_s = 0.0
-        extra = (("x-request-id", request_id),)
+        extra: tuple[tuple[str, str], ...] = (("x-request-id", request_id),)
         while True:
             waited_from = time.perf_counter()
             replica = await self._acquire(
