@@ -60,11 +60,18 @@ def test_a_line_is_the_record_logger_info_makes(kept: Kept) -> None:
 
 def test_each_thread_gets_its_own_thread_fields(kept: Kept) -> None:
     access_log.write_many([ARGS])
-    other = threading.Thread(target=access_log.write_many, args=([ARGS],), name="other-writer")
-    other.start()
-    other.join()
-    assert kept.records[0].threadName == threading.current_thread().name
-    assert kept.records[1].threadName == "other-writer"
+    # One thread after another: a new thread often gets an ended one's ident.
+    for name in ("first-writer", "second-writer"):
+        other = threading.Thread(target=access_log.write_many, args=([ARGS],), name=name)
+        other.start()
+        other.join()
+    names = [(r.threadName, r.thread) for r in kept.records]
+    assert [n for n, _ in names] == [
+        threading.current_thread().name,
+        "first-writer",
+        "second-writer",
+    ]
+    assert names[0][1] == threading.get_ident()
 
 
 def test_a_record_factory_set_by_someone_else_is_used(kept: Kept) -> None:

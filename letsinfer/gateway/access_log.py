@@ -24,20 +24,22 @@ _LINE = (
     "ttft_ms=%s total_ms=%.2f prompt_tokens=%s completion_tokens=%s%s"
 )
 
-_templates: dict[int, dict[str, object]] = {}  # by thread
+# A thread's own record template: kept with the thread (a thread's ident is
+# reused once it ends, so a table by ident would give a new thread the old
+# one's name).
+_per_thread = threading.local()
 
 
 def _record(args: tuple[object, ...]) -> logging.LogRecord:
     make = logging.getLogRecordFactory()
     if make is not logging.LogRecord:
         return make(logger.name, logging.INFO, __file__, 0, _LINE, args, None, "request")
-    thread = threading.get_ident()
-    template = _templates.get(thread)
+    template = getattr(_per_thread, "template", None)
     if template is None:
         template = logging.LogRecord(
             logger.name, logging.INFO, __file__, 0, _LINE, (), None, "request"
         ).__dict__
-        _templates[thread] = template
+        _per_thread.template = template
     record = logging.LogRecord.__new__(logging.LogRecord)
     fields = record.__dict__
     fields.update(template)
