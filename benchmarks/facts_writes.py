@@ -13,12 +13,13 @@ it did before, kept here as the baseline), and prints nodes per second.
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from benchmarks.busy import BusyThread
 from letsinfer.store import AuthorityStore, FactsUpdate
 from letsinfer.store.authority import Witness
 
@@ -56,12 +57,6 @@ def batched(store: AuthorityStore, updates: list[FactsUpdate]) -> None:
     store.record_facts_batch(updates, {})
 
 
-def _spin(stop: threading.Event) -> None:
-    while not stop.is_set():
-        for _ in range(1000):
-            pass
-
-
 def rate(write: Write, busy: bool, seconds: float) -> float:
     """Nodes' facts a second written by ``write`` in batches of ``BATCH``."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -69,33 +64,28 @@ def rate(write: Write, busy: bool, seconds: float) -> float:
         with store.transaction():
             for i in range(NODES):
                 store.add_node(f"n-{i}", f"c-{i}", "child", f"10.2.{i // 250}.{i % 250}:8444")
-        stop = threading.Event()
-        spinner = threading.Thread(target=_spin, args=(stop,), daemon=True)
-        if busy:
-            spinner.start()
         written, seq = 0, 1
-        started = time.perf_counter()
-        while time.perf_counter() - started < seconds:
-            seq += 1
-            updates = [
-                FactsUpdate(
-                    f"n-{(written + j) % NODES}",
-                    FACTS,
-                    time.time(),
-                    seq,
-                    f"fp-{j}",
-                    Witness({"count": seq}, None),
-                    9e9,
-                )
-                for j in range(BATCH)
-            ]
-            with store.transaction():
-                write(store, updates)
-            written += BATCH
-        elapsed = time.perf_counter() - started
-        stop.set()
-        if busy:
-            spinner.join()
+        spinning = BusyThread() if busy else contextlib.nullcontext()
+        with spinning:
+            started = time.perf_counter()
+            while time.perf_counter() - started < seconds:
+                seq += 1
+                updates = [
+                    FactsUpdate(
+                        f"n-{(written + j) % NODES}",
+                        FACTS,
+                        time.time(),
+                        seq,
+                        f"fp-{j}",
+                        Witness({"count": seq}, None),
+                        9e9,
+                    )
+                    for j in range(BATCH)
+                ]
+                with store.transaction():
+                    write(store, updates)
+                written += BATCH
+            elapsed = time.perf_counter() - started
         store.close()
         return written / elapsed
 

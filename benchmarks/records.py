@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from benchmarks.busy import BusyThread
 from letsinfer.config import RequestSettings
 from letsinfer.store import AuthorityStore
 from letsinfer.store.requests import RequestRecord, RequestStore
@@ -82,13 +83,6 @@ def writer_rate(rows: int, batch: int) -> float:
         return rows / (time.perf_counter() - started)
 
 
-def _busy(stop: threading.Event, laps: list[int]) -> None:
-    while not stop.is_set():
-        for _ in range(1000):
-            pass
-        laps[0] += 1
-
-
 def writer_rate_beside_busy_thread(
     insert: Callable[[RequestStore, list[RequestRecord]], None], rows: int, batch: int
 ) -> tuple[float, float]:
@@ -97,19 +91,15 @@ def writer_rate_beside_busy_thread(
     with tempfile.TemporaryDirectory() as tmp:
         store = RequestStore(Path(tmp) / "r.db")
         records = [record(i) for i in range(batch)]
-        stop, laps = threading.Event(), [0]
-        spinner = threading.Thread(target=_busy, args=(stop, laps), daemon=True)
-        spinner.start()
-        started = time.perf_counter()
-        written = 0
-        while written < rows and time.perf_counter() - started < 10:
-            insert(store, records)
-            written += batch
-        elapsed = time.perf_counter() - started
-        stop.set()
-        spinner.join()
+        with BusyThread() as busy:
+            started = time.perf_counter()
+            written = 0
+            while written < rows and time.perf_counter() - started < 10:
+                insert(store, records)
+                written += batch
+            elapsed = time.perf_counter() - started
         store.close()
-        return written / elapsed, laps[0] / elapsed
+        return written / elapsed, busy.pace
 
 
 def _one_statement_per_row(store: RequestStore, records: list[RequestRecord]) -> None:

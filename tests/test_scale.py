@@ -412,3 +412,12 @@ def test_a_thousand_nodes_facts_are_a_few_statements(tmp_path: Path) -> None:
     assert len({s for s in statements if s.startswith(("INSERT", "UPDATE"))}) <= 5
     node = store.get_node("n-777")
     assert node is not None and node.facts == {"cpus": 777} and node.facts_seq == 777
+    # A batch of heard nodes only (the main shedding reports) touches no facts.
+    statements.clear()
+    store.db.conn.set_trace_callback(statements.append)
+    with store.transaction():
+        store.record_facts_batch([], {"n-1": 200.0})
+    store.db.conn.set_trace_callback(None)
+    assert not [s for s in statements if "facts" in s], statements
+    node = store.get_node("n-1")
+    assert node is not None and node.last_seen == 200.0 and node.facts == {"cpus": 1}

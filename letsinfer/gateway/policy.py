@@ -82,12 +82,12 @@ def choose(
     exclude: frozenset[str] = frozenset(),
 ) -> Replica | None:
     """The replica to send a request to, or None when every usable one is full."""
-    # (Every request passes here: plain loops, no properties or sorting on the way.)
+    # (Every request passes here: one plain loop, no sorting on the way.)
     candidates = []
     total = 1  # requests in flight at the candidates, counting this one
     capacity = 0
     for r in replicas:
-        if r.in_flight < r.capacity and r.pg_id not in exclude and usable(r, now, policy):
+        if not r.full and r.pg_id not in exclude and usable(r, now, policy):
             candidates.append(r)
             total += r.in_flight
             capacity += max(r.capacity, 1)

@@ -100,13 +100,13 @@ ENDPOINTS = {
 
 # Watches for the client leaving once its request's body is read: calls its
 # argument if it does, and returns what stops watching.
-Watch = Callable[[Callable[[], None]], Callable[[], None]]
+Watch = Callable[[Callable[[], None]], Callable[[], object]]
 
 
 def _asgi_watch(receive: Receive) -> Watch:
     """Over ASGI: a message after the body is complete can only be the client leaving."""
 
-    def watch(gone: Callable[[], None]) -> Callable[[], None]:
+    def watch(gone: Callable[[], None]) -> Callable[[], object]:
         waiter = asyncio.ensure_future(receive())
 
         def on_message(done: asyncio.Future[MutableMapping[str, Any]]) -> None:
@@ -118,11 +118,7 @@ def _asgi_watch(receive: Receive) -> Watch:
                 gone()
 
         waiter.add_done_callback(on_message)
-
-        def stop() -> None:
-            waiter.cancel()
-
-        return stop
+        return waiter.cancel
 
     return watch
 

@@ -27,7 +27,7 @@ from typing import Any
 from letsinfer.home import admin_gid, share_with_group
 from letsinfer.store.adapters import AdapterTables
 from letsinfer.store.audit import AuditTables, HeadKeeper
-from letsinfer.store.bulk import insert_rows
+from letsinfer.store.bulk import stage_rows
 from letsinfer.store.migrations import MIGRATIONS
 
 
@@ -529,30 +529,26 @@ class AuthorityStore(AuditTables, AdapterTables):
         win the GIL back from a busy gateway loop once per node (see
         letsinfer.store.bulk)."""
         conn = self.db.conn
-        conn.execute(
-            "CREATE TEMP TABLE IF NOT EXISTS facts_batch (id TEXT PRIMARY KEY, facts TEXT, "
-            "at REAL, fingerprint TEXT, not_after REAL, seq INTEGER, witnessed INTEGER, "
-            "head TEXT, problem TEXT)"
-        )
-        conn.execute("DELETE FROM temp.facts_batch")
-        insert_rows(conn, "temp.facts_batch", [u.row() for u in updates])
-        conn.execute(
-            "UPDATE nodes SET (facts, facts_at, last_seen, cert_fingerprint, cert_not_after, "
-            "facts_seq, audit_head, audit_problem) = ("
-            "SELECT b.facts, b.at, b.at, COALESCE(b.fingerprint, nodes.cert_fingerprint), "
-            "COALESCE(b.not_after, nodes.cert_not_after), "
-            "MAX(COALESCE(nodes.facts_seq, 0), b.seq), "
-            "CASE WHEN b.witnessed THEN b.head ELSE nodes.audit_head END, "
-            "CASE WHEN b.witnessed THEN b.problem ELSE nodes.audit_problem END "
-            "FROM temp.facts_batch b WHERE b.id = nodes.id) "
-            "WHERE id IN (SELECT id FROM temp.facts_batch)"
-        )
-        if heard:
-            conn.execute(
-                "CREATE TEMP TABLE IF NOT EXISTS heard_batch (id TEXT PRIMARY KEY, at REAL)"
+        if updates:  # a batch may carry only heard nodes and other writes
+            stage_rows(
+                conn,
+                "facts_batch (id TEXT PRIMARY KEY, facts TEXT, at REAL, fingerprint TEXT, "
+                "not_after REAL, seq INTEGER, witnessed INTEGER, head TEXT, problem TEXT)",
+                [u.row() for u in updates],
             )
-            conn.execute("DELETE FROM temp.heard_batch")
-            insert_rows(conn, "temp.heard_batch", list(heard.items()))
+            conn.execute(
+                "UPDATE nodes SET (facts, facts_at, last_seen, cert_fingerprint, cert_not_after, "
+                "facts_seq, audit_head, audit_problem) = ("
+                "SELECT b.facts, b.at, b.at, COALESCE(b.fingerprint, nodes.cert_fingerprint), "
+                "COALESCE(b.not_after, nodes.cert_not_after), "
+                "MAX(COALESCE(nodes.facts_seq, 0), b.seq), "
+                "CASE WHEN b.witnessed THEN b.head ELSE nodes.audit_head END, "
+                "CASE WHEN b.witnessed THEN b.problem ELSE nodes.audit_problem END "
+                "FROM temp.facts_batch b WHERE b.id = nodes.id) "
+                "WHERE id IN (SELECT id FROM temp.facts_batch)"
+            )
+        if heard:
+            stage_rows(conn, "heard_batch (id TEXT PRIMARY KEY, at REAL)", list(heard.items()))
             conn.execute(
                 "UPDATE nodes SET last_seen = MAX(COALESCE(last_seen, 0), "
                 "(SELECT h.at FROM temp.heard_batch h WHERE h.id = nodes.id)) "

@@ -34,3 +34,13 @@ def insert_rows(
             f"INSERT INTO {into} VALUES {', '.join([marks] * len(part))}",
             [value for row in part for value in row],
         )
+
+
+def stage_rows(conn: sqlite3.Connection, table: str, rows: Sequence[Sequence[Any]]) -> None:
+    """``rows`` into a temporary table of this connection, made empty first
+    (``table``: its name and columns, ``"name (a TEXT, b REAL)"``), for one
+    statement to apply them all."""
+    name = table.split("(", 1)[0].strip()
+    conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS {table}")
+    conn.execute(f"DELETE FROM temp.{name}")
+    insert_rows(conn, f"temp.{name}", rows)
