@@ -78,7 +78,7 @@ from letsinfer.telemetry.collector import ClusterCollector
 from letsinfer.telemetry.view import ClusterView
 from letsinfer.trust import pki, renewal
 from letsinfer.trust.material import ClusterCA, presented_fingerprint, tls_files
-from letsinfer.trust.peer import server_context
+from letsinfer.trust.peer import presenting_server
 from letsinfer.usage.recorder import RequestLog
 
 log = logging.getLogger("letsinfer.node")
@@ -192,7 +192,7 @@ class MainNode:
         assert self.desk is not None
         self.desk.round()  # revocations, parallel groups, link states
         files = tls_files(self.home, self.identity)
-        ctx = server_context(files.cert, files.key, files.ca)
+        tls = presenting_server(files.cert, files.key, files.ca)
         control = ControlContext(
             store=self.control_store,
             ca=ClusterCA(self.home, self.identity),
@@ -214,7 +214,7 @@ class MainNode:
                     create_control_app(control),
                     self.settings.control.host,
                     self.settings.control.port,
-                    ctx,
+                    tls,
                     on_refused=self.denials.tls_refusals("control"),
                     name="control plane",
                     limits=self.control_limits(),
@@ -232,7 +232,7 @@ class MainNode:
                     ),
                     agent.api_host,
                     agent.api_port,
-                    ctx,
+                    tls,
                     on_refused=self.denials.tls_refusals("agent"),
                     name="agent plane",
                 )

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-import ssl
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -24,7 +23,7 @@ from letsinfer.connections import (
     ProtocolFactory,
 )
 from letsinfer.trust.handshake import TlsListener
-from letsinfer.trust.peer import PeerCertProtocol
+from letsinfer.trust.peer import PeerCertProtocol, Presenting
 
 
 class EmbeddedServer(uvicorn.Server):
@@ -44,7 +43,7 @@ class TlsServer(GuardedServer):
     def __init__(
         self,
         config: uvicorn.Config,
-        ctx: ssl.SSLContext,
+        tls: Presenting,
         on_refused: Callable[[str, str], None] | None,
         limits: ConnectionLimits = PLANE_LIMITS,
         *,
@@ -52,18 +51,18 @@ class TlsServer(GuardedServer):
         embedded: bool = True,
     ) -> None:
         super().__init__(config, limits, name=name, embedded=embedded)
-        self.ctx = ctx
+        self.tls = tls
         self.on_refused = on_refused
 
     def make_listener(self, sock: socket.socket, protocol: ProtocolFactory) -> Listener:
-        return TlsListener(sock, self.limits, protocol, self.ctx, self.on_refused, name=self.name)
+        return TlsListener(sock, self.limits, protocol, self.tls, self.on_refused, name=self.name)
 
 
 def tls_server(
     app: Any,
     host: str,
     port: int,
-    ctx: ssl.SSLContext,
+    tls: Presenting,
     embedded: bool = True,
     lifespan: str = "off",
     on_refused: Callable[[str, str], None] | None = None,
@@ -81,7 +80,7 @@ def tls_server(
         access_log=False,
         timeout_graceful_shutdown=5,
     )
-    return TlsServer(config, ctx, on_refused, limits, name=name, embedded=embedded)
+    return TlsServer(config, tls, on_refused, limits, name=name, embedded=embedded)
 
 
 class RunningPlane:

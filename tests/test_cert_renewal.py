@@ -1,6 +1,7 @@
 """A renewed node certificate is installed only if it is for this node's key
-and from this cluster's CA; then every context presenting the old one
-presents the new one (tests/test_trust.py shows it across a running cluster)."""
+and from this cluster's CA; then every plane and client presenting the old
+one presents the new one, from a new context (tests/test_trust.py shows it
+across a running cluster)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from letsinfer.trust import pki, renewal
+from letsinfer.trust.client import ClusterClient
 from letsinfer.trust.material import TlsFiles
-from letsinfer.trust.peer import server_context
+from letsinfer.trust.peer import Presenting, presenting_server
 
 
 @dataclass
@@ -48,9 +50,14 @@ def node(tmp_path: Path) -> Node:
 
 
 @pytest.fixture
-def plane(node: Node) -> Iterator[tuple[str, int]]:
-    """A TLS server on 127.0.0.1 presenting the node's certificate, as a plane does."""
-    ctx = server_context(node.files.cert, node.files.key, node.files.ca)
+def tls(node: Node) -> Presenting:
+    return presenting_server(node.files.cert, node.files.key, node.files.ca)
+
+
+@pytest.fixture
+def plane(tls: Presenting) -> Iterator[tuple[str, int]]:
+    """A TLS server on 127.0.0.1 presenting the node's certificate, as a plane
+    does: each connection uses the context presented at that moment."""
     listener = socket.create_server(("127.0.0.1", 0))
     stop = threading.Event()
 
@@ -61,15 +68,17 @@ def plane(node: Node) -> Iterator[tuple[str, int]]:
             except OSError:
                 return
             try:
-                with ctx.wrap_socket(conn, server_side=True):
+                with tls.context.wrap_socket(conn, server_side=True):
                     pass
             except (OSError, ssl.SSLError):
                 conn.close()
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
-    yield listener.getsockname()
+    address = listener.getsockname()
+    yield address
     stop.set()
+    socket.create_connection(address, timeout=5).close()  # wakes the thread's accept()
     listener.close()
     thread.join(timeout=5)
 
@@ -124,3 +133,74 @@ def test_a_certificate_not_from_our_ca_or_not_for_our_key_changes_nothing(
         renewal.install(node.files, pem)
     assert node.files.cert.read_bytes() == before
     assert presented(plane) == on_disk(node.files)
+
+
+def test_renewal_swaps_in_a_new_context_and_never_changes_one_in_use(
+    node: Node, tls: Presenting, plane: tuple[str, int]
+) -> None:
+    """A context in use is never reloaded in place: OpenSSL forbids changing a
+    context's certificate while other threads start connections from it (the
+    main's control thread does, while its gateway loop renews)."""
+    in_use = tls.context
+    before = on_disk(node.files)
+    client = ClusterClient(node.files)
+    client_before = client._tls.context
+
+    renewal.install(node.files, node.issued(days=30))
+
+    assert tls.context is not in_use and client._tls.context is not client_before
+    assert presented(plane) == on_disk(node.files) != before
+    # The context handed out before still presents what it presented.
+    old_plane = socket.create_server(("127.0.0.1", 0))
+    served = threading.Thread(target=_serve_once, args=(old_plane, in_use), daemon=True)
+    served.start()
+    try:
+        assert presented(old_plane.getsockname()) == before
+    finally:
+        served.join(timeout=5)
+        old_plane.close()
+
+
+def test_handshakes_on_another_thread_all_succeed_through_renewals(
+    node: Node, tls: Presenting, plane: tuple[str, int]
+) -> None:
+    """The main's case: its planes' handshakes on the control thread while the
+    gateway's loop renews. Every handshake completes, with the old certificate
+    or the new, never a broken one."""
+    seen: set[str] = set()
+    handshakes = 0
+    failures: list[BaseException] = []
+    done = threading.Event()
+
+    def connect() -> None:
+        nonlocal handshakes
+        while not done.is_set():
+            try:
+                seen.add(presented(plane))
+            except BaseException as exc:
+                failures.append(exc)
+                return
+            handshakes += 1
+
+    issued = {on_disk(node.files)}
+    thread = threading.Thread(target=connect, daemon=True)
+    thread.start()
+    renewals = 0
+    while handshakes < 600 and renewals < 5000 and not failures:
+        renewal.install(node.files, node.issued(days=2 + renewals % 300))
+        issued.add(on_disk(node.files))
+        renewals += 1
+    done.set()
+    thread.join(timeout=10)
+    assert not failures
+    assert handshakes >= 600, "the handshakes ran alongside the renewals"
+    assert len(seen) > 1 and seen <= issued
+
+
+def _serve_once(listener: socket.socket, ctx: ssl.SSLContext) -> None:
+    conn, _ = listener.accept()
+    try:
+        with ctx.wrap_socket(conn, server_side=True):
+            pass
+    except (OSError, ssl.SSLError):
+        conn.close()

@@ -20,7 +20,7 @@ from letsinfer.connections import ConnectionLimits
 from letsinfer.planes import RunningPlane, tls_server
 from letsinfer.store import AuthorityStore
 from letsinfer.trust import pki
-from letsinfer.trust.peer import client_context, peer_of, server_context
+from letsinfer.trust.peer import client_context, peer_of, presenting_server
 from tests.nodes import free_port
 
 
@@ -85,7 +85,7 @@ def test_refused_handshakes_are_reported_and_good_ones_served(
         _app(),
         "127.0.0.1",
         port,
-        server_context(cert, key, ca),
+        presenting_server(cert, key, ca),
         on_refused=denials.tls_refusals("control"),
     )
     url = f"https://127.0.0.1:{port}/who"
@@ -154,7 +154,7 @@ def test_idle_and_crowding_connections_on_a_plane_are_closed(
         max_connections=4, per_client=2, header_timeout_s=0.5, idle_timeout_s=1
     )
     server = tls_server(
-        _app(), "127.0.0.1", port, server_context(cert, key, ours.ca), limits=limits
+        _app(), "127.0.0.1", port, presenting_server(cert, key, ours.ca), limits=limits
     )
     good = client_context(ours.ca, good_cert, good_key)
 

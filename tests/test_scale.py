@@ -302,7 +302,7 @@ def test_an_agent_keeps_its_connection_and_resumes_its_tls_session(tmp_path: Pat
     from letsinfer.planes import RunningPlane, tls_server
     from letsinfer.trust.client import ClusterClient
     from letsinfer.trust.material import TlsFiles
-    from letsinfer.trust.peer import server_context
+    from letsinfer.trust.peer import presenting_server
 
     ca_key, ca_cert = pki.create_ca("cluster")
     pki.write_pem(tmp_path / "ca.crt", pki.cert_pem(ca_cert))
@@ -321,8 +321,8 @@ def test_an_agent_keeps_its_connection_and_resumes_its_tls_session(tmp_path: Pat
 
     async def scenario() -> tuple[int, int, int, int]:
         limits = control_limits(4096, 64, 5.0, 20_000)
-        ctx = server_context(tmp_path / "main.crt", tmp_path / "main.key", tmp_path / "ca.crt")
-        server = tls_server(ok, "127.0.0.1", 0, ctx, name="control plane", limits=limits)
+        tls = presenting_server(tmp_path / "main.crt", tmp_path / "main.key", tmp_path / "ca.crt")
+        server = tls_server(ok, "127.0.0.1", 0, tls, name="control plane", limits=limits)
         plane = RunningPlane(server)
         await plane.start()
         listener = server.listener

@@ -52,7 +52,7 @@ from letsinfer.trust import pki, renewal
 from letsinfer.trust.client import ClusterClient, PeerMismatch, error_code, error_message
 from letsinfer.trust.discovery import Advertiser, local_addresses, txt_record
 from letsinfer.trust.material import presented_fingerprint, tls_files
-from letsinfer.trust.peer import NODE_REMOVED, client_context, server_context
+from letsinfer.trust.peer import NODE_REMOVED, Presenting, presenting_client, presenting_server
 
 log = logging.getLogger("letsinfer.agent")
 
@@ -140,7 +140,7 @@ class AgentNode:
         if identity.enrolled and self.files.ca is not None:
             self.links = LinkProber(
                 identity.node_id,
-                client_context(self.files.ca, self.files.cert, self.files.key),
+                presenting_client(self.files.ca, self.files.cert, self.files.key),
                 settings.links.probe_timeout_s,
             )
         self._mtime = home.identity_file.stat().st_mtime_ns
@@ -221,8 +221,8 @@ class AgentNode:
         tmp.replace(path)
         self.revoked = new
 
-    def ssl_context(self) -> Any:
-        return server_context(self.files.cert, self.files.key, self.files.ca)
+    def tls(self) -> Presenting:
+        return presenting_server(self.files.cert, self.files.key, self.files.ca)
 
     @asynccontextmanager
     async def lifespan(self, app: Any) -> AsyncIterator[None]:
@@ -537,7 +537,4 @@ class AgentNode:
         except (pki.CertificateError, KeyError, ValueError) as exc:
             log.error("the renewed certificate from the main was not installed: %s", exc)
             return
-        # The kept connection was opened with the old certificate: the next
-        # report opens one that presents the new one.
-        await client.aclose()
         log.info("node certificate renewed until %s", new.not_valid_after_utc)

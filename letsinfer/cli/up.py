@@ -274,7 +274,7 @@ def _run_agent(ctx: CliContext, settings: config.Settings) -> None:
             node.app(),
             agent.api_host,
             agent.api_port,
-            node.ssl_context(),
+            node.tls(),
             embedded=False,
             lifespan="on",
             on_refused=node.denials.tls_refusals("agent"),

@@ -25,6 +25,7 @@ from letsinfer.engines.parallel_command import GroupTask
 from letsinfer.links import proof, route
 from letsinfer.trust import pki
 from letsinfer.trust.client import PeerMismatch, peer_certificate
+from letsinfer.trust.peer import Presenting
 
 log = logging.getLogger("letsinfer.links")
 
@@ -74,7 +75,7 @@ async def prove(client: httpx.AsyncClient, prober: str, peer: GroupTask) -> Link
 @dataclass
 class LinkProber:
     node_id: str
-    tls: ssl.SSLContext
+    tls: Presenting
     timeout_s: float
     proven: dict[str, LinkFact] = field(default_factory=dict)  # peer node id -> proof
     _failing: dict[str, str] = field(default_factory=dict)
@@ -83,7 +84,7 @@ class LinkProber:
         wanted = {p.node_id: p for p in peers if p.node_id != self.node_id}
         for gone in set(self.proven) - set(wanted):
             del self.proven[gone]
-        async with httpx.AsyncClient(verify=self.tls, timeout=self.timeout_s) as client:
+        async with httpx.AsyncClient(verify=self.tls.context, timeout=self.timeout_s) as client:
             for peer in wanted.values():
                 try:
                     self.proven[peer.node_id] = await prove(client, self.node_id, peer)

@@ -10,7 +10,7 @@ import httpx
 
 from letsinfer.trust import pki
 from letsinfer.trust.material import TlsFiles
-from letsinfer.trust.peer import ResumingContext, client_context
+from letsinfer.trust.peer import ResumingContext, presenting_client
 
 
 class PeerMismatch(Exception):
@@ -32,27 +32,31 @@ class ClusterClient:
     ) -> None:
         if files.ca is None:
             raise ValueError("not enrolled: no cluster CA to verify peers with")
-        self._ctx = client_context(files.ca, files.cert, files.key)
+        self._tls = presenting_client(files.ca, files.cert, files.key)
         self._expect_node = expect_node
         self._timeout = timeout
         self._keepalive_s = keepalive_s
         self._client: httpx.AsyncClient | None = None
+        self._client_ctx: ssl.SSLContext | None = None  # the context _client was made with
 
     def request(self, method: str, url: str, json: Any = None) -> httpx.Response:
-        with httpx.Client(verify=self._ctx, timeout=self._timeout) as client:
+        with httpx.Client(verify=self._tls.context, timeout=self._timeout) as client:
             resp = client.request(method, url, json=json)
             self._check_peer(resp)
             return resp
 
     async def arequest(self, method: str, url: str, json: Any = None) -> httpx.Response:
         if self._keepalive_s is None:
-            async with httpx.AsyncClient(verify=self._ctx, timeout=self._timeout) as client:
+            async with httpx.AsyncClient(verify=self._tls.context, timeout=self._timeout) as client:
                 resp = await client.request(method, url, json=json)
                 self._check_peer(resp)
                 return resp
+        if self._client is not None and self._client_ctx is not self._tls.context:
+            await self.aclose()  # kept connections present the certificate before a renewal
         if self._client is None:
+            self._client_ctx = self._tls.context
             self._client = httpx.AsyncClient(
-                verify=self._ctx,
+                verify=self._client_ctx,
                 timeout=self._timeout,
                 limits=httpx.Limits(max_connections=4, keepalive_expiry=self._keepalive_s),
             )
@@ -67,13 +71,15 @@ class ClusterClient:
 
     def async_client(self, timeout: float | None = 10.0) -> httpx.AsyncClient:
         """A raw client with this node's TLS (for streaming downloads)."""
-        return httpx.AsyncClient(verify=self._ctx, timeout=timeout)
+        return httpx.AsyncClient(verify=self._tls.context, timeout=timeout)
 
     def _check_peer(self, resp: httpx.Response) -> None:
         stream = resp.extensions.get("network_stream")
         ssl_object = stream.get_extra_info("ssl_object") if stream else None
-        if ssl_object is not None and isinstance(self._ctx, ResumingContext):
-            self._ctx.remember(ssl_object)
+        # Kept by the context that made the connection: a session from before
+        # a renewal dies with the old context.
+        if ssl_object is not None and isinstance(ssl_object.context, ResumingContext):
+            ssl_object.context.remember(ssl_object)
         if self._expect_node is None:
             return
         ident = pki.identity_of(pki.load_cert(peer_certificate(resp)))

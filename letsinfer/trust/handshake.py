@@ -22,6 +22,7 @@ import ssl
 from collections.abc import Callable
 
 from letsinfer.connections import ConnectionLimits, Listener, ProtocolFactory
+from letsinfer.trust.peer import Presenting
 
 HANDSHAKE_TIMEOUT_S = 10.0
 # Alerts a client sends when it refuses *our* certificate (it trusts another CA).
@@ -50,20 +51,21 @@ class TlsListener(Listener):
     ``connect_accepted_socket``, which raises when the handshake fails; only
     then is ``protocol()`` (uvicorn's HTTP protocol) attached to the connection.
     No byte is read outside TLS, on asyncio or uvloop alike. A connection in
-    its handshake holds a slot like any other."""
+    its handshake holds a slot like any other. Each handshake uses the
+    context ``tls`` presents at that moment (a renewal swaps it)."""
 
     def __init__(
         self,
         sock: socket.socket,
         limits: ConnectionLimits,
         protocol: ProtocolFactory,
-        ctx: ssl.SSLContext,
+        tls: Presenting,
         on_refused: Callable[[str, str], None] | None,
         *,
         name: str,
     ) -> None:
         super().__init__(sock, limits, protocol, name=name)
-        self.ctx = ctx
+        self.tls = tls
         self.on_refused = on_refused
         self.handshakes = 0  # completed
         self.resumed = 0  # of them, a resumed TLS session (no certificate work)
@@ -73,7 +75,7 @@ class TlsListener(Listener):
         try:
             # On failure the loop closes the connection (and the socket) itself.
             transport, _ = await loop.connect_accepted_socket(
-                factory, conn, ssl=self.ctx, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S
+                factory, conn, ssl=self.tls.context, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S
             )
         except (OSError, TimeoutError, EOFError) as exc:  # ssl.SSLError is an OSError
             reason = refusal_reason(exc)

@@ -14,6 +14,7 @@ import asyncio
 import functools
 import json
 import ssl
+import threading
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -164,28 +165,53 @@ class PeerGate:
         await self.app(scope, receive, send)
 
 
-# Every live context that presents a node certificate, by the certificate's
-# path: a renewal reloads them all, so running planes and clients present the
-# new certificate at their next handshake, with no restart (letsinfer.trust.renewal).
-_presenting: dict[Path, weakref.WeakSet[ssl.SSLContext]] = {}
+class Presenting:
+    """The TLS context that presents a node certificate now.
+
+    A renewal builds a whole new context and swaps it in (:meth:`renew`); a
+    context once handed out is never changed. OpenSSL does not allow changing
+    a context's certificate while connections are made from it on other
+    threads, and CPython lets go of the GIL both while loading a certificate
+    and while starting a connection: on the main, the control thread runs the
+    planes' handshakes while the gateway's loop renews, so a certificate
+    reloaded in place could be freed under a handshake starting on the other
+    thread. Whoever makes connections reads :attr:`context` for each one (a
+    plane's listener, a client per call); connections already made keep the
+    context they started with.
+    """
+
+    def __init__(self, build: Callable[[], ssl.SSLContext]) -> None:
+        self._build = build
+        self.context = build()
+
+    def renew(self) -> None:
+        self.context = self._build()  # one reference swapped: atomic under the GIL
 
 
-def _presents(ctx: ssl.SSLContext, cert: Path, key: Path) -> None:
-    ctx.load_cert_chain(cert, key)
-    _presenting.setdefault(Path(cert).resolve(), weakref.WeakSet()).add(ctx)
+# Every live holder presenting a node certificate, by the certificate's path:
+# a renewal renews them all, so running planes and clients present the new
+# certificate at their next connection, with no restart (letsinfer.trust.renewal).
+_presenting: dict[Path, weakref.WeakSet[Presenting]] = {}
+_presenting_lock = threading.Lock()  # renewals and new clients come from both threads
 
 
-def reload_certificate(cert: Path, key: Path) -> int:
-    """Load ``cert`` (renewed in place) into every live context presenting it;
-    return how many. A client context forgets the TLS sessions it kept: a
-    resumed session would show the server the old certificate."""
-    contexts = list(_presenting.get(Path(cert).resolve(), ()))
-    for ctx in contexts:
-        ctx.load_cert_chain(cert, key)
-        sessions = getattr(ctx, "sessions", None)
-        if isinstance(sessions, dict):
-            sessions.clear()
-    return len(contexts)
+def _registered(cert: Path, build: Callable[[], ssl.SSLContext]) -> Presenting:
+    made = Presenting(build)
+    with _presenting_lock:
+        _presenting.setdefault(Path(cert).resolve(), weakref.WeakSet()).add(made)
+    return made
+
+
+def reload_certificate(cert: Path) -> int:
+    """Every live holder presenting ``cert`` (renewed in place on disk) builds
+    a new context from it; return how many. A client's new context starts
+    with no TLS sessions kept: a resumed session would show the server the
+    old certificate."""
+    with _presenting_lock:
+        holders = list(_presenting.get(Path(cert).resolve(), ()))
+    for holder in holders:
+        holder.renew()
+    return len(holders)
 
 
 def server_context(cert: Path, key: Path, ca: Path | None) -> ssl.SSLContext:
@@ -193,11 +219,16 @@ def server_context(cert: Path, key: Path, ca: Path | None) -> ssl.SSLContext:
     the cluster CA when presented (the gate then requires them)."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    _presents(ctx, cert, key)
+    ctx.load_cert_chain(cert, key)
     if ca is not None:
         ctx.load_verify_locations(cafile=str(ca))
         ctx.verify_mode = ssl.CERT_OPTIONAL
     return ctx
+
+
+def presenting_server(cert: Path, key: Path, ca: Path | None) -> Presenting:
+    """A plane's :func:`server_context`, renewed with its certificate."""
+    return _registered(cert, lambda: server_context(cert, key, ca))
 
 
 class ResumingContext(ssl.SSLContext):
@@ -269,5 +300,11 @@ def client_context(ca: Path, cert: Path | None = None, key: Path | None = None) 
     ctx.verify_mode = ssl.CERT_REQUIRED
     ctx.load_verify_locations(cafile=str(ca))
     if cert is not None and key is not None:
-        _presents(ctx, cert, key)
+        ctx.load_cert_chain(cert, key)
     return ctx
+
+
+def presenting_client(ca: Path, cert: Path, key: Path) -> Presenting:
+    """A node's :func:`client_context` for the calls it makes as itself,
+    renewed with its certificate."""
+    return _registered(cert, lambda: client_context(ca, cert, key))

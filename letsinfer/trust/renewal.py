@@ -3,9 +3,10 @@
 A node certificate lasts ``pki.NODE_CERT_DAYS``. A child asks the main for a
 new one over the control plane; the main issues its own with the cluster CA
 it holds. Either way the new certificate replaces the file and every running
-plane and client that presents it loads it at once (``peer.reload_certificate``):
-a node that runs for months keeps talking to its peers, and a plane never
-presents a certificate older than the one on disk.
+plane and client that presents it swaps in a context made from it at once
+(``peer.reload_certificate``): a node that runs for months keeps talking to
+its peers, and a plane never presents a certificate older than the one on
+disk.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def due(files: TlsFiles, renew_before_s: float) -> bool:
 
 def install(files: TlsFiles, pem: bytes) -> x509.Certificate:
     """Check a renewed certificate (issued by our CA, for our key) and put it
-    in place, then reload every context presenting the old one. Raises
+    in place, then renew every context presenting the old one. Raises
     ``pki.CertificateError`` and changes nothing for a certificate that fails."""
     cert = pki.load_cert(pem)
     if files.ca is None:
@@ -49,7 +50,7 @@ def install(files: TlsFiles, pem: bytes) -> x509.Certificate:
     if cert.public_key().public_bytes(*spki) != ours.public_bytes(*spki):
         raise pki.CertificateError("the renewed certificate is not for this node's key")
     pki.write_pem(files.cert, pki.cert_pem(cert))
-    reload_certificate(files.cert, files.key)
+    reload_certificate(files.cert)
     return cert
 
 
