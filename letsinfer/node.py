@@ -392,10 +392,16 @@ class MainNode:
             if adv is not None:
                 await adv.stop()
             await admin.stop()
-            await self.control.stop(self._control_down)
+            ended = await self.control.stop(self._control_down)
             await stop_engines(self.home, self.placements)
             await self.gateway.aclose()
-            self.control_store.close()
+            if ended:
+                self.control_store.close()
+            else:  # closing a connection another thread still uses could crash
+                log.warning(
+                    "the control thread did not end within 30 s; its database "
+                    "connection is left for the process's exit to close"
+                )
             self.store.close()
 
     async def _background(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
 from collections import Counter
 
 import pytest
@@ -146,6 +147,50 @@ def test_waiters_are_served_round_robin_across_keys() -> None:
     served = asyncio.run(scenario())
     assert served[:5] == ["busy", "x", "y", "busy", "x"]
     assert Counter(served) == {"busy": 6, "x": 2, "y": 1}
+
+
+def test_a_scrape_on_another_thread_reads_the_queue_while_it_changes() -> None:
+    """The metrics scrape runs on the control thread while the gateway's loop
+    queues and serves requests: it must read each model's depth, not walk the
+    queues (a dict that changes size under iteration raises, failing the
+    scrape just when requests wait)."""
+    failures: list[BaseException] = []
+    reads = 0
+    stop = threading.Event()
+
+    def scrape(adm: Admission) -> None:
+        nonlocal reads
+        while not stop.is_set():
+            try:
+                assert 0 <= adm.depth("m") <= 400
+            except BaseException as exc:
+                failures.append(exc)
+                return
+            reads += 1
+
+    async def scenario() -> None:
+        r = replica("a", capacity=1)
+        adm = admission(r, waiting=1000)
+        await adm.acquire("m", "holder")
+
+        async def churn(key: str) -> None:
+            for _ in range(8):  # each key joins, is served, leaves, joins again
+                adm.release(await adm.acquire("m", key))
+                await asyncio.sleep(0)
+
+        tasks = [asyncio.create_task(churn(f"key-{i}")) for i in range(400)]
+        await asyncio.sleep(0)
+        assert adm.depth("m") == 400
+        scraper = threading.Thread(target=scrape, args=(adm,), daemon=True)
+        scraper.start()
+        adm.release(r)
+        await asyncio.gather(*tasks)
+        stop.set()
+        scraper.join(timeout=10)
+        assert adm.depth("m") == adm.depth() == 0
+
+    asyncio.run(scenario())
+    assert not failures and reads > 0
 
 
 def test_the_queue_is_bounded_in_size_and_time() -> None:

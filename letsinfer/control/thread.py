@@ -150,15 +150,18 @@ class ControlThread:
         task = self.loop.create_task(work())
         task.add_done_callback(_report_end)
 
-    async def stop(self, teardown: Callable[[], Awaitable[Any]]) -> None:
-        """Run ``teardown`` there, then stop the loop and the thread."""
+    async def stop(self, teardown: Callable[[], Awaitable[Any]], join_s: float = 30) -> bool:
+        """Run ``teardown`` there, then stop the loop and the thread; True once
+        the thread has ended (what it used may be closed), False when it is
+        still busy after ``join_s``."""
         if self.loop is None or self._thread is None:
-            return
+            return True
         try:
             await self.run(teardown)
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
-            await asyncio.to_thread(self._thread.join, 30)
+            await asyncio.to_thread(self._thread.join, join_s)
+        return not self._thread.is_alive()
 
 
 def _report_end(task: asyncio.Task[Any]) -> None:

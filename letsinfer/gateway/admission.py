@@ -118,6 +118,10 @@ class Admission:
         # here only while something waits for it.
         self._queues: dict[str, list[_Band]] = {}
         self.waiting = 0
+        # Per model, how many wait: the metrics scrape reads it from the
+        # control thread, which must not walk the queues while this loop
+        # changes them (a dict iterated as it changes size raises).
+        self._depth: dict[str, int] = {}
         self._per_key: dict[str, int] = {}
         routing.subscribe(self._on_routing_change)
 
@@ -205,6 +209,7 @@ class Admission:
             bands = self._queues[service] = [{} for _ in range(BANDS)]
         bands[band].setdefault(key, collections.deque()).append(waiter)
         self.waiting += 1
+        self._depth[service] = self._depth.get(service, 0) + 1
         waiter.timer = loop.call_later(self.limits.max_wait_s, self._expire, waiter)
         try:
             return await waiter.future
@@ -245,6 +250,7 @@ class Admission:
                     progressed = True
                     waiters.popleft()
                     self.waiting -= 1
+                    self._depth[service] -= 1
                     # Served keys go to the back of the rotation.
                     del keys[key]
                     if waiters:
@@ -254,6 +260,7 @@ class Admission:
                     break
         if not any(bands):
             del self._queues[service]
+            del self._depth[service]
 
     def _remove(self, waiter: _Waiter) -> None:
         bands = self._queues.get(waiter.service)
@@ -265,10 +272,12 @@ class Admission:
             return
         waiters.remove(waiter)
         self.waiting -= 1
+        self._depth[waiter.service] -= 1
         if not waiters:
             del keys[waiter.key]
         if not any(bands):
             del self._queues[waiter.service]
+            del self._depth[waiter.service]
 
     def _expire(self, waiter: _Waiter) -> None:
         if waiter.future.done():
@@ -290,6 +299,7 @@ class Admission:
                         waiter.future.set_exception(self.unavailable(service, ""))
 
     def depth(self, service: str | None = None) -> int:
+        """How many wait (for ``service``); safe to call from another thread."""
         if service is None:
             return self.waiting
-        return sum(len(w) for keys in self._queues.get(service, ()) for w in keys.values())
+        return self._depth.get(service, 0)
