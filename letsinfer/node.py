@@ -77,6 +77,7 @@ from letsinfer.store import FactsUpdate
 from letsinfer.telemetry.collector import ClusterCollector
 from letsinfer.telemetry.view import ClusterView
 from letsinfer.trust import pki, renewal
+from letsinfer.trust.discovery import Advertiser
 from letsinfer.trust.material import ClusterCA, presented_fingerprint, tls_files
 from letsinfer.trust.peer import presenting_server
 from letsinfer.usage.recorder import RequestLog
@@ -163,6 +164,7 @@ class MainNode:
         self._desired: dict[str, DesiredPlacement] = {}  # this node's own, as last reconciled
         self._nodes_rev: int | None = None  # the node revision routing's paused set is from
         self.server: Any = None  # the uvicorn server, set by `up`
+        self.advertiser: Advertiser | None = None  # while running, with discovery on
         self.moved = False  # this main joined another cluster (see _watch_identity)
 
     def app(self) -> FastAPI:
@@ -206,7 +208,6 @@ class MainNode:
             denials=self.denials,
             on_change=self._apply_from_control,
         )
-        fingerprint = presented_fingerprint(self.home, self.identity)
         agent = self.settings.agent
         self._planes = [
             RunningPlane(
@@ -225,7 +226,7 @@ class MainNode:
                     create_agent_app(
                         self.home,
                         lambda: self.identity,
-                        fingerprint,
+                        lambda: tls.fingerprint,
                         self.control_store,
                         self.denials,
                         revoked=self.control_store.is_revoked,
@@ -364,6 +365,7 @@ class MainNode:
                 gateway=f"http://{instance_name(self.identity)}.local:{gw.port}/v1",
             )
             await adv.start()
+            self.advertiser = adv
         loop = asyncio.create_task(self._background())
         watch = asyncio.create_task(self._watch_identity())
         echo = asyncio.create_task(self.audit_echo.run())
@@ -390,6 +392,7 @@ class MainNode:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             if adv is not None:
+                self.advertiser = None
                 await adv.stop()
             await admin.stop()
             ended = await self.control.stop(self._control_down)
@@ -411,7 +414,9 @@ class MainNode:
         rounds = 0
         while True:
             if rounds % 10 == 0:
-                self._renew_own_certificate()
+                if self._renew_own_certificate() and self.advertiser is not None:
+                    fingerprint = presented_fingerprint(self.home, self.identity)
+                    await self.advertiser.update_fingerprint(fingerprint)
                 self.record_own_facts()
             rounds += 1
             await asyncio.sleep(min(interval, self.settings.gateway.key_cache_ttl_s))
@@ -443,15 +448,18 @@ class MainNode:
             cert_not_after=expiry,
         )
 
-    def _renew_own_certificate(self) -> None:
-        """Children ask the main for theirs; the main issues its own."""
+    def _renew_own_certificate(self) -> bool:
+        """Children ask the main for theirs; the main issues its own. True
+        when it renewed."""
         files = tls_files(self.home, self.identity)
         try:
             if renewal.due(files, self.settings.control.renew_certificates_before_s):
                 ca = ClusterCA(self.home, self.identity)
                 renewal.renew_main(files, ca, self.store, self.identity.node_id)
+                return True
         except Exception:  # said in the log and by doctor; the next round tries again
             log.exception("could not renew this node's certificate")
+        return False
 
     def _own_cert_expiry(self) -> float | None:
         """When the certificate on disk expires (the one the next start presents)."""

@@ -150,6 +150,7 @@ def test_renewal_swaps_in_a_new_context_and_never_changes_one_in_use(
 
     assert tls.context is not in_use and client._tls.context is not client_before
     assert presented(plane) == on_disk(node.files) != before
+    assert tls.fingerprint == on_disk(node.files)  # what /v1/identity and mDNS say
     # The context handed out before still presents what it presented.
     old_plane = socket.create_server(("127.0.0.1", 0))
     served = threading.Thread(target=_serve_once, args=(old_plane, in_use), daemon=True)

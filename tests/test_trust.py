@@ -409,13 +409,7 @@ def test_controller_roles(cluster: Cluster) -> None:
     assert c.ok("main", "audit", "verify")
 
 
-def test_mdns_records_carry_no_secret_model_or_telemetry(cluster: Cluster) -> None:
-    c = cluster
-    listener = c.lab.run(
-        "other",
-        PY,
-        "-c",
-        """
+_MDNS_LISTENER = """
 import socket, struct, time, json
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_UDP)
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -439,30 +433,57 @@ while time.time() < end:
     except socket.timeout:
         pass
 print(json.dumps(packets))
-""",
-        timeout=60,
-    )
-    packets = [bytes.fromhex(p) for p in json.loads(listener.stdout)]
+"""
+
+
+def mdns_packets(c: Cluster) -> list[bytes]:
+    """What a host in no letsinfer group hears on the wire, asking as anyone may."""
+    listener = c.lab.run("other", PY, "-c", _MDNS_LISTENER, timeout=60)
+    return [bytes.fromhex(p) for p in json.loads(listener.stdout)]
+
+
+def txt_records(packets: list[bytes]) -> list[dict[str, str]]:
     from zeroconf import DNSIncoming, DNSText
 
-    txts = []
+    records = []
     for raw in packets:
-        msg = DNSIncoming(raw)
-        txts += [r for r in msg.answers() if isinstance(r, DNSText)]
+        for answer in DNSIncoming(raw).answers():
+            if not isinstance(answer, DNSText):
+                continue
+            text, fields, i = answer.text, {}, 0
+            while i < len(text):
+                n = text[i]
+                key, _, value = text[i + 1 : i + 1 + n].partition(b"=")
+                fields[key.decode()] = value.decode()
+                i += 1 + n
+            records.append(fields)
+    return records
+
+
+def test_mdns_records_carry_no_secret_model_or_telemetry(cluster: Cluster) -> None:
+    c = cluster
+    packets = mdns_packets(c)
+    txts = txt_records(packets)
     assert txts, "no TXT records were seen on the wire"
-    keys = set()
-    for txt in txts:
-        text = txt.text
-        i = 0
-        while i < len(text):
-            n = text[i]
-            keys.add(text[i + 1 : i + 1 + n].split(b"=")[0].decode())
-            i += 1 + n
+    keys = {key for txt in txts for key in txt}
     assert keys <= {"id", "fp", "role", "pairing", "gateway"}, keys
     wire = b"".join(packets)
     for forbidden in (b"li-", b"tiny", b"BEGIN", b"token", b"key=", b"models"):
         assert forbidden not in wire, forbidden
     assert b"role=main" in wire and b"gateway=http://" in wire, wire
+
+
+def said_fingerprint(c: Cluster, host: str) -> str:
+    """The fingerprint a node's agent plane gives on its open /v1/identity."""
+    script = (
+        "import json, ssl, urllib.request\n"
+        "ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)\n"
+        "ctx.check_hostname = False\n"
+        "ctx.verify_mode = ssl.CERT_NONE\n"
+        f"url = 'https://{c.lab.hosts[host]}:8444/v1/identity'\n"
+        "print(json.load(urllib.request.urlopen(url, context=ctx, timeout=5))['fingerprint'])\n"
+    )
+    return c.py("n2", script).strip()
 
 
 def presented(c: Cluster, host: str, port: int) -> str:
@@ -525,6 +546,29 @@ def test_certificates_are_renewed_and_presented_without_a_restart(cluster: Clust
                 f"{name}'s plane presenting its renewed certificate",
             )
             assert on_disk(name) != before[name]
+        # What each node says of itself follows too: its agent plane's
+        # /v1/identity and its mDNS record, as a host in no group sees them.
+        for name in ("main", "n1"):
+            c.wait(
+                lambda name=name: said_fingerprint(c, name) == on_disk(name),  # type: ignore[misc]
+                f"{name}'s /v1/identity naming its renewed certificate",
+            )
+        node_ids = {
+            name: json.loads((c.home(name) / "etc/node.json").read_text())["node_id"]
+            for name in ("main", "n1")
+        }
+
+        def advertised_current() -> bool:
+            current = {name: {on_disk(name)} for name in node_ids}
+            heard = txt_records(mdns_packets(c))
+            for name in node_ids:  # a renewal while listening: either is current
+                current[name].add(on_disk(name))
+            return all(
+                {t.get("fp") for t in heard if t.get("id") == node_id} & current[name]
+                for name, node_id in node_ids.items()
+            )
+
+        c.wait(advertised_current, "mDNS records naming the renewed certificates", timeout=60)
         # n1 goes on reporting with its renewed client certificate, and the
         # chain of every renewal verifies.
         c.wait(

@@ -65,7 +65,7 @@ def adoption_window(home: Home) -> dict[str, Any] | None:
 def create_agent_app(
     home: Home,
     identity: Callable[[], NodeIdentity],
-    fingerprint: str,
+    fingerprint: Callable[[], str],
     audit: AuthorityStore,
     denials: DenialLog,
     lifespan: Any = None,
@@ -92,7 +92,7 @@ def create_agent_app(
             "node_id": ident.node_id,
             "name": ident.name,
             "role": ident.role,
-            "fingerprint": fingerprint,
+            "fingerprint": fingerprint(),  # the certificate presented now
         }
 
     @app.post("/v1/enroll/request")

@@ -51,8 +51,8 @@ from letsinfer.store import AuthorityStore
 from letsinfer.trust import pki, renewal
 from letsinfer.trust.client import ClusterClient, PeerMismatch, error_code, error_message
 from letsinfer.trust.discovery import Advertiser, local_addresses, txt_record
-from letsinfer.trust.material import presented_fingerprint, tls_files
-from letsinfer.trust.peer import NODE_REMOVED, Presenting, presenting_client, presenting_server
+from letsinfer.trust.material import tls_files
+from letsinfer.trust.peer import NODE_REMOVED, presenting_client, presenting_server
 
 log = logging.getLogger("letsinfer.agent")
 
@@ -104,7 +104,9 @@ class AgentNode:
         self.settings = settings
         self.identity = identity
         self.files = tls_files(home, identity)
-        self.fingerprint = presented_fingerprint(home, identity)
+        # The agent plane's TLS; renewed with the certificate (trust/renewal.py).
+        self.tls = presenting_server(self.files.cert, self.files.key, self.files.ca)
+        self.advertiser: Advertiser | None = None  # while the node runs, with discovery on
         self.anchor = HeadAnchor.for_home(home)
         self.audit = AuthorityStore(home.database, anchor=self.anchor)
         self.denials = DenialLog(self.audit, settings.audit.denial_interval_s)
@@ -155,7 +157,7 @@ class AgentNode:
         return create_agent_app(
             self.home,
             lambda: self.identity,
-            self.fingerprint,
+            lambda: self.tls.fingerprint,
             self.audit,
             self.denials,
             lifespan=self.lifespan,
@@ -221,16 +223,15 @@ class AgentNode:
         tmp.replace(path)
         self.revoked = new
 
-    def tls(self) -> Presenting:
-        return presenting_server(self.files.cert, self.files.key, self.files.ca)
-
     @asynccontextmanager
     async def lifespan(self, app: Any) -> AsyncIterator[None]:
         agent = self.settings.agent
         adv = None
         if self.settings.discovery.enabled:
-            adv = advertiser_for(self.identity, self.fingerprint, agent.api_host, agent.api_port)
+            fingerprint = self.tls.fingerprint
+            adv = advertiser_for(self.identity, fingerprint, agent.api_host, agent.api_port)
             await adv.start()
+            self.advertiser = adv
         admin = AdminPlane(
             self.home.admin_socket, LocalGate(self._admin_app(), self.denials, os.geteuid())
         )
@@ -262,6 +263,7 @@ class AgentNode:
                 with contextlib.suppress(asyncio.CancelledError):
                     await t
             if adv is not None:
+                self.advertiser = None
                 await adv.stop()
             await admin.stop()
             await stop_engines(self.home, self.placements)
@@ -537,4 +539,6 @@ class AgentNode:
         except (pki.CertificateError, KeyError, ValueError) as exc:
             log.error("the renewed certificate from the main was not installed: %s", exc)
             return
+        if self.advertiser is not None:
+            await self.advertiser.update_fingerprint(self.tls.fingerprint)
         log.info("node certificate renewed until %s", new.not_valid_after_utc)

@@ -262,7 +262,7 @@ def _run_agent(ctx: CliContext, settings: config.Settings) -> None:
         ident = node.identity
         click.echo(f"letsinfer {ident.role} node '{ident.name}' ({ident.node_id})")
         click.echo(f"  agent     https://{agent.api_host}:{agent.api_port}")
-        click.echo(f"  cert      sha256:{node.fingerprint}")
+        click.echo(f"  cert      sha256:{node.tls.fingerprint}")
         if ident.role == "candidate":
             click.echo("  waiting for enrollment: `letsinfer node requests` shows offers")
         else:
@@ -274,7 +274,7 @@ def _run_agent(ctx: CliContext, settings: config.Settings) -> None:
             node.app(),
             agent.api_host,
             agent.api_port,
-            node.tls(),
+            node.tls,
             embedded=False,
             lifespan="on",
             on_refused=node.denials.tls_refusals("agent"),

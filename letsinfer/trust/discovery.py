@@ -78,11 +78,29 @@ class Advertiser:
         )
         self._zc: AsyncZeroconf | None = None
         self._addresses = addresses
+        self._txt = txt
 
     async def start(self) -> None:
         # Only on the interfaces that carry our addresses, not every link.
         self._zc = AsyncZeroconf(ip_version=IPVersion.V4Only, interfaces=self._addresses)
         await self._zc.async_register_service(self._info, allow_name_change=True)
+
+    async def update_fingerprint(self, fingerprint: str) -> None:
+        """Announce the certificate a renewal put in place (the record's ``fp``)."""
+        if self._txt.get("fp") == fingerprint:
+            return
+        self._txt = {**self._txt, "fp": fingerprint}
+        info = self._info  # its name as registered (a conflict may have renamed it)
+        self._info = AsyncServiceInfo(
+            info.type,
+            info.name,
+            addresses=info.addresses,
+            port=info.port,
+            properties=self._txt,
+            server=info.server,
+        )
+        if self._zc is not None:
+            await self._zc.async_update_service(self._info)
 
     async def stop(self) -> None:
         if self._zc is not None:

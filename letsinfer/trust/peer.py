@@ -24,7 +24,7 @@ from typing import Any
 from cryptography.hazmat.primitives import serialization
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from letsinfer.trust.pki import CertIdentity, CertificateError, identity_of, load_cert
+from letsinfer.trust.pki import CertIdentity, CertificateError, fingerprint, identity_of, load_cert
 
 Scope = dict[str, Any]
 Receive = Callable[[], Any]
@@ -177,15 +177,19 @@ class Presenting:
     reloaded in place could be freed under a handshake starting on the other
     thread. Whoever makes connections reads :attr:`context` for each one (a
     plane's listener, a client per call); connections already made keep the
-    context they started with.
+    context they started with. :attr:`fingerprint` is the certificate's, for
+    what the node says of itself (``/v1/identity``, mDNS).
     """
 
-    def __init__(self, build: Callable[[], ssl.SSLContext]) -> None:
+    def __init__(self, build: Callable[[], ssl.SSLContext], cert: Path) -> None:
         self._build = build
-        self.context = build()
+        self._cert = cert
+        self.renew()
 
     def renew(self) -> None:
-        self.context = self._build()  # one reference swapped: atomic under the GIL
+        context = self._build()
+        self.fingerprint = fingerprint(load_cert(Path(self._cert).read_bytes()))
+        self.context = context  # one reference swapped: atomic under the GIL
 
 
 # Every live holder presenting a node certificate, by the certificate's path:
@@ -196,7 +200,7 @@ _presenting_lock = threading.Lock()  # renewals and new clients come from both t
 
 
 def _registered(cert: Path, build: Callable[[], ssl.SSLContext]) -> Presenting:
-    made = Presenting(build)
+    made = Presenting(build, cert)
     with _presenting_lock:
         _presenting.setdefault(Path(cert).resolve(), weakref.WeakSet()).add(made)
     return made
