@@ -5,11 +5,12 @@ across a running cluster)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import socket
 import ssl
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,10 +55,9 @@ def tls(node: Node) -> Presenting:
     return presenting_server(node.files.cert, node.files.key, node.files.ca)
 
 
-@pytest.fixture
-def plane(tls: Presenting) -> Iterator[tuple[str, int]]:
-    """A TLS server on 127.0.0.1 presenting the node's certificate, as a plane
-    does: each connection uses the context presented at that moment."""
+@contextlib.contextmanager
+def tls_server(context: Callable[[], ssl.SSLContext]) -> Iterator[tuple[str, int]]:
+    """A TLS server on 127.0.0.1; each connection uses ``context()`` at that moment."""
     listener = socket.create_server(("127.0.0.1", 0))
     stop = threading.Event()
 
@@ -68,7 +68,7 @@ def plane(tls: Presenting) -> Iterator[tuple[str, int]]:
             except OSError:
                 return
             try:
-                with tls.context.wrap_socket(conn, server_side=True):
+                with context().wrap_socket(conn, server_side=True):
                     pass
             except (OSError, ssl.SSLError):
                 conn.close()
@@ -76,11 +76,21 @@ def plane(tls: Presenting) -> Iterator[tuple[str, int]]:
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
     address = listener.getsockname()
-    yield address
-    stop.set()
-    socket.create_connection(address, timeout=5).close()  # wakes the thread's accept()
-    listener.close()
-    thread.join(timeout=5)
+    try:
+        yield address
+    finally:
+        stop.set()
+        socket.create_connection(address, timeout=5).close()  # wakes the thread's accept()
+        listener.close()
+        thread.join(timeout=5)
+
+
+@pytest.fixture
+def plane(tls: Presenting) -> Iterator[tuple[str, int]]:
+    """The node's certificate served as a plane serves it: the context
+    presented at each connection."""
+    with tls_server(lambda: tls.context) as address:
+        yield address
 
 
 def presented(address: tuple[str, int]) -> str:
@@ -152,14 +162,8 @@ def test_renewal_swaps_in_a_new_context_and_never_changes_one_in_use(
     assert presented(plane) == on_disk(node.files) != before
     assert tls.fingerprint == on_disk(node.files)  # what /v1/identity and mDNS say
     # The context handed out before still presents what it presented.
-    old_plane = socket.create_server(("127.0.0.1", 0))
-    served = threading.Thread(target=_serve_once, args=(old_plane, in_use), daemon=True)
-    served.start()
-    try:
-        assert presented(old_plane.getsockname()) == before
-    finally:
-        served.join(timeout=5)
-        old_plane.close()
+    with tls_server(lambda: in_use) as old_plane:
+        assert presented(old_plane) == before
 
 
 def test_handshakes_on_another_thread_all_succeed_through_renewals(
@@ -196,12 +200,3 @@ def test_handshakes_on_another_thread_all_succeed_through_renewals(
     assert not failures
     assert handshakes >= 600, "the handshakes ran alongside the renewals"
     assert len(seen) > 1 and seen <= issued
-
-
-def _serve_once(listener: socket.socket, ctx: ssl.SSLContext) -> None:
-    conn, _ = listener.accept()
-    try:
-        with ctx.wrap_socket(conn, server_side=True):
-            pass
-    except (OSError, ssl.SSLError):
-        conn.close()

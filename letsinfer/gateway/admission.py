@@ -117,7 +117,6 @@ class Admission:
         # Per model, one rotation of keys per band (highest first); a model is
         # here only while something waits for it.
         self._queues: dict[str, list[_Band]] = {}
-        self.waiting = 0
         # Per model, how many wait: the metrics scrape reads it from the
         # control thread, which must not walk the queues while this loop
         # changes them (a dict iterated as it changes size raises).
@@ -200,7 +199,7 @@ class Admission:
             if adapter is not None and self._any_usable(service, exclude, None):
                 raise adapter_not_loaded(adapter, service)
             raise self.unavailable(service, failures)
-        if self.waiting >= self.limits.max_waiting:
+        if self.depth() >= self.limits.max_waiting:
             raise queue_full(service, self.retry_after)
         loop = asyncio.get_running_loop()
         waiter = _Waiter(service, key, prefix_hash, exclude, loop.create_future(), band, adapter)
@@ -208,7 +207,6 @@ class Admission:
         if bands is None:
             bands = self._queues[service] = [{} for _ in range(BANDS)]
         bands[band].setdefault(key, collections.deque()).append(waiter)
-        self.waiting += 1
         self._depth[service] = self._depth.get(service, 0) + 1
         waiter.timer = loop.call_later(self.limits.max_wait_s, self._expire, waiter)
         try:
@@ -249,7 +247,6 @@ class Admission:
                         continue
                     progressed = True
                     waiters.popleft()
-                    self.waiting -= 1
                     self._depth[service] -= 1
                     # Served keys go to the back of the rotation.
                     del keys[key]
@@ -271,7 +268,6 @@ class Admission:
         if waiters is None or waiter not in waiters:
             return
         waiters.remove(waiter)
-        self.waiting -= 1
         self._depth[waiter.service] -= 1
         if not waiters:
             del keys[waiter.key]
@@ -299,7 +295,9 @@ class Admission:
                         waiter.future.set_exception(self.unavailable(service, ""))
 
     def depth(self, service: str | None = None) -> int:
-        """How many wait (for ``service``); safe to call from another thread."""
+        """How many wait (for ``service``); safe to call from another thread
+        (one lookup, or a sum over a few models' counts with no Python code
+        between items)."""
         if service is None:
-            return self.waiting
+            return sum(self._depth.values())
         return self._depth.get(service, 0)
