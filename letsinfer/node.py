@@ -262,7 +262,7 @@ class MainNode:
 
     async def _start_admin(self) -> AdminPlane:
         admin = typed_app("letsinfer admin socket")
-        admin.include_router(ops_router(self.store, self.identity, on_change=self.apply_now))
+        admin.include_router(ops_router(self.store, self.identity, on_change=self._apply_here))
         admin.include_router(local_router(self.store, self.node_removed))
         admin.include_router(lifecycle_router(self.lifecycle, self.home.model_store))
         admin.include_router(
@@ -278,11 +278,17 @@ class MainNode:
         await plane.start()
         return plane
 
-    def _apply_from_control(self) -> None:
+    async def _apply_from_control(self) -> None:
         """A controller's change (on the control thread) takes effect on the
-        gateway's loop before the control plane answers."""
+        gateway's loop before the control plane answers. Awaited, not waited
+        for: the control thread's loop goes on with handshakes and reports while
+        a busy gateway gets to it."""
         assert self.post is not None
-        self.post.wait(self.apply_now)
+        await asyncio.wait_for(asyncio.wrap_future(self.post.submit(self.apply_now)), 30)
+
+    async def _apply_here(self) -> None:
+        """A change made through the admin socket (on the gateway's own loop)."""
+        self.apply_now()
 
     def apply_now(self) -> None:
         """A change made through the admin socket takes effect before it answers."""

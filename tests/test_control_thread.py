@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from types import SimpleNamespace
 
-from letsinfer.control.thread import ControlThread
+from letsinfer.control.thread import ControlThread, LoopPost
+from letsinfer.node import MainNode
 
 
 def test_work_runs_on_the_control_thread_and_stop_says_it_ended() -> None:
@@ -65,3 +67,56 @@ def test_stop_says_so_when_the_thread_is_still_busy() -> None:
     ended, alive_after = asyncio.run(scenario())
     assert not ended
     assert not alive_after
+
+
+def test_a_controller_s_change_waits_for_a_busy_gateway_without_stopping_the_control_loop() -> None:
+    """The control plane answers a controller's change only once the gateway's
+    loop has applied it; meanwhile the control thread's loop must go on with
+    every node's handshakes and reports, however long the gateway's turn."""
+    gateway = asyncio.new_event_loop()
+    runner = threading.Thread(target=gateway.run_forever, name="gateway-under-test")
+    runner.start()
+    in_turn, release = threading.Event(), threading.Event()
+
+    def long_turn() -> None:  # a gateway busy with one long turn of its loop
+        in_turn.set()
+        release.wait(5)
+
+    applied: list[str] = []
+    node = SimpleNamespace(
+        post=LoopPost(gateway), apply_now=lambda: applied.append(threading.current_thread().name)
+    )
+
+    async def nothing() -> None:
+        return None
+
+    async def change_while_the_gateway_is_busy() -> tuple[int, bool]:
+        change = asyncio.ensure_future(MainNode._apply_from_control(node))  # type: ignore[arg-type]
+        ticks = 0
+        for _ in range(20):  # what else the control loop runs meanwhile
+            await asyncio.sleep(0.01)
+            ticks += 1
+        waiting = not change.done()
+        release.set()
+        await change
+        return ticks, waiting
+
+    async def scenario() -> tuple[int, bool]:
+        control = ControlThread(name="control-under-test")
+        await control.start(nothing)
+        try:
+            return await control.run(change_while_the_gateway_is_busy)
+        finally:
+            await control.stop(nothing)
+
+    try:
+        gateway.call_soon_threadsafe(long_turn)
+        assert in_turn.wait(5)
+        ticks, waiting = asyncio.run(scenario())
+    finally:
+        release.set()
+        gateway.call_soon_threadsafe(gateway.stop)
+        runner.join(10)
+        gateway.close()
+    assert ticks == 20 and waiting  # the control loop ran on while the change waited
+    assert applied == ["gateway-under-test"]  # and the change ran on the gateway's loop

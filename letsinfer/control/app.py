@@ -8,7 +8,7 @@ verified cluster certificate: nodes use ``/v1/agent/*``, controllers
 """
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -20,7 +20,7 @@ from letsinfer.authority import adoption, controllers, enrollment, lifecycle
 from letsinfer.authority.denials import DenialLog
 from letsinfer.contracts.artifacts import artifact_path
 from letsinfer.control.facts_route import FactsRoute
-from letsinfer.control.ops import actor_of, ops_router
+from letsinfer.control.ops import actor_of, nothing_to_apply, ops_router
 from letsinfer.control.typed_app import typed_app
 from letsinfer.identity import NodeIdentity
 from letsinfer.mirror.layout import MirrorLayout
@@ -61,7 +61,7 @@ class ControlContext:
     release_key: str  # the cluster's release-signing public key, for new nodes
     denials: DenialLog  # refusals, counted: never a database write per request
     # After a controller's change: the node applies it at once (key cache, routing).
-    on_change: Callable[[], None] = lambda: None
+    on_change: Callable[[], Awaitable[None]] = nothing_to_apply
 
 
 class _Body(BaseModel):
@@ -159,7 +159,7 @@ def create_control_app(ctx: ControlContext) -> PeerGate:
         node = store.get_node(p.identity.id)
         assert node is not None
         lifecycle.set_node_paused(store, node, body.paused, actor=actor(p), role=node.role)
-        ctx.on_change()
+        await ctx.on_change()
         return {"node": node.name, "paused": body.paused}
 
     @app.get("/v1/agent/work")

@@ -54,8 +54,14 @@ def actor_of(store: AuthorityStore, p: Peer) -> str:
     return f"{p.identity.kind}:{p.identity.id}"
 
 
+async def nothing_to_apply() -> None:
+    return None
+
+
 def ops_router(
-    store: AuthorityStore, identity: NodeIdentity, on_change: Callable[[], None] = lambda: None
+    store: AuthorityStore,
+    identity: NodeIdentity,
+    on_change: Callable[[], Awaitable[None]] = nothing_to_apply,
 ) -> APIRouter:
     """``on_change`` runs after each mutation: the node applies it at once
     instead of at its next reconcile."""
@@ -110,7 +116,7 @@ def ops_router(
             ],
         }
 
-    def set_desired(name: str, desired: str, p: Peer) -> dict[str, Any]:
+    async def set_desired(name: str, desired: str, p: Peer) -> dict[str, Any]:
         try:
             done = lifecycle.set_model_desired(
                 store, name, desired, actor=actor(p), role=p.identity.role
@@ -119,20 +125,20 @@ def ops_router(
             raise HTTPException(404, str(exc)) from exc
         except lifecycle.Refused as exc:
             raise HTTPException(409, f"{exc}. Nothing changed.") from exc
-        on_change()
+        await on_change()
         return done.to_json()
 
     @router.post("/v1/ops/models/{name:path}/stop")
     async def model_stop(
         name: str, p: Annotated[Peer, Depends(need("operator"))]
     ) -> dict[str, Any]:
-        return set_desired(name, "stopped", p)
+        return await set_desired(name, "stopped", p)
 
     @router.post("/v1/ops/models/{name:path}/start")
     async def model_start(
         name: str, p: Annotated[Peer, Depends(need("operator"))]
     ) -> dict[str, Any]:
-        answer = set_desired(name, "running", p)
+        answer = await set_desired(name, "running", p)
         return {**answer, "downloads": refetch.downloads(store, answer["model"])}
 
     @router.post("/v1/ops/keys")
@@ -153,7 +159,7 @@ def ops_router(
             )
         except StoreError as exc:
             raise HTTPException(400, str(exc)) from exc
-        on_change()
+        await on_change()
         return issued.to_json()
 
     @router.post("/v1/ops/keys/{name:path}/limits")
@@ -168,7 +174,7 @@ def ops_router(
         except StoreError as exc:
             status = 404 if str(exc).startswith("no active API key") else 400
             raise HTTPException(status, str(exc)) from exc
-        on_change()  # the gateway counts the new limits before this answers
+        await on_change()  # the gateway counts the new limits before this answers
         return {"name": record.name, **policy_json(record)}
 
     @router.post("/v1/ops/keys/{name:path}/revoke")
@@ -179,29 +185,29 @@ def ops_router(
             revoke_key(store, name, actor=actor(p), role=p.identity.role)
         except StoreError as exc:
             raise HTTPException(404, str(exc)) from exc
-        on_change()  # the gateway's key cache forgets it before this answers
+        await on_change()  # the gateway's key cache forgets it before this answers
         return {"name": name, "revoked": True}
 
-    def pause_node(name: str, paused: bool, p: Peer) -> dict[str, Any]:
+    async def pause_node(name: str, paused: bool, p: Peer) -> dict[str, Any]:
         try:
             node = lifecycle.find_node(store, name)
         except lifecycle.NotFound as exc:
             raise HTTPException(404, str(exc)) from exc
         lifecycle.set_node_paused(store, node, paused, actor=actor(p), role=p.identity.role)
-        on_change()
+        await on_change()
         return {"node": node.name, "paused": paused}
 
     @router.post("/v1/ops/nodes/{name:path}/pause")
     async def node_pause(
         name: str, p: Annotated[Peer, Depends(need("operator"))]
     ) -> dict[str, Any]:
-        return pause_node(name, True, p)
+        return await pause_node(name, True, p)
 
     @router.post("/v1/ops/nodes/{name:path}/resume")
     async def node_resume(
         name: str, p: Annotated[Peer, Depends(need("operator"))]
     ) -> dict[str, Any]:
-        return pause_node(name, False, p)
+        return await pause_node(name, False, p)
 
     @router.post("/v1/ops/models/{name:path}/resume")
     async def model_resume(
@@ -212,7 +218,7 @@ def ops_router(
         except ResumeRefused as exc:
             status = 404 if str(exc).startswith("no model") else 409
             raise HTTPException(status, f"{exc}. Nothing changed.") from exc
-        on_change()
+        await on_change()
         return done.to_json()
 
     @router.get("/v1/ops/version")

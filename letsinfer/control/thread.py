@@ -18,9 +18,10 @@ Between them:
 - snapshots both read (the key and model directory, the cluster view) are
   immutable objects swapped whole.
 
-The control thread may wait on the gateway's loop (a controller's change
-applied before it answers); the gateway's loop never waits on the control
-thread except by awaiting, so neither can deadlock the other.
+Each waits on the other only by awaiting (the control thread for a
+controller's change applied before it answers, the gateway for a node's
+removal), so neither loop stops serving while the other is busy, and neither
+can deadlock the other.
 """
 
 from __future__ import annotations
@@ -79,9 +80,9 @@ class LoopPost:
             except Exception:  # one bad change must not drop the others
                 log.exception("a routing change from the control plane failed")
 
-    def wait(self, change: Callable[[], T], timeout: float = 30.0) -> T:
-        """Run ``change`` on that loop and wait for its result (from a thread
-        other than that loop's)."""
+    def submit(self, change: Callable[[], T]) -> concurrent.futures.Future[T]:
+        """Run ``change`` on that loop; its result, for a thread other than that
+        loop's to await (``asyncio.wrap_future``) rather than block on."""
         done: concurrent.futures.Future[T] = concurrent.futures.Future()
 
         def run() -> None:
@@ -91,7 +92,7 @@ class LoopPost:
                 done.set_exception(exc)
 
         self(run)
-        return done.result(timeout)
+        return done
 
 
 class ControlThread:
