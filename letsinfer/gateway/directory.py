@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -92,7 +91,6 @@ class Directory:
         self._loaded_at = 0.0
         self._version: int | None = None
         self.failing: str | None = None
-        self._lock = threading.Lock()  # one reload at a time (a main refreshes from two threads)
         # Told of each new snapshot (external models, key limits); not per request.
         self._listeners: list[Callable[[Snapshot], None]] = []
 
@@ -101,16 +99,14 @@ class Directory:
         if self._snapshot is not None:
             listener(self._snapshot)
 
-    def refresh(self, force: bool = False, store: AuthorityStore | None = None) -> None:
+    def refresh(self, force: bool = False) -> None:
         """Reload when keys, models, groups' desired state or the cluster-stop
         record changed (the store's ``directory`` revision, whoever wrote it:
         the nodes' facts never move it), and at least every third of the
         staleness bound (so a dead store is noticed). ``force``: reload now.
-        ``store``: the calling thread's own connection (default: the one given)."""
-        with self._lock:
-            self._refresh(force, store or self.store)
-
-    def _refresh(self, force: bool, store: AuthorityStore) -> None:
+        Called on the gateway's loop only (a main's control thread posts its
+        changes there), with that loop's store connection."""
+        store = self.store
         try:
             version = store.revisions()["directory"]
             fresh = time.monotonic() - self._loaded_at < self.max_stale_s / 3
