@@ -22,9 +22,11 @@ twice per cell in A-B-B-A order, so the machine's drift hits both alike,
 and reported as ratios.
 
 ``--zero-delay``: the mock sends every token at once, so a request costs
-what the proxies themselves cost; rows direct, nginx and letsinfer (as a main
-runs it, with fallbacks, an adapter, bands, limits and a cache configured
-for other keys and models: ``--breadth``), and ``before`` with ``--before``
+what the proxies themselves cost; rows direct, nginx, floor (the cheapest
+forwarder Python can be on letsinfer's stack, ``benchmarks/python_floor.py``:
+the most any Python data path could reach) and letsinfer (as a main runs
+it, with fallbacks, an adapter, bands, limits and a cache configured for
+other keys and models: ``--breadth``), and ``before`` with ``--before``
 (whose ``benchmarks/`` must know ``--breadth``: use this checkout's). Its
 targets: throughput at least 0.9x nginx streaming and 0.6x not streaming at
 50 and 200 clients, under 0.15 ms added at one client.
@@ -164,6 +166,24 @@ def start_targets(
         targets.append(Target("nginx", "", skipped=str(exc)))
 
     if zero_delay:  # letsinfer as a main runs it, with items 1-5 configured, against nginx
+        floor_port = free_port()
+        floor = Server(
+            "floor",
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.python_floor",
+                "--port",
+                str(floor_port),
+                "--upstream",
+                mock.url,
+            ],
+            floor_port,
+            work,
+            ready_status=(404,),
+        ).start()
+        stack.callback(floor.stop)
+        targets.append(Target("floor", floor.url))
         extra = ("--breadth",)
         if before is not None:
             try:
@@ -287,11 +307,16 @@ def report(targets: list[Target], results: dict[str, dict[str, CellResult]]) -> 
                     f"letsinfer/{base} throughput {ratio:.3f}x, p50 "
                     f"{ours.p(0.5) / by_target[base].p(0.5):.3f}x, added p50 {delta:+.2f} ms"
                 )
-        for other in ("litellm", "nginx"):
+        for other in ("litellm", "nginx", "floor"):
             if ours and other in by_target and by_target[other].rps:
                 ratio = ours.rps / by_target[other].rps
                 rows[f"letsinfer/{other}"] = {"throughput_ratio": ratio}
                 ratios.append(f"letsinfer/{other} throughput {ratio:.2f}x")
+        floor, nginx = by_target.get("floor"), by_target.get("nginx")
+        if floor and nginx and nginx.rps:  # the most a Python data path reaches here
+            ratio = floor.rps / nginx.rps
+            rows["floor/nginx"] = {"throughput_ratio": ratio}
+            ratios.append(f"floor/nginx throughput {ratio:.2f}x")
         if ratios:
             print("  " + ";  ".join(ratios))
         summary[cell] = rows
@@ -341,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--zero-delay",
         action="store_true",
-        help="the proxy's own cost: every token at once; direct, nginx, letsinfer",
+        help="the proxy's own cost: every token at once; direct, nginx, floor, letsinfer",
     )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument(
