@@ -7,8 +7,9 @@ Layout of one lab (prefix ``P``, a fresh name per run so two runs never collide)
 - ``P<host>``: one namespace per host, its ``eth0`` a veth peer on that bridge,
   an address from ``SUBNET`` (private, used only inside these namespaces), its
   own sshd (key login only, ``UsePAM no``, ``internal-sftp``) started inside a
-  new mount and UTS namespace with overlayfs over ``/etc``, ``/var/lib`` and
-  ``/opt`` (their upper layers on a tmpfs private to that namespace) and a
+  new mount and UTS namespace with overlayfs over ``/etc``, ``/var/lib``,
+  ``/opt`` and ``/root`` (their upper layers on a tmpfs private to that
+  namespace: what Ansible leaves in ``~/.ansible`` stays on the host) and a
   tmpfs on ``/run``, so the machine's real files are untouched. letsinfer's
   own paths start empty on every host: whiteouts hide ``/etc/letsinfer``,
   ``/var/lib/letsinfer`` and ``/opt/letsinfer`` of the machine (a node it runs
@@ -41,10 +42,12 @@ SUBNET = "10.77.0"  # /24, exists only inside the lab's namespaces
 PREFIX_LEN = 24
 CTL_OCTET = 2
 FIRST_HOST_OCTET = 11
-OVERLAID = ("etc", "var/lib", "opt")
-# letsinfer's paths under OVERLAID: hidden from the lower layer (the machine's
-# own), so every host starts without a node. /run is a fresh tmpfs anyway.
-HIDDEN = ("etc/letsinfer", "var/lib/letsinfer", "opt/letsinfer")
+OVERLAID = ("etc", "var/lib", "opt", "root")
+# Hidden from the lower layer (the machine's own): letsinfer's paths, so every
+# host starts without a node (/run is a fresh tmpfs anyway), and root's
+# .bashrc, which on this machine starts pyenv (about a hundred processes, 0.2 s)
+# for every SSH command Ansible runs; a freshly installed host has no such thing.
+HIDDEN = ("etc/letsinfer", "var/lib/letsinfer", "opt/letsinfer", "root/.bashrc")
 
 
 @dataclass(frozen=True)
