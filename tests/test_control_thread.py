@@ -8,6 +8,8 @@ import threading
 import time
 from types import SimpleNamespace
 
+import pytest
+
 from letsinfer.control.thread import ControlThread, LoopPost
 from letsinfer.node import MainNode
 
@@ -120,3 +122,31 @@ def test_a_controller_s_change_waits_for_a_busy_gateway_without_stopping_the_con
         gateway.close()
     assert ticks == 20 and waiting  # the control loop ran on while the change waited
     assert applied == ["gateway-under-test"]  # and the change ran on the gateway's loop
+
+
+def test_a_change_whose_waiter_gave_up_still_applies(caplog: pytest.LogCaptureFixture) -> None:
+    """A controller that hangs up (or a timeout) cancels the wait, not the
+    change: the store has it already, and the gateway must apply it too."""
+    gateway = asyncio.new_event_loop()
+    runner = threading.Thread(target=gateway.run_forever)
+    runner.start()
+    in_turn, release = threading.Event(), threading.Event()
+    applied = threading.Event()
+
+    def long_turn() -> None:
+        in_turn.set()
+        release.wait(5)
+
+    try:
+        gateway.call_soon_threadsafe(long_turn)
+        assert in_turn.wait(5)
+        waiting = LoopPost(gateway).submit(applied.set)
+        assert waiting.cancel()  # the waiter gives up while the gateway is busy
+        release.set()
+        assert applied.wait(5)
+    finally:
+        release.set()
+        gateway.call_soon_threadsafe(gateway.stop)
+        runner.join(10)
+        gateway.close()
+    assert "failed" not in caplog.text

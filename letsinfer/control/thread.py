@@ -86,10 +86,18 @@ class LoopPost:
         done: concurrent.futures.Future[T] = concurrent.futures.Future()
 
         def run() -> None:
+            # A waiter that gave up (its client left, or a timeout) cancelled
+            # the future: the change still applies, with no one to tell.
+            wanted = done.set_running_or_notify_cancel()
             try:
-                done.set_result(change())
+                result = change()
             except BaseException as exc:
+                if not wanted:
+                    raise
                 done.set_exception(exc)
+                return
+            if wanted:
+                done.set_result(result)
 
         self(run)
         return done
