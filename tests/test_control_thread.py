@@ -1,11 +1,14 @@
-"""The main's control thread: work runs on its own loop and thread, and its
-owner learns whether it really ended before closing what it uses."""
+"""The main's control thread: work runs on its own loop and thread, its owner
+learns whether it really ended before closing what it uses, and a change it
+hands to the gateway's loop is awaited without stopping its own."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from types import SimpleNamespace
 
 import pytest
@@ -71,67 +74,14 @@ def test_stop_says_so_when_the_thread_is_still_busy() -> None:
     assert not alive_after
 
 
-def test_a_controller_s_change_waits_for_a_busy_gateway_without_stopping_the_control_loop() -> None:
-    """The control plane answers a controller's change only once the gateway's
-    loop has applied it; meanwhile the control thread's loop must go on with
-    every node's handshakes and reports, however long the gateway's turn."""
+@contextlib.contextmanager
+def busy_gateway() -> Iterator[tuple[asyncio.AbstractEventLoop, threading.Event]]:
+    """A gateway's loop on its own thread, held in one long turn until the
+    event it yields is set (at the latest when the block ends)."""
     gateway = asyncio.new_event_loop()
     runner = threading.Thread(target=gateway.run_forever, name="gateway-under-test")
     runner.start()
     in_turn, release = threading.Event(), threading.Event()
-
-    def long_turn() -> None:  # a gateway busy with one long turn of its loop
-        in_turn.set()
-        release.wait(5)
-
-    applied: list[str] = []
-    node = SimpleNamespace(
-        post=LoopPost(gateway), apply_now=lambda: applied.append(threading.current_thread().name)
-    )
-
-    async def nothing() -> None:
-        return None
-
-    async def change_while_the_gateway_is_busy() -> tuple[int, bool]:
-        change = asyncio.ensure_future(MainNode._apply_from_control(node))  # type: ignore[arg-type]
-        ticks = 0
-        for _ in range(20):  # what else the control loop runs meanwhile
-            await asyncio.sleep(0.01)
-            ticks += 1
-        waiting = not change.done()
-        release.set()
-        await change
-        return ticks, waiting
-
-    async def scenario() -> tuple[int, bool]:
-        control = ControlThread(name="control-under-test")
-        await control.start(nothing)
-        try:
-            return await control.run(change_while_the_gateway_is_busy)
-        finally:
-            await control.stop(nothing)
-
-    try:
-        gateway.call_soon_threadsafe(long_turn)
-        assert in_turn.wait(5)
-        ticks, waiting = asyncio.run(scenario())
-    finally:
-        release.set()
-        gateway.call_soon_threadsafe(gateway.stop)
-        runner.join(10)
-        gateway.close()
-    assert ticks == 20 and waiting  # the control loop ran on while the change waited
-    assert applied == ["gateway-under-test"]  # and the change ran on the gateway's loop
-
-
-def test_a_change_whose_waiter_gave_up_still_applies(caplog: pytest.LogCaptureFixture) -> None:
-    """A controller that hangs up (or a timeout) cancels the wait, not the
-    change: the store has it already, and the gateway must apply it too."""
-    gateway = asyncio.new_event_loop()
-    runner = threading.Thread(target=gateway.run_forever)
-    runner.start()
-    in_turn, release = threading.Event(), threading.Event()
-    applied = threading.Event()
 
     def long_turn() -> None:
         in_turn.set()
@@ -140,13 +90,60 @@ def test_a_change_whose_waiter_gave_up_still_applies(caplog: pytest.LogCaptureFi
     try:
         gateway.call_soon_threadsafe(long_turn)
         assert in_turn.wait(5)
-        waiting = LoopPost(gateway).submit(applied.set)
-        assert waiting.cancel()  # the waiter gives up while the gateway is busy
-        release.set()
-        assert applied.wait(5)
+        yield gateway, release
     finally:
         release.set()
         gateway.call_soon_threadsafe(gateway.stop)
         runner.join(10)
         gateway.close()
+
+
+def test_a_controller_s_change_waits_for_a_busy_gateway_without_stopping_the_control_loop() -> None:
+    """The control plane answers a controller's change only once the gateway's
+    loop has applied it; meanwhile the control thread's loop must go on with
+    every node's handshakes and reports, however long the gateway's turn."""
+    applied: list[str] = []
+
+    async def nothing() -> None:
+        return None
+
+    with busy_gateway() as (gateway, release):
+        node = SimpleNamespace(
+            post=LoopPost(gateway),
+            apply_now=lambda: applied.append(threading.current_thread().name),
+        )
+
+        async def change_while_the_gateway_is_busy() -> tuple[int, bool]:
+            change = asyncio.ensure_future(MainNode._apply_from_control(node))  # type: ignore[arg-type]
+            ticks = 0
+            for _ in range(20):  # what else the control loop runs meanwhile
+                await asyncio.sleep(0.01)
+                ticks += 1
+            waiting = not change.done()
+            release.set()
+            await change
+            return ticks, waiting
+
+        async def scenario() -> tuple[int, bool]:
+            control = ControlThread(name="control-under-test")
+            await control.start(nothing)
+            try:
+                return await control.run(change_while_the_gateway_is_busy)
+            finally:
+                await control.stop(nothing)
+
+        ticks, waiting = asyncio.run(scenario())
+    assert ticks == 20 and waiting  # the control loop ran on while the change waited
+    assert applied == ["gateway-under-test"]  # and the change ran on the gateway's loop
+
+
+def test_a_change_whose_waiter_gave_up_still_applies(caplog: pytest.LogCaptureFixture) -> None:
+    """A controller that hangs up (or a timeout) cancels the wait, not the
+    change: the store has it already, and the gateway must apply it too."""
+    applied = threading.Event()
+    with busy_gateway() as (gateway, release):
+        waiting = LoopPost(gateway).submit(applied.set)
+        assert waiting.cancel()  # the waiter gives up while the gateway is busy
+        release.set()
+        assert applied.wait(5)
     assert "failed" not in caplog.text
