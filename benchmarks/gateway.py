@@ -24,7 +24,9 @@ and reported as ratios.
 ``--zero-delay``: the mock sends every token at once, so a request costs
 what the proxies themselves cost; rows direct, nginx, floor (the cheapest
 forwarder Python can be on letsinfer's stack, ``benchmarks/python_floor.py``:
-the most any Python data path could reach) and letsinfer (as a main runs
+the most any Python data path could reach), callbacks (not streaming only:
+letsinfer's own work per request driven from protocol callbacks,
+``benchmarks/callback_path.py``, an experiment) and letsinfer (as a main runs
 it, with fallbacks, an adapter, bands, limits and a cache configured for
 other keys and models: ``--breadth``), and ``before`` with ``--before``
 (whose ``benchmarks/`` must know ``--breadth``: use this checkout's). Its
@@ -73,6 +75,7 @@ class Target:
     url: str
     authorization: str = ""
     skipped: str = ""  # why this target did not run
+    plain_only: bool = False  # measured in the cells that do not stream
 
 
 AB = ("letsinfer-off", "before")  # baselines of the letsinfer row, measured A-B-B-A
@@ -127,6 +130,42 @@ def _gateway(
     ).start()
     stack.callback(gw.stop)
     return Target(name, gw.url, f"Bearer {key_file.read_text().strip()}")
+
+
+def _callback_path(work: Path, upstream: str, stack: contextlib.ExitStack) -> Target:
+    """The experiment of ``benchmarks/callback_path.py``: letsinfer's per-request
+    work from protocol callbacks (plain requests only)."""
+    port = free_port()
+    key_file = work / "callbacks.key"
+    server = Server(
+        "callbacks",
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.callback_path",
+            "--port",
+            str(port),
+            "--upstream",
+            upstream,
+            "--upstream",
+            upstream,
+            "--home",
+            str(work / "callbacks-home"),
+            "--key-file",
+            str(key_file),
+            "--access-log",
+            str(work / "callbacks-access.log"),
+            "--records",
+            str(work / "callbacks.db"),
+        ],
+        port,
+        work,
+        ready_status=(404,),  # its answer to anything but an inference POST
+    ).start()
+    stack.callback(server.stop)
+    return Target(
+        "callbacks", server.url, f"Bearer {key_file.read_text().strip()}", plain_only=True
+    )
 
 
 def start_targets(
@@ -184,6 +223,7 @@ def start_targets(
         ).start()
         stack.callback(floor.stop)
         targets.append(Target("floor", floor.url))
+        targets.append(_callback_path(work, mock.url, stack))
         extra = ("--breadth",)
         if before is not None:
             try:
@@ -243,7 +283,7 @@ def measure(targets: list[Target], plan: Plan) -> dict[str, dict[str, CellResult
                     )
                 )
 
-            live = [t for t in targets if not t.skipped]
+            live = [t for t in targets if not t.skipped and not (stream and t.plain_only)]
             for t in live:
                 results[cell][t.name] = run(t)
             # The A/B pairs once more, in reverse order: A-B-B-A.
@@ -312,11 +352,12 @@ def report(targets: list[Target], results: dict[str, dict[str, CellResult]]) -> 
                 ratio = ours.rps / by_target[other].rps
                 rows[f"letsinfer/{other}"] = {"throughput_ratio": ratio}
                 ratios.append(f"letsinfer/{other} throughput {ratio:.2f}x")
-        floor, nginx = by_target.get("floor"), by_target.get("nginx")
-        if floor and nginx and nginx.rps:  # the most a Python data path reaches here
-            ratio = floor.rps / nginx.rps
-            rows["floor/nginx"] = {"throughput_ratio": ratio}
-            ratios.append(f"floor/nginx throughput {ratio:.2f}x")
+        nginx = by_target.get("nginx")
+        for other in ("floor", "callbacks"):  # the floor: the most a Python data path reaches
+            if other in by_target and nginx and nginx.rps:
+                ratio = by_target[other].rps / nginx.rps
+                rows[f"{other}/nginx"] = {"throughput_ratio": ratio}
+                ratios.append(f"{other}/nginx throughput {ratio:.2f}x")
         if ratios:
             print("  " + ";  ".join(ratios))
         summary[cell] = rows
@@ -366,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--zero-delay",
         action="store_true",
-        help="the proxy's own cost: every token at once; direct, nginx, floor, letsinfer",
+        help="the proxy's own cost (every token at once), against nginx and Python floors",
     )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument(
