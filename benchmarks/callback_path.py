@@ -55,9 +55,8 @@ class _Engine(_Upstream):
     """A kept engine connection: the answer goes to the client as it arrives and
     its body is kept for the usage count."""
 
-    def __init__(self, path: _CallbackPath, pool: list[_Upstream]) -> None:
-        super().__init__(path)  # type: ignore[arg-type]
-        self.pool = pool
+    def __init__(self, pool: list[_Upstream]) -> None:
+        super().__init__(pool)
         self.parts: list[bytes] = []
 
     def on_body(self, body: bytes) -> None:
@@ -65,15 +64,10 @@ class _Engine(_Upstream):
 
     def on_message_complete(self) -> None:
         request = self.client
-        self.client = None
-        self.pool.append(self)
+        super().on_message_complete()  # free for the next request
         body, self.parts = b"".join(self.parts), []
         if isinstance(request, _Request):
             request.path.answered(request, body, self.parser.get_status_code())
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self in self.pool:
-            self.pool.remove(self)
 
 
 class _Request(asyncio.Protocol):
@@ -173,7 +167,7 @@ class _CallbackPath:
     ) -> None:
         target = urlsplit(url)
         _, engine = await asyncio.get_running_loop().create_connection(
-            lambda: _Engine(self, pool), target.hostname or "127.0.0.1", target.port or 80
+            lambda: _Engine(pool), target.hostname or "127.0.0.1", target.port or 80
         )
         self._send(engine, request, data)
 

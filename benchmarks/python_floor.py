@@ -25,8 +25,8 @@ import uvloop
 class _Upstream(asyncio.Protocol):
     """One kept connection to the upstream, carrying one request at a time."""
 
-    def __init__(self, proxy: _Proxy) -> None:
-        self.proxy = proxy
+    def __init__(self, idle: list[_Upstream]) -> None:
+        self.idle = idle  # its pool's kept connections, which it joins when free
         self.parser = httptools.HttpResponseParser(self)
         self.client: _Client | None = None
         self.transport: asyncio.Transport | None = None
@@ -41,11 +41,11 @@ class _Upstream(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self.client = None
-        self.proxy.idle.append(self)
+        self.idle.append(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self in self.proxy.idle:
-            self.proxy.idle.remove(self)
+        if self in self.idle:
+            self.idle.remove(self)
         if self.client is not None and self.client.transport is not None:
             self.client.transport.close()
 
@@ -92,7 +92,9 @@ class _Proxy:
 
     async def _connect(self, client: _Client, request: bytes) -> None:
         loop = asyncio.get_running_loop()
-        _, upstream = await loop.create_connection(lambda: _Upstream(self), self.host, self.port)
+        _, upstream = await loop.create_connection(
+            lambda: _Upstream(self.idle), self.host, self.port
+        )
         self._send(upstream, client, request)
 
     def _send(self, upstream: _Upstream, client: _Client, request: bytes) -> None:
