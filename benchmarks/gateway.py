@@ -98,16 +98,21 @@ def _gateway(
     stack: contextlib.ExitStack,
     *flags: str,
     tree: Path | None = None,
+    module: str = "benchmarks.letsinfer_gateway",
+    plain_only: bool = False,
 ) -> Target:
-    """A letsinfer gateway (this checkout's, or ``tree``'s) with two replicas on the mock."""
+    """A letsinfer gateway (this checkout's, or ``tree``'s) with two replicas on
+    the mock; ``module``: another server taking the same arguments."""
     port = free_port()
     key_file = work / f"{name}.key"
+    # The callback experiment has no /health: it answers anything else with 404.
+    ready = ("/health", (200,)) if module == "benchmarks.letsinfer_gateway" else ("/", (404,))
     gw = Server(
         name,
         [
             sys.executable,
             "-m",
-            "benchmarks.letsinfer_gateway",
+            module,
             "--port",
             str(port),
             "--upstream",
@@ -124,48 +129,13 @@ def _gateway(
         ],
         port,
         work,
-        ready_path="/health",
+        ready_path=ready[0],
+        ready_status=ready[1],
         env={"PYTHONPATH": str(tree)} if tree else None,
         cwd=tree,
     ).start()
     stack.callback(gw.stop)
-    return Target(name, gw.url, f"Bearer {key_file.read_text().strip()}")
-
-
-def _callback_path(work: Path, upstream: str, stack: contextlib.ExitStack) -> Target:
-    """The experiment of ``benchmarks/callback_path.py``: letsinfer's per-request
-    work from protocol callbacks (plain requests only)."""
-    port = free_port()
-    key_file = work / "callbacks.key"
-    server = Server(
-        "callbacks",
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.callback_path",
-            "--port",
-            str(port),
-            "--upstream",
-            upstream,
-            "--upstream",
-            upstream,
-            "--home",
-            str(work / "callbacks-home"),
-            "--key-file",
-            str(key_file),
-            "--access-log",
-            str(work / "callbacks-access.log"),
-            "--records",
-            str(work / "callbacks.db"),
-        ],
-        port,
-        work,
-        ready_status=(404,),  # its answer to anything but an inference POST
-    ).start()
-    stack.callback(server.stop)
-    return Target(
-        "callbacks", server.url, f"Bearer {key_file.read_text().strip()}", plain_only=True
-    )
+    return Target(name, gw.url, f"Bearer {key_file.read_text().strip()}", plain_only=plain_only)
 
 
 def start_targets(
@@ -223,7 +193,14 @@ def start_targets(
         ).start()
         stack.callback(floor.stop)
         targets.append(Target("floor", floor.url))
-        targets.append(_callback_path(work, mock.url, stack))
+        # letsinfer's own work from protocol callbacks: an experiment, plain requests only
+        experiment = ("--records", str(work / "callbacks.db"))
+        module = "benchmarks.callback_path"
+        targets.append(
+            _gateway(
+                "callbacks", work, mock.url, stack, *experiment, module=module, plain_only=True
+            )
+        )
         extra = ("--breadth",)
         if before is not None:
             try:
