@@ -18,45 +18,38 @@ the engine's status line and headers as they are (the gateway writes its
 own); no timeouts, retries, fallback, queueing, disconnect handling, limits,
 cache or tracing; errors answer 404 with the exception's text.
 
-``python -m benchmarks.callback_path --port P --upstream URL [--upstream URL ...]
---home DIR --key-file F --access-log F --records DB`` (the benchmark starts it).
+``python -m benchmarks.callback_path`` takes the arguments of
+``benchmarks.letsinfer_gateway`` and sets up the same way (the benchmark starts
+it with the letsinfer row's: records, facts, breadth).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import time
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import httptools
 import uvloop
 
-from benchmarks.letsinfer_gateway import configure_breadth, feed_facts
-from benchmarks.python_floor import _Upstream
-from letsinfer.authority.apikeys import create_key
-from letsinfer.config import GatewaySettings, RequestSettings
+from benchmarks.letsinfer_gateway import arguments, set_up
+from benchmarks.python_floor import _Proxy, _Upstream
 from letsinfer.gateway import access_log, policy, protocol
-from letsinfer.gateway.directory import Directory, ServiceEntry
+from letsinfer.gateway.directory import ServiceEntry
 from letsinfer.gateway.gateway import Gateway
-from letsinfer.gateway.routing import Replica, RoutingTable
+from letsinfer.gateway.routing import Replica
 from letsinfer.gateway.serving import ENDPOINTS, ROUTES, authenticate, request_id_from, usage_tokens
 from letsinfer.heap import settle_after_startup
-from letsinfer.store import AuthorityStore
 from letsinfer.store.requests import RequestRecord
-from letsinfer.usage.recorder import RequestLog
-
-MODEL = "mock"
 
 
 class _Engine(_Upstream):
     """A kept engine connection: the answer goes to the client as it arrives and
     its body is kept for the usage count."""
 
-    def __init__(self, pool: list[_Upstream]) -> None:
-        super().__init__(pool)
+    def __init__(self, idle: list[_Upstream]) -> None:
+        super().__init__(idle)
         self.parts: list[bytes] = []
 
     def on_body(self, body: bytes) -> None:
@@ -68,6 +61,12 @@ class _Engine(_Upstream):
         body, self.parts = b"".join(self.parts), []
         if isinstance(request, _Request):
             request.path.answered(request, body, self.parser.get_status_code())
+
+
+class _Engines(_Proxy):
+    """One engine's kept connections, as the floor keeps its upstream's."""
+
+    connection = _Engine
 
 
 class _Request(asyncio.Protocol):
@@ -129,13 +128,16 @@ class _CallbackPath:
     def __init__(self, gw: Gateway, prefix_chars: int) -> None:
         self.gw = gw
         self.prefix_chars = prefix_chars
-        self.pools: dict[str, list[_Upstream]] = {}
+        self.engines: dict[str, _Engines] = {}  # by base URL
         self.finished: list[_Request] = []
 
     def start(self, request: _Request) -> None:
         gw = self.gw
         request.started, request.arrived = time.perf_counter(), time.time()
         path = request.url.decode()
+        if path == "/health" and request.transport is not None:  # the benchmark's probe
+            request.transport.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+            return
         key = authenticate(gw, request.auth.decode("latin-1") if request.auth else None)
         body = b"".join(request.parts)
         parsed = protocol.parse(body, ROUTES[path])
@@ -155,26 +157,12 @@ class _CallbackPath:
             f"POST {path} HTTP/1.1\r\nhost: engine\r\ncontent-type: application/json\r\n"
             f"content-length: {len(body)}\r\nx-request-id: {request.request_id}\r\n\r\n"
         ).encode()
-        pool = self.pools.setdefault(replica.base_url, [])
-        if pool:
-            self._send(pool.pop(), request, head + body)
-        else:
-            connect = self._connect(replica.base_url, pool, request, head + body)
-            asyncio.get_running_loop().create_task(connect)
-
-    async def _connect(
-        self, url: str, pool: list[_Upstream], request: _Request, data: bytes
-    ) -> None:
-        target = urlsplit(url)
-        _, engine = await asyncio.get_running_loop().create_connection(
-            lambda: _Engine(pool), target.hostname or "127.0.0.1", target.port or 80
-        )
-        self._send(engine, request, data)
-
-    def _send(self, engine: _Upstream, request: _Request, data: bytes) -> None:
-        engine.client = request  # type: ignore[assignment]
-        assert engine.transport is not None
-        engine.transport.write(data)
+        engine = self.engines.get(replica.base_url)
+        if engine is None:
+            target = urlsplit(replica.base_url)
+            engine = _Engines(target.hostname or "127.0.0.1", target.port or 80)
+            self.engines[replica.base_url] = engine
+        engine.forward(request, head + body)
 
     def answered(self, request: _Request, body: bytes, status: int) -> None:
         assert request.replica is not None
@@ -238,42 +226,12 @@ class _CallbackPath:
 
 
 async def _serve(args: argparse.Namespace) -> None:
-    """The same authority, keys, replicas and bookkeeping as the benchmark's
-    letsinfer row (``benchmarks.letsinfer_gateway --records --facts --breadth``)."""
-    args.home.mkdir(parents=True, exist_ok=True)
-    store = AuthorityStore(args.home / "authority.db")
-    store.add_service(MODEL, "0" * 64, 0, "gguf", None)
-    adapters = configure_breadth(store, MODEL, args.home)
-    args.key_file.write_text(create_key(store, "bench", (MODEL, *adapters)).secret)
-    access = logging.getLogger("letsinfer.access")
-    access.addHandler(logging.FileHandler(args.access_log))
-    access.setLevel(logging.INFO)
-    access.propagate = False
-    settings = GatewaySettings(
-        host="127.0.0.1", port=args.port, metrics_port=0, affinity_prefix_chars=256
-    )
-    routing = RoutingTable()
-    directory = Directory(store, max_stale_s=3600)
-    directory.refresh()
-    records = RequestLog(args.records, RequestSettings())
-    gw = Gateway.build(directory, routing, settings, records=records)
-    for i, url in enumerate(args.upstream):
-        routing.publish(
-            Replica(
-                pg_id=f"pg-{i}",
-                service=MODEL,
-                base_url=url,
-                authorization="",
-                capacity=100_000,
-                adapters=adapters,
-            )
-        )
-    background = [
-        asyncio.create_task(records.run()),
-        asyncio.create_task(feed_facts(routing, MODEL, 100_000)),
-    ]
+    """Set up exactly as the benchmark's letsinfer row (same arguments, same
+    authority, keys, replicas, records and facts), then serve from callbacks."""
+    bench = set_up(args)
+    background = bench.start_background(args)
     settle_after_startup()
-    path = _CallbackPath(gw, settings.affinity_prefix_chars)
+    path = _CallbackPath(bench.gateway, bench.settings.affinity_prefix_chars)
     loop = asyncio.get_running_loop()
     server = await loop.create_server(lambda: _Request(path), "127.0.0.1", args.port, backlog=4096)
     try:
@@ -285,14 +243,7 @@ async def _serve(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--upstream", action="append", required=True)
-    parser.add_argument("--home", type=Path, required=True)
-    parser.add_argument("--key-file", type=Path, required=True)
-    parser.add_argument("--access-log", type=Path, required=True)
-    parser.add_argument("--records", type=Path, required=True)
-    uvloop.run(_serve(parser.parse_args()))
+    uvloop.run(_serve(arguments().parse_args()))
 
 
 if __name__ == "__main__":

@@ -105,8 +105,6 @@ def _gateway(
     the mock; ``module``: another server taking the same arguments."""
     port = free_port()
     key_file = work / f"{name}.key"
-    # The callback experiment has no /health: it answers anything else with 404.
-    ready = ("/health", (200,)) if module == "benchmarks.letsinfer_gateway" else ("/", (404,))
     gw = Server(
         name,
         [
@@ -129,8 +127,7 @@ def _gateway(
         ],
         port,
         work,
-        ready_path=ready[0],
-        ready_status=ready[1],
+        ready_path="/health",
         env={"PYTHONPATH": str(tree)} if tree else None,
         cwd=tree,
     ).start()
@@ -193,15 +190,16 @@ def start_targets(
         ).start()
         stack.callback(floor.stop)
         targets.append(Target("floor", floor.url))
-        # letsinfer's own work from protocol callbacks: an experiment, plain requests only
-        experiment = ("--records", str(work / "callbacks.db"))
+        extra = ("--breadth",)
+        # letsinfer's own work from protocol callbacks, set up as the letsinfer
+        # row: an experiment, plain requests only
+        experiment = ("--records", str(work / "callbacks.db"), "--facts", *extra)
         module = "benchmarks.callback_path"
         targets.append(
             _gateway(
                 "callbacks", work, mock.url, stack, *experiment, module=module, plain_only=True
             )
         )
-        extra = ("--breadth",)
         if before is not None:
             try:
                 targets.append(

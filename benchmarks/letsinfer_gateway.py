@@ -22,6 +22,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,7 @@ def configure_breadth(store: AuthorityStore, model: str, home: Path) -> tuple[st
     return (f"{model}-lora",)
 
 
-def main() -> None:
+def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--upstream", action="append", required=True)
@@ -81,8 +82,31 @@ def main() -> None:
     parser.add_argument(
         "--breadth", action="store_true", help="configure fallbacks, adapters, limits, cache"
     )
-    args = parser.parse_args()
+    return parser
 
+
+@dataclass
+class Bench:
+    """A gateway set up as the arguments say, not yet serving."""
+
+    gateway: Gateway
+    routing: RoutingTable
+    records: RequestLog | None
+    settings: GatewaySettings
+
+    def start_background(self, args: argparse.Namespace) -> list[asyncio.Task[None]]:
+        """What a main runs beside its gateway: the records writer, nodes' facts."""
+        tasks = []
+        if self.records is not None:
+            tasks.append(asyncio.create_task(self.records.run()))
+        if args.facts:
+            tasks.append(asyncio.create_task(feed_facts(self.routing, args.model, args.capacity)))
+        return tasks
+
+
+def set_up(args: argparse.Namespace) -> Bench:
+    """A throwaway authority with one model and the benchmark's key, and a
+    gateway with each upstream published as a ready replica."""
     store = AuthorityStore(args.home / "authority.db")
     store.add_service(args.model, "0" * 64, 0, "gguf", None)
     adapters: tuple[str, ...] = ()
@@ -118,6 +142,13 @@ def main() -> None:
                 adapters=adapters,
             )
         )
+    return Bench(gateway, routing, records, settings)
+
+
+def main() -> None:
+    args = arguments().parse_args()
+    bench = set_up(args)
+    gateway, settings = bench.gateway, bench.settings
     limits = gateway_limits(
         settings.max_connections,
         settings.max_connections_per_client,
@@ -129,11 +160,7 @@ def main() -> None:
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
         await gateway.restore_usage()  # the limited keys' counts, as a node does
-        tasks = []
-        if records is not None:
-            tasks.append(asyncio.create_task(records.run()))
-        if args.facts:
-            tasks.append(asyncio.create_task(feed_facts(routing, args.model, args.capacity)))
+        tasks = bench.start_background(args)
         try:  # as a main does once started (letsinfer/node.py)
             from letsinfer.heap import settle_after_startup
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from typing import Protocol
 from urllib.parse import urlsplit
 
 import httptools
@@ -28,7 +29,7 @@ class _Upstream(asyncio.Protocol):
     def __init__(self, idle: list[_Upstream]) -> None:
         self.idle = idle  # its pool's kept connections, which it joins when free
         self.parser = httptools.HttpResponseParser(self)
-        self.client: _Client | None = None
+        self.client: _Peer | None = None  # whose request it carries
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -48,6 +49,10 @@ class _Upstream(asyncio.Protocol):
             self.idle.remove(self)
         if self.client is not None and self.client.transport is not None:
             self.client.transport.close()
+
+
+class _Peer(Protocol):
+    transport: asyncio.Transport | None
 
 
 class _Client(asyncio.Protocol):
@@ -79,25 +84,27 @@ class _Client(asyncio.Protocol):
 
 
 class _Proxy:
+    connection: type[_Upstream] = _Upstream  # what each kept upstream connection is
+
     def __init__(self, host: str, port: int) -> None:
         self.host = host
         self.port = port
         self.idle: list[_Upstream] = []
 
-    def forward(self, client: _Client, request: bytes) -> None:
+    def forward(self, client: _Peer, request: bytes) -> None:
         if self.idle:
             self._send(self.idle.pop(), client, request)
         else:  # a new upstream connection only when every kept one is busy
             asyncio.get_running_loop().create_task(self._connect(client, request))
 
-    async def _connect(self, client: _Client, request: bytes) -> None:
+    async def _connect(self, client: _Peer, request: bytes) -> None:
         loop = asyncio.get_running_loop()
         _, upstream = await loop.create_connection(
-            lambda: _Upstream(self.idle), self.host, self.port
+            lambda: self.connection(self.idle), self.host, self.port
         )
         self._send(upstream, client, request)
 
-    def _send(self, upstream: _Upstream, client: _Client, request: bytes) -> None:
+    def _send(self, upstream: _Upstream, client: _Peer, request: bytes) -> None:
         upstream.client = client
         assert upstream.transport is not None
         upstream.transport.write(request)
