@@ -291,7 +291,9 @@ class MainNode:
         self.apply_now()
 
     def apply_now(self) -> None:
-        """A change made through the admin socket takes effect before it answers."""
+        """A change to the authority takes effect now (keys, models, paused
+        nodes), on the gateway's loop: before the admin socket or the control
+        plane answers the change."""
         self.directory.refresh(force=True)
         self._nodes_rev = None  # read the paused nodes again
         self.reconcile()

@@ -113,18 +113,18 @@ def test_a_controller_s_change_waits_for_a_busy_gateway_without_stopping_the_con
             apply_now=lambda: applied.append(threading.current_thread().name),
         )
 
-        async def change_while_the_gateway_is_busy() -> tuple[int, bool]:
+        async def change_while_the_gateway_is_busy() -> tuple[int, list[str]]:
             change = asyncio.ensure_future(MainNode._apply_from_control(node))  # type: ignore[arg-type]
-            ticks = 0
+            ticks = 0  # turns of the control loop while the change waits
             for _ in range(20):  # what else the control loop runs meanwhile
                 await asyncio.sleep(0.01)
-                ticks += 1
-            waiting = not change.done()
+                ticks += not change.done()
+            applied_before = list(applied)
             release.set()
             await change
-            return ticks, waiting
+            return ticks, applied_before
 
-        async def scenario() -> tuple[int, bool]:
+        async def scenario() -> tuple[int, list[str]]:
             control = ControlThread(name="control-under-test")
             await control.start(nothing)
             try:
@@ -132,9 +132,10 @@ def test_a_controller_s_change_waits_for_a_busy_gateway_without_stopping_the_con
             finally:
                 await control.stop(nothing)
 
-        ticks, waiting = asyncio.run(scenario())
-    assert ticks == 20 and waiting  # the control loop ran on while the change waited
-    assert applied == ["gateway-under-test"]  # and the change ran on the gateway's loop
+        ticks, applied_before = asyncio.run(scenario())
+    assert ticks == 20  # every turn of the control loop ran while the change waited,
+    assert applied_before == []  # which waited for the gateway's turn to end,
+    assert applied == ["gateway-under-test"]  # and then ran on the gateway's loop
 
 
 def test_a_change_whose_waiter_gave_up_still_applies(caplog: pytest.LogCaptureFixture) -> None:
