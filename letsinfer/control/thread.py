@@ -111,6 +111,10 @@ class ControlThread:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
+        # The loop holds its tasks only weakly: one waiting on something no
+        # timer or socket holds (an Event) would be collected mid-wait, its
+        # ``finally`` run by the garbage collector on whatever thread.
+        self._tasks: set[asyncio.Task[Any]] = set()
 
     def _main(self) -> None:
         loop = _new_loop()
@@ -157,6 +161,8 @@ class ControlThread:
         """Start a task on the control loop (from that loop's own thread)."""
         assert self.loop is not None
         task = self.loop.create_task(work())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
         task.add_done_callback(_report_end)
 
     async def stop(self, teardown: Callable[[], Awaitable[Any]], join_s: float = 30) -> bool:
