@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from letsinfer.gateway.direct import DirectCycle
+from letsinfer.gateway.express import Express
 from letsinfer.gateway.mock_upstream import MockBehaviour
+from letsinfer.store.requests import RequestRecord, RequestStore
 from tests.gateway_harness import GatewayHarness, chat
 
 
@@ -82,7 +85,7 @@ def _closed(sock: socket.socket) -> bool:
 
 
 @pytest.fixture
-def gateway(tmp_path: Path) -> GatewayHarness:
+def gateway(tmp_path: Path) -> Iterator[GatewayHarness]:
     with GatewayHarness(tmp_path, {"pg-a": MockBehaviour(tokens=3)}) as h:
         yield h
 
@@ -93,15 +96,22 @@ def _connect(h: GatewayHarness) -> socket.socket:
 
 @pytest.fixture
 def direct_requests(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The paths of the requests the direct path answered."""
+    """The paths of the requests the direct path answered (its handler or its
+    express lane)."""
     taken: list[str] = []
-    run = DirectCycle.run_asgi
+    run, take = DirectCycle.run_asgi, Express.take
 
     async def counted(self: DirectCycle, app: object = None) -> None:
         taken.append(self.scope["path"])
         await run(self, app)
 
+    def counted_express(self: Express, cycle: DirectCycle) -> bool:
+        if took := take(self, cycle):
+            taken.append(cycle.scope["path"])
+        return took
+
     monkeypatch.setattr(DirectCycle, "run_asgi", counted)
+    monkeypatch.setattr(Express, "take", counted_express)
     return taken
 
 
@@ -232,3 +242,41 @@ def test_a_client_leaving_midway_through_its_body_reaches_no_engine(
         status, _, _ = _read_response(sock, bytearray())
         assert status == "HTTP/1.1 200 OK"
     assert h.mocks["pg-a"].stats.requests == 1
+
+
+def _untimed(record: RequestRecord) -> RequestRecord:
+    return record._replace(ts=0, ttft_ms=0, duration_ms=0, queue_ms=0)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_the_express_lane_answers_and_books_a_request_as_the_handler_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stream: bool
+) -> None:
+    """The same request twice on one connection: the handler answers the first,
+    the express lane the second."""
+    taken: list[bool] = []
+    take = Express.take
+
+    def first_to_the_handler(self: Express, cycle: DirectCycle) -> bool:
+        taken.append(took := bool(taken) and take(self, cycle))
+        return took
+
+    monkeypatch.setattr(Express, "take", first_to_the_handler)
+    answers = []
+    with GatewayHarness(tmp_path, {"pg-a": MockBehaviour(tokens=3)}, records=True) as h:
+        request = _request(h, json.dumps(chat(stream)).encode(), **{"x-request-id": "twice"})
+        with _connect(h) as sock:
+            buffered = bytearray()
+            for _ in range(2):
+                sock.sendall(request)
+                status, headers, body = _read_response(sock, buffered)
+                del headers["date"]
+                answers.append((status, list(headers.items()), body))
+    assert taken == [False, True]
+    assert answers[0] == answers[1]  # the same headers in the same order, the same body
+    status, fields, body = answers[0]
+    assert status == "HTTP/1.1 200 OK" and ("x-request-id", "twice") in fields
+    assert body.endswith(b"data: [DONE]\n\n") if stream else json.loads(body)["usage"]
+    handler, express = RequestStore(tmp_path / "requests.db").find("twice")
+    assert _untimed(handler) == _untimed(express)
+    assert express.status == 200 and express.pg == "pg-a" and express.completion_tokens == 3

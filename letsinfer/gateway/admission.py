@@ -167,6 +167,19 @@ class Admission:
             replica.in_flight += 1
         return replica
 
+    def take_now(
+        self,
+        service: str,
+        prefix_hash: int | None = None,
+        exclude: frozenset[str] = frozenset(),
+        adapter: str | None = None,
+    ) -> Replica | None:
+        """A free slot now, as :meth:`acquire` gives one; None when none is free
+        or requests wait for the model already (they go first). Never waits."""
+        if service in self._queues:
+            return None
+        return self._pick(service, prefix_hash, exclude, adapter)
+
     def _any_usable(self, service: str, exclude: frozenset[str], adapter: str | None) -> bool:
         now = self.routing.clock()
         return any(
@@ -191,10 +204,9 @@ class Admission:
         Raises 503 when no usable replica exists, 429 when the queue is full or
         the wait limit passes. Cancelling the caller (the client went away)
         leaves the queue clean."""
-        if service not in self._queues:  # nobody waiting ahead: no queueing
-            replica = self._pick(service, prefix_hash, exclude, adapter)
-            if replica is not None:
-                return replica
+        replica = self.take_now(service, prefix_hash, exclude, adapter)
+        if replica is not None:
+            return replica
         if not self._any_usable(service, exclude, adapter):
             if adapter is not None and self._any_usable(service, exclude, None):
                 raise adapter_not_loaded(adapter, service)

@@ -17,6 +17,10 @@ control and header deadline kept) hand those three POSTs to
   one write (chunked for a stream, Content-Length otherwise);
 - the connection's loss cancels the handler directly.
 
+The handler starts only once the body is whole (or too large to hold): a
+request of the common kind is then answered without it, from callbacks, by
+the express lane (letsinfer.gateway.express).
+
 Anything else (other methods and paths, HTTP/1.0, ``Expect: 100-continue``,
 an absolute or percent-encoded URL) takes uvicorn's ASGI path as before.
 """
@@ -28,15 +32,20 @@ import logging
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
 from letsinfer.gateway.errors import internal_error
+from letsinfer.gateway.express import Express
 from letsinfer.gateway.serving import ROUTES, InferenceEndpoints
 
 log = logging.getLogger("letsinfer.gateway")
 
 _DISCONNECT: dict[str, Any] = {"type": "http.disconnect"}
 _LAST_CHUNK = b"0\r\n\r\n"
+# A body held until it is whole, for the express lane: up to uvicorn's high
+# water mark, past which it pauses reading until a handler takes the body.
+_DEFER_BYTES = HIGH_WATER_LIMIT
 
 
 class DirectCycle:
@@ -52,6 +61,7 @@ class DirectCycle:
         "_waiter",
         "body",
         "chunked",
+        "deferred",
         "disconnected",
         "endpoints",
         "keep_alive",
@@ -59,6 +69,7 @@ class DirectCycle:
         "more_body",
         "protocol",
         "response_complete",
+        "resumes",
         "scope",
         "task",
     )
@@ -76,6 +87,8 @@ class DirectCycle:
         self.response_complete = False
         self.keep_alive = True
         self.chunked = False
+        self.deferred = False  # no handler yet: the express lane may take it whole
+        self.resumes: Callable[[], None] | None = None  # once the client catches up
         self.task: asyncio.Task[None] | None = None
         self._head: bytes | None = None  # status line and headers, sent with the first part
         self._set = False
@@ -85,6 +98,16 @@ class DirectCycle:
     # -- what uvicorn's protocol calls ---------------------------------------
     def set(self) -> None:
         """More body, its end, or the connection lost."""
+        if self.deferred:
+            if self.more_body and not self.disconnected and len(self.body) <= _DEFER_BYTES:
+                return  # more to come
+            self.deferred = False
+            # The body is whole: the express lane answers from callbacks, or
+            # the handler does (so does every body too large to hold here,
+            # and a client gone before its body was).
+            if self.more_body or self.disconnected or not self.protocol.express.take(self):
+                self.start()
+            return
         self._set = True
         waiter = self._waiter
         if waiter is not None and not waiter.done():
@@ -92,6 +115,14 @@ class DirectCycle:
         if self.disconnected and self._gone is not None:
             gone, self._gone = self._gone, None
             gone()
+
+    def start(self) -> None:
+        """Run the handler in a task of its own, as uvicorn runs a request."""
+        protocol = self.protocol
+        task = protocol.loop.create_task(self.run_asgi())
+        self.task = task
+        task.add_done_callback(protocol.tasks.discard)
+        protocol.tasks.add(task)
 
     async def run_asgi(self, app: object = None) -> None:
         """The handler, as uvicorn starts a request (``app`` is not used)."""
@@ -137,38 +168,47 @@ class DirectCycle:
             gone()
         else:
             self._gone = gone
-        return self._unwatch
+        return self.unwatch
 
-    def _unwatch(self) -> None:
+    def unwatch(self) -> None:
         self._gone = None
 
     async def send(self, message: MutableMapping[str, Any]) -> None:
-        protocol = self.protocol
-        if protocol.flow.write_paused and not self.disconnected:
-            await protocol.flow.drain()
+        if self.protocol.flow.write_paused and not self.disconnected:
+            await self.protocol.flow.drain()
         if self.disconnected or self.response_complete:
             return
         if message["type"] == "http.response.start":
-            parts = [STATUS_LINE[message["status"]]]
-            for name, value in protocol.server_state.default_headers:  # date, server
-                parts += (name, b": ", value, b"\r\n")
-            chunked = True
-            # The handler's own headers: names it wrote, values it checked
-            # (an engine's content type has passed httptools' parser).
-            for name, value in message["headers"]:
-                if name == b"content-length":
-                    chunked = False
-                parts += (name, b": ", value, b"\r\n")
-            if chunked:
-                parts.append(b"transfer-encoding: chunked\r\n")
-            if not self.keep_alive:
-                parts.append(b"connection: close\r\n")
-            parts.append(b"\r\n")
-            self.chunked = chunked
-            self._head = b"".join(parts)
-            return
-        body = message.get("body", b"")
-        more = message.get("more_body", False)
+            self.start_response(message["status"], message["headers"])
+        else:
+            self.write(message.get("body", b""), message.get("more_body", False))
+
+    def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        """A whole answer at once, from a callback (the express lane's)."""
+        if not (self.disconnected or self.response_complete):
+            self.start_response(status, headers)
+            self.write(body, False)
+
+    def start_response(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        parts = [STATUS_LINE[status]]
+        for name, value in self.protocol.server_state.default_headers:  # date, server
+            parts += (name, b": ", value, b"\r\n")
+        chunked = True
+        # The handler's own headers: names it wrote, values it checked
+        # (an engine's content type has passed httptools' parser).
+        for name, value in headers:
+            if name == b"content-length":
+                chunked = False
+            parts += (name, b": ", value, b"\r\n")
+        if chunked:
+            parts.append(b"transfer-encoding: chunked\r\n")
+        if not self.keep_alive:
+            parts.append(b"connection: close\r\n")
+        parts.append(b"\r\n")
+        self.chunked = chunked
+        self._head = b"".join(parts)
+
+    def write(self, body: bytes, more: bool) -> None:
         if self.chunked:
             data = b"%x\r\n%b\r\n" % (len(body), body) if body else b""
             if not more:
@@ -179,6 +219,7 @@ class DirectCycle:
         if head is not None:
             data = head + data
             self._head = b""  # sent (not None: the response has started)
+        protocol = self.protocol
         transport = protocol.transport
         if data:
             transport.write(data)
@@ -195,6 +236,7 @@ class DirectInference:
     the inference POSTs go to a :class:`DirectCycle`."""
 
     inference: InferenceEndpoints
+    express: Express
     routes: frozenset[bytes]
 
     # uvicorn's protocol sets these
@@ -208,6 +250,14 @@ class DirectInference:
     flow: Any
     loop: asyncio.AbstractEventLoop
     tasks: set[asyncio.Task[None]]
+
+    def resume_writing(self) -> None:
+        super().resume_writing()  # type: ignore[misc]
+        cycle = self.cycle  # (uvicorn's own cycle, for a request on ASGI's path)
+        resumes = getattr(cycle, "resumes", None)
+        if resumes is not None:
+            cycle.resumes = None
+            resumes()
 
     def on_headers_complete(self) -> None:
         parser = self.parser
@@ -233,10 +283,7 @@ class DirectInference:
         before = self.cycle
         self.cycle = cycle
         if before is None or before.response_complete:
-            task = self.loop.create_task(cycle.run_asgi())
-            cycle.task = task
-            task.add_done_callback(self.tasks.discard)
-            self.tasks.add(task)
+            cycle.deferred = True  # until its body is whole (DirectCycle.set)
         else:  # pipelined behind an unfinished answer: uvicorn starts it after that
             self.flow.pause_reading()
             self.pipeline.appendleft((cycle, None))
@@ -248,5 +295,9 @@ def protocol_mixin(endpoints: InferenceEndpoints) -> type:
     return type(
         "GatewayInference",
         (DirectInference,),
-        {"inference": endpoints, "routes": frozenset(r.encode() for r in ROUTES)},
+        {
+            "inference": endpoints,
+            "express": Express(endpoints),
+            "routes": frozenset(r.encode() for r in ROUTES),
+        },
     )

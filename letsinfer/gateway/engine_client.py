@@ -23,7 +23,7 @@ import asyncio
 import collections
 import ssl
 from collections.abc import Sequence
-from typing import cast
+from typing import Protocol, cast
 from urllib.parse import urlsplit
 
 import httptools
@@ -60,7 +60,7 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.reused = False
-        self._exchange: EngineResponse | None = None
+        self._exchange: _Response | None = None
 
     # -- asyncio.Protocol --------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -95,7 +95,7 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
-    def finished(self, ex: EngineResponse, keep_alive: bool) -> None:
+    def finished(self, keep_alive: bool) -> None:
         self._exchange = None
         if keep_alive and not self.closed:
             self.reused = True
@@ -104,23 +104,17 @@ class _Connection(asyncio.Protocol):
             self.abort()
 
 
-class EngineResponse:
-    """The response to one request; the body is read with :meth:`next_chunk`."""
+class _Response:
+    """What both kinds of exchange share: the status line and headers parsed by
+    httptools, and a read timeout that fails an engine gone quiet."""
 
     __slots__ = (
-        "_chunks",
-        "_error",
-        "_headers_done",
-        "_keep_alive_after_drain",
         "_timer",
-        "_waiter",
-        "buffered",
         "complete",
         "conn",
         "content_type",
         "last_activity",
         "parser",
-        "paused",
         "read_timeout",
         "status",
         "until_eof",
@@ -133,15 +127,8 @@ class EngineResponse:
         self.content_type = b"application/json"
         self.until_eof = True  # until a Content-Length or chunked header says otherwise
         self.complete = False
-        self.paused = False
-        self.buffered = 0
         self.read_timeout = read_timeout
         self.last_activity = conn.loop.time()
-        self._chunks: collections.deque[bytes] = collections.deque()
-        self._error: EngineError | None = None
-        self._headers_done: asyncio.Future[None] = conn.loop.create_future()
-        self._waiter: asyncio.Future[None] | None = None
-        self._keep_alive_after_drain = False
         self._timer = conn.loop.call_later(read_timeout, self._check_idle)
 
     # -- httptools callbacks -----------------------------------------------
@@ -154,6 +141,68 @@ class EngineResponse:
         ):
             self.until_eof = False
 
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+
+    def on_message_complete(self) -> None:
+        raise NotImplementedError
+
+    def fail(self, error: EngineError) -> None:
+        raise NotImplementedError
+
+    # -- timeouts -------------------------------------------------------------
+    def _waiting_on_client(self) -> bool:
+        return False
+
+    def _check_idle(self) -> None:
+        idle = self.conn.loop.time() - self.last_activity
+        if self._waiting_on_client() or idle < self.read_timeout:
+            self._timer = self.conn.loop.call_later(
+                self.read_timeout - min(idle, self.read_timeout) + 0.01, self._check_idle
+            )
+            return
+        self.fail(
+            EngineTimeout(
+                f"no data from the engine for {self.read_timeout:g}s",
+                before_response=self.status == 0,
+            )
+        )
+        self.conn.abort()
+
+    def close(self) -> None:
+        """Stop the exchange; an unfinished one closes its connection, which is
+        how the engine learns the client went away."""
+        self._timer.cancel()
+        if self.conn._exchange is self:  # not handed back to the pool yet
+            self.complete = True
+            self.conn._exchange = None
+            self.conn.abort()
+
+
+class EngineResponse(_Response):
+    """The response to one request; the body is read with :meth:`next_chunk`."""
+
+    __slots__ = (
+        "_chunks",
+        "_error",
+        "_headers_done",
+        "_keep_alive_after_drain",
+        "_waiter",
+        "buffered",
+        "paused",
+    )
+
+    def __init__(self, conn: _Connection, read_timeout: float) -> None:
+        super().__init__(conn, read_timeout)
+        self.paused = False
+        self.buffered = 0
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._error: EngineError | None = None
+        self._headers_done: asyncio.Future[None] = conn.loop.create_future()
+        self._waiter: asyncio.Future[None] | None = None
+        self._keep_alive_after_drain = False
+
+    # -- httptools callbacks -----------------------------------------------
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
         if not self._headers_done.done():
@@ -173,7 +222,7 @@ class EngineResponse:
         self._wake()
         keep_alive = self.parser.should_keep_alive() and not self.until_eof
         if not self._chunks:
-            self.conn.finished(self, keep_alive)
+            self.conn.finished(keep_alive)
         else:  # hand the connection back once the reader has taken the rest
             self._keep_alive_after_drain = keep_alive
 
@@ -187,20 +236,8 @@ class EngineResponse:
                 self._headers_done.exception()  # retrieved: no "never retrieved" noise
             self._wake()
 
-    def _check_idle(self) -> None:
-        idle = self.conn.loop.time() - self.last_activity
-        if self.paused or idle < self.read_timeout:  # a paused reader is the client's doing
-            self._timer = self.conn.loop.call_later(
-                self.read_timeout - min(idle, self.read_timeout) + 0.01, self._check_idle
-            )
-            return
-        self.fail(
-            EngineTimeout(
-                f"no data from the engine for {self.read_timeout:g}s",
-                before_response=self.status == 0,
-            )
-        )
-        self.conn.abort()
+    def _waiting_on_client(self) -> bool:
+        return self.paused  # a paused reader is the client's doing
 
     def _wake(self) -> None:
         w = self._waiter
@@ -228,7 +265,7 @@ class EngineResponse:
                     self.paused = False
                     self.conn.transport.resume_reading()
                 if self.complete and not self._chunks:
-                    self.conn.finished(self, self._keep_alive_after_drain)
+                    self.conn.finished(self._keep_alive_after_drain)
                 return chunk
             if self._error is not None:
                 raise self._error
@@ -246,14 +283,68 @@ class EngineResponse:
             parts.append(chunk)
         return b"".join(parts)
 
-    def close(self) -> None:
-        """Stop the exchange; an unfinished one closes its connection, which is
-        how the engine learns the client went away."""
+
+class ResponseListener(Protocol):
+    """Told of a :class:`CallbackResponse`, in order: its status line and
+    headers, each part of its body, its end; or, at any point instead, its
+    failure. Each at most once, none after :meth:`CallbackResponse.close`."""
+
+    def response_started(self, response: CallbackResponse) -> None: ...
+
+    def response_body(self, response: CallbackResponse, body: bytes) -> None: ...
+
+    def response_ended(self, response: CallbackResponse) -> None: ...
+
+    def response_failed(self, response: CallbackResponse, error: EngineError) -> None: ...
+
+
+class CallbackResponse(_Response):
+    """An exchange driven by callbacks alone, for a caller with no coroutine to
+    wait in (letsinfer.gateway.express): what arrives goes straight to its
+    listener. The listener stops the engine while its own client catches up
+    with :meth:`pause` and :meth:`resume`."""
+
+    __slots__ = ("listener", "paused")
+
+    def __init__(self, conn: _Connection, read_timeout: float, listener: ResponseListener) -> None:
+        super().__init__(conn, read_timeout)
+        self.listener = listener
+        self.paused = False
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        self.listener.response_started(self)
+
+    def on_body(self, body: bytes) -> None:
+        self.listener.response_body(self, body)
+
+    def on_message_complete(self) -> None:
+        self.complete = True
         self._timer.cancel()
-        if self.conn._exchange is self:  # not handed back to the pool yet
+        self.resume()  # (the last bytes can come in the read before a pause)
+        self.conn.finished(self.parser.should_keep_alive() and not self.until_eof)
+        self.listener.response_ended(self)
+
+    def fail(self, error: EngineError) -> None:
+        if not self.complete:
             self.complete = True
-            self.conn._exchange = None
-            self.conn.abort()
+            self._timer.cancel()
+            self.listener.response_failed(self, error)
+
+    def pause(self) -> None:
+        if not self.paused and self.conn.transport is not None:
+            self.paused = True
+            self.conn.transport.pause_reading()
+
+    def resume(self) -> None:
+        if self.paused:
+            self.paused = False
+            self.last_activity = self.conn.loop.time()  # its quiet time was the client's
+            if self.conn.transport is not None:
+                self.conn.transport.resume_reading()
+
+    def _waiting_on_client(self) -> bool:
+        return self.paused
 
 
 class _Pool:
@@ -330,6 +421,44 @@ class EngineClient:
             self._heads[cache_key] = head
         return head
 
+    def _request(
+        self,
+        pool: _Pool,
+        path: str,
+        body: bytes,
+        authorization: str,
+        extra_headers: Sequence[tuple[str, str]],
+    ) -> bytes:
+        head = self._head(pool, path, authorization)
+        extra = "".join(f"{k}: {v}\r\n" for k, v in extra_headers).encode("latin-1")
+        return b"".join((head, extra, b"content-length: %d\r\n\r\n" % len(body), body))
+
+    def post_on_idle(
+        self,
+        base_url: str,
+        path: str,
+        body: bytes,
+        listener: ResponseListener,
+        *,
+        authorization: str = "",
+        extra_headers: Sequence[tuple[str, str]] = (),
+    ) -> CallbackResponse | None:
+        """Send a POST on a kept connection to a plain-HTTP engine and return
+        at once; ``listener`` is told of the answer. None (nothing sent) when
+        no kept connection is idle: :meth:`post` connects."""
+        pool = self._pool(base_url)
+        if pool.tls is not None:
+            return None
+        conn = pool.take()
+        if conn is None:
+            return None
+        if conn.transport is None:  # (take() skips closed ones; not yet connected is not kept)
+            return None
+        response = CallbackResponse(conn, self.read_timeout_s, listener)
+        conn._exchange = response
+        conn.transport.write(self._request(pool, path, body, authorization, extra_headers))
+        return response
+
     async def _connect(self, pool: _Pool) -> _Connection:
         loop = asyncio.get_running_loop()
         try:
@@ -368,9 +497,7 @@ class EngineClient:
         ``ca_file``: the CA that signs an https base URL's certificate (default:
         the system's); read once, when the first request to that URL is sent."""
         pool = self._pool(base_url, ca_file)
-        head = self._head(pool, path, authorization)
-        extra = "".join(f"{k}: {v}\r\n" for k, v in extra_headers).encode("latin-1")
-        request = b"".join((head, extra, b"content-length: %d\r\n\r\n" % len(body), body))
+        request = self._request(pool, path, body, authorization, extra_headers)
         conn = pool.take()
         if conn is not None:
             try:

@@ -45,14 +45,24 @@ class GatewayError(Exception):
     async def send(self, send: Send, request_id: str) -> None:
         """Answer with this error straight over ASGI (the inference fast path)."""
         body = self.body()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": self.status,
+                "headers": self.head(body, request_id),
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+    def head(self, body: bytes, request_id: str) -> list[tuple[bytes, bytes]]:
+        """The headers of this error's answer (``body``: :meth:`body`)."""
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),
             (b"x-request-id", request_id.encode()),
         ]
         headers += [(k.encode(), v.encode()) for k, v in self.headers.items()]
-        await send({"type": "http.response.start", "status": self.status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        return headers
 
 
 def internal_error() -> GatewayError:

@@ -37,7 +37,7 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from letsinfer.gateway import access_log, adapters, cache, policy, protocol
+from letsinfer.gateway import access_log, adapters, cache, policy, protocol, stream_usage
 from letsinfer.gateway.directory import KeyPolicy, ServiceEntry, StoreUnavailable
 from letsinfer.gateway.engine_client import EngineError
 from letsinfer.gateway.errors import (
@@ -49,7 +49,7 @@ from letsinfer.gateway.errors import (
 )
 from letsinfer.gateway.gateway import Gateway
 from letsinfer.gateway.limits import KeyLimits
-from letsinfer.gateway.stream_usage import UsageFilter, ask_for_usage, wants_usage
+from letsinfer.gateway.stream_usage import UsageFilter
 from letsinfer.gateway.upstream import Started
 from letsinfer.store.requests import RequestRecord
 
@@ -89,6 +89,10 @@ FALLBACK_ON = frozenset(
         "queue_timeout",
     }
 )
+
+# In a request's scope: the replica that failed it in the express lane and
+# why (letsinfer.gateway.express), so the retry here goes elsewhere.
+FAILED_AT = "letsinfer.failed_at"
 
 # How request records name the endpoints.
 ENDPOINTS = {
@@ -176,6 +180,12 @@ def request_id_from(given: bytes | None) -> str:
     return f"{_ID_PREFIX}{next(_ids):016x}"  # 32 hex digits, like a UUID
 
 
+def log_name(asked: str) -> str:
+    """A model name as the client gave it, for a log line: no spaces or control
+    characters to forge fields with."""
+    return asked if asked.isprintable() and " " not in asked else repr(asked)
+
+
 def too_large(limit: int) -> GatewayError:
     return GatewayError(
         413, f"Request body is larger than the limit of {limit} bytes.", code="request_too_large"
@@ -228,7 +238,7 @@ def usage_tokens(tail: bytes) -> tuple[int | None, int | None]:
     )
 
 
-class _Exchange:
+class Exchange:
     """What one request did, for its access-log line and metrics."""
 
     __slots__ = (
@@ -298,7 +308,7 @@ class InferenceEndpoints:
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
         self.prefix_chars = gw.policy.affinity_prefix_chars if gw.policy.affinity else 0
-        self._finished: list[_Exchange] = []  # settled in this turn of the loop, not booked
+        self._finished: list[Exchange] = []  # settled in this turn of the loop, not booked
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Over ASGI (the gateway's own connections take letsinfer.gateway.direct)."""
@@ -327,7 +337,7 @@ class InferenceEndpoints:
         send: Send,
         watch: Watch,
         task: asyncio.Task[Any] | None,
-    ) -> _Exchange:
+    ) -> Exchange:
         auth = given_id = declared = cache_control = None
         for name, value in scope["headers"]:
             if name == b"authorization":
@@ -338,14 +348,16 @@ class InferenceEndpoints:
                 declared = value
             elif name == b"cache-control":
                 cache_control = value
-        ex = _Exchange(request_id_from(given_id), task)
+        ex = Exchange(request_id_from(given_id), task)
         unwatch: Callable[[], None] | None = None
         try:
             key = authenticate(self.gw, auth.decode("latin-1") if auth else None)
             ex.key = key.name
             body = await read_body(receive, declared, self.gw.max_body_bytes)
             unwatch = watch(ex.client_gone)
-            await self._serve(scope["path"], key, body, ex, send, cache_control)
+            await self._serve(
+                scope["path"], key, body, ex, send, cache_control, scope.get(FAILED_AT)
+            )
         except GatewayError as err:
             ex.status = err.status
             self.gw.metrics.error(err.code or "error")
@@ -375,7 +387,7 @@ class InferenceEndpoints:
             ex.done = True
             if unwatch is not None:
                 unwatch()
-            self._record(ex)
+            self.record(ex)
         return ex
 
     async def _serve(
@@ -383,16 +395,15 @@ class InferenceEndpoints:
         path: str,
         key: KeyPolicy,
         body: bytes,
-        ex: _Exchange,
+        ex: Exchange,
         send: Send,
         cache_control: bytes | None = None,
+        failed_at: tuple[str, str] | None = None,
     ) -> None:
         gw = self.gw
         ex.endpoint = ENDPOINTS[path]
         parsed = protocol.parse(body, ROUTES[path])
-        # Client text in a log line: no spaces or control characters to forge fields.
-        asked = parsed.model
-        ex.asked = asked if asked.isprintable() and " " not in asked else repr(asked)
+        ex.asked = log_name(parsed.model)
         extra = parsed.model_extra
         if extra and adapters.FIELD in extra:
             raise adapters.client_lora()
@@ -415,16 +426,8 @@ class InferenceEndpoints:
         ):
             return
         if parsed.stream and isinstance(parsed, protocol._Sampling):
-            options = parsed.stream_options
-            usage_asked = wants_usage(options)
-            if not usage_asked:
-                body = ask_for_usage(body, options)
-            # Counted from the usage event itself (never a guess from the
-            # stream's last bytes, which a slow network splits anywhere).
-            ex.usage = UsageFilter(strip=not usage_asked)
-        hint = None
-        if self.prefix_chars:
-            hint = policy.prefix_hash(protocol.prompt_start(parsed, self.prefix_chars), gw.policy)
+            ex.usage, body = stream_usage.counted(body, parsed.stream_options)
+        hint = self.prefix_hint(parsed)
         gw.admission.enter_key(key.name, key.concurrency)
         try:
             try:
@@ -438,6 +441,7 @@ class InferenceEndpoints:
                     prefix_hash=hint,
                     band=key.band,
                     adapter=entry.name if entry.base is not None else None,
+                    failed_at=failed_at,
                 )
             except GatewayError as err:
                 if entry.fallback is None or err.code not in FALLBACK_ON:
@@ -453,13 +457,19 @@ class InferenceEndpoints:
         finally:
             gw.admission.leave_key(key.name)
 
+    def prefix_hint(self, parsed: protocol._Request) -> int | None:
+        """The request's prompt-prefix hash for cache-aware routing (None: off or short)."""
+        if not self.prefix_chars:
+            return None
+        return policy.prefix_hash(protocol.prompt_start(parsed, self.prefix_chars), self.gw.policy)
+
     async def _fall_back(
         self,
         entry: ServiceEntry,
         key: KeyPolicy,
         path: str,
         body: bytes,
-        ex: _Exchange,
+        ex: Exchange,
         hint: int | None,
         err: GatewayError,
     ) -> Started:
@@ -497,7 +507,7 @@ class InferenceEndpoints:
         path: str,
         parsed: protocol._Request,
         body: bytes,
-        ex: _Exchange,
+        ex: Exchange,
         send: Send,
         cache_control: bytes | None,
     ) -> bool:
@@ -534,7 +544,7 @@ class InferenceEndpoints:
         await send({"type": "http.response.body", "body": hit.body})
         return True
 
-    async def _answer(self, started: Started, ex: _Exchange, send: Send) -> None:
+    async def _answer(self, started: Started, ex: Exchange, send: Send) -> None:
         headers = [
             (b"content-type", started.content_type),
             (b"x-request-id", ex.request_id.encode()),
@@ -586,7 +596,7 @@ class InferenceEndpoints:
             await send(
                 {
                     "type": "http.response.body",
-                    "body": _stream_error_event(f"the model's stream broke: {exc}"),
+                    "body": stream_error_event(f"the model's stream broke: {exc}"),
                 }
             )
             return
@@ -594,7 +604,7 @@ class InferenceEndpoints:
         ex.done = True
         await send({"type": "http.response.body", "body": b""})
 
-    def _record(self, ex: _Exchange) -> None:
+    def record(self, ex: Exchange) -> None:
         """Settle a finished request now (its time, tokens and the key's charge,
         which the key's next request must see), and book it (metrics, request
         record, access-log line) with the others that finish in this turn of
@@ -667,7 +677,7 @@ class InferenceEndpoints:
         )
 
 
-def _access_extra(ex: _Exchange) -> str:
+def _access_extra(ex: Exchange) -> str:
     extra = ""
     if ex.cache is not None:
         extra = f" cache={ex.cache.decode()}"
@@ -676,7 +686,7 @@ def _access_extra(ex: _Exchange) -> str:
     return extra
 
 
-def _stream_error_event(message: str) -> bytes:
+def stream_error_event(message: str) -> bytes:
     error = {
         "message": message,
         "type": "server_error",

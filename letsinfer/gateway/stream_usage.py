@@ -39,6 +39,17 @@ def wants_usage(stream_options: dict[str, Any] | None) -> bool:
     return bool(stream_options and stream_options.get("include_usage") is True)
 
 
+def counted(body: bytes, stream_options: dict[str, Any] | None) -> tuple[UsageFilter, bytes]:
+    """A streamed request's filter, and its body as sent to the engine (usage
+    asked for on the client's behalf when it did not ask). Counted from the
+    usage event itself: never a guess from the stream's last bytes, which a
+    slow network splits anywhere."""
+    usage_asked = wants_usage(stream_options)
+    if not usage_asked:
+        body = ask_for_usage(body, stream_options)
+    return UsageFilter(strip=not usage_asked), body
+
+
 def _event_end(data: bytes) -> int:
     """Where the last complete event in ``data`` ends (0: none does)."""
     lf = data.rfind(b"\n\n")

@@ -34,7 +34,7 @@ from letsinfer.gateway.routing import Replica
 from letsinfer.gateway.upstream import Upstream
 
 if TYPE_CHECKING:
-    from letsinfer.gateway.serving import _Exchange
+    from letsinfer.gateway.serving import Exchange
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 # The engine exchange under way in this request's task (ended when its slot goes back).
@@ -55,7 +55,7 @@ class Tracing:
         self.tracer = self.provider.get_tracer("letsinfer.gateway")
 
     async def request(
-        self, scope: MutableMapping[str, Any], handle: Coroutine[Any, Any, _Exchange]
+        self, scope: MutableMapping[str, Any], handle: Coroutine[Any, Any, Exchange]
     ) -> None:
         """Run one request's handling inside its server span."""
         carrier = {
@@ -82,7 +82,7 @@ class Tracing:
         await asyncio.to_thread(self.provider.shutdown)
 
 
-def _describe(span: trace.Span, ex: _Exchange) -> None:
+def _describe(span: trace.Span, ex: Exchange) -> None:
     attributes: dict[str, str | int | float | bool] = {
         "http.response.status_code": ex.status,
         "letsinfer.request_id": ex.request_id,

@@ -79,11 +79,17 @@ class Upstream:
         prefix_hash: int | None,
         band: int = STANDARD,
         adapter: str | None = None,
+        failed_at: tuple[str, str] | None = None,
     ) -> Started:
         """``adapter``: a LoRA adapter of ``service`` to apply (only replicas that
-        loaded it serve, each told its own id for it)."""
+        loaded it serve, each told its own id for it); ``failed_at``: a replica
+        that already failed this request before any byte reached the client,
+        and why (the express lane's), not tried again."""
         tried: set[str] = set()
         failures: list[str] = []
+        if failed_at is not None:
+            tried.add(failed_at[0])
+            failures.append(f"{failed_at[0]}: {failed_at[1]}")
         queue_s = 0.0
         extra: tuple[tuple[str, str], ...] = (("x-request-id", request_id),)
         while True:

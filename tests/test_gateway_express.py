@@ -1,0 +1,262 @@
+"""The express lane (letsinfer.gateway.express): the common request answered
+from callbacks must end as the handler would end it, whatever the engine or
+the client does meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import socket
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client import generate_latest
+
+from letsinfer.gateway.direct import DirectCycle
+from letsinfer.gateway.engine_client import CallbackResponse
+from letsinfer.gateway.express import Express
+from letsinfer.gateway.mock_upstream import MockBehaviour
+from letsinfer.store.requests import RequestStore
+from tests.gateway_harness import MODEL, GatewayHarness, chat
+
+
+@pytest.fixture
+def express_takes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The request ids the express lane took."""
+    taken: list[str] = []
+    take = Express.take
+
+    def counted(self: Express, cycle: DirectCycle) -> bool:
+        if took := take(self, cycle):
+            headers = dict(cycle.scope["headers"])
+            taken.append(headers.get(b"x-request-id", b"-").decode())
+        return took
+
+    monkeypatch.setattr(Express, "take", counted)
+    return taken
+
+
+def _post(
+    h: GatewayHarness, client: httpx.Client, request_id: str, **body: object
+) -> httpx.Response:
+    return client.post(
+        h.url + "/v1/chat/completions",
+        json=chat(**body),  # type: ignore[arg-type]
+        headers={**h.auth(), "x-request-id": request_id},
+    )
+
+
+def _hold(h: GatewayHarness, pg: str) -> None:
+    """From now on the engine takes requests and answers none."""
+    h.in_loop(lambda: setattr(h.mocks[pg], "gate", asyncio.Event()))
+
+
+def _errors(h: GatewayHarness, reason: str) -> float:
+    line = f'letsinfer_gateway_errors_total{{reason="{reason}"}} '
+    for row in generate_latest(h.gateway.metrics.registry).decode().splitlines():
+        if row.startswith(line):
+            return float(row.removeprefix(line))
+    return 0.0
+
+
+def test_a_503_in_the_express_lane_goes_to_another_replica_and_never_back(
+    tmp_path: Path, express_takes: list[str]
+) -> None:
+    engines = {"pg-a": MockBehaviour(tokens=3), "pg-b": MockBehaviour(tokens=3)}
+    with GatewayHarness(tmp_path, engines) as h, httpx.Client() as client:
+        assert _post(h, client, "warm").status_code == 200  # leaves a kept engine connection
+        first = next(pg for pg, m in h.mocks.items() if m.stats.requests == 1)
+        other = next(pg for pg in engines if pg != first)
+        h.mocks[first].behaviour.fault = "unavailable"
+
+        r = _post(h, client, "busy")
+        assert r.status_code == 200 and "tok " in r.text
+        assert express_takes == ["busy"]
+        # Sent once to the 503 (by the lane), then by the handler elsewhere only.
+        assert h.mocks[first].stats.requests == 2
+        assert h.mocks[other].stats.request_ids[-1] == "busy"
+        assert _errors(h, "upstream_retry") == 1
+        h.wait_until(lambda: [h.replica(pg).in_flight for pg in engines] == [0, 0])
+        assert h.in_loop(lambda: h.gateway.admission.key_in_flight("alice")) == 0
+
+
+def test_a_dropped_kept_connection_is_retried_fresh_then_elsewhere(
+    tmp_path: Path, express_takes: list[str]
+) -> None:
+    engines = {"pg-a": MockBehaviour(tokens=3), "pg-b": MockBehaviour(tokens=3)}
+    with GatewayHarness(tmp_path, engines) as h, httpx.Client() as client:
+        assert _post(h, client, "warm").status_code == 200
+        first = next(pg for pg, m in h.mocks.items() if m.stats.requests == 1)
+        h.mocks[first].behaviour.fault = "drop"
+
+        r = _post(h, client, "dropped")
+        assert r.status_code == 200 and "tok " in r.text
+        assert express_takes == ["dropped"]
+        # The lane's kept connection, then a fresh one (the engine might have
+        # closed only an idle connection), then another replica.
+        assert h.mocks[first].stats.requests == 3
+        h.wait_until(lambda: [h.replica(pg).in_flight for pg in engines] == [0, 0])
+
+
+def test_an_engine_gone_quiet_in_the_express_lane_is_a_504_and_frees_its_slot(
+    tmp_path: Path, express_takes: list[str]
+) -> None:
+    with (
+        GatewayHarness(
+            tmp_path, {"pg-a": MockBehaviour(tokens=3)}, upstream_timeout_s=0.5, records=True
+        ) as h,
+        httpx.Client() as client,
+    ):
+        assert _post(h, client, "warm").status_code == 200
+        _hold(h, "pg-a")
+        r = _post(h, client, "quiet")
+        assert r.status_code == 504
+        assert r.json()["error"]["code"] == "upstream_timeout"
+        assert r.headers["x-request-id"] == "quiet"
+        assert express_takes == ["quiet"]
+        stats = h.mocks["pg-a"].stats
+        h.wait_until(lambda: stats.client_gone == 1)  # its connection was closed
+        h.wait_until(lambda: h.replica("pg-a").in_flight == 0)
+        h.in_loop(lambda: h.mocks["pg-a"].gate.set())  # type: ignore[union-attr]
+        assert _post(h, client, "after").status_code == 200
+    (row,) = RequestStore(tmp_path / "requests.db").find("quiet")
+    assert row.status == 504 and row.pg == "pg-a"
+
+
+def test_a_client_leaving_the_express_lane_frees_the_engine_and_is_booked(
+    tmp_path: Path, express_takes: list[str]
+) -> None:
+    with (
+        GatewayHarness(tmp_path, {"pg-a": MockBehaviour(tokens=3)}, records=True) as h,
+        httpx.Client() as client,
+    ):
+        assert _post(h, client, "warm").status_code == 200
+        _hold(h, "pg-a")
+        body = json.dumps(chat()).encode()
+        with socket.create_connection(("127.0.0.1", h.port), timeout=10) as sock:
+            sock.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\n"
+                b"authorization: Bearer %s\r\nx-request-id: leaver\r\n"
+                b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                % (h.keys["alice"].encode(), len(body), body)
+            )
+            stats = h.mocks["pg-a"].stats
+            h.wait_until(lambda: stats.in_flight == 1)
+        h.wait_until(lambda: stats.client_gone == 1)  # the engine saw it go
+        h.wait_until(lambda: h.replica("pg-a").in_flight == 0)
+        assert express_takes == ["leaver"]
+        assert _errors(h, "client_disconnected") == 1
+    (row,) = RequestStore(tmp_path / "requests.db").find("leaver")
+    assert row.status == 499 and row.key == "alice" and row.model == MODEL
+
+
+def test_a_key_at_its_concurrency_limit_is_refused_while_its_request_is_in_the_lane(
+    tmp_path: Path, express_takes: list[str]
+) -> None:
+    with (
+        GatewayHarness(tmp_path, {"pg-a": MockBehaviour(tokens=3)}, keys={"one": 1}) as h,
+        httpx.Client() as client,
+        concurrent.futures.ThreadPoolExecutor(1) as pool,
+    ):
+        url, auth = h.url + "/v1/chat/completions", {"authorization": f"Bearer {h.keys['one']}"}
+        assert client.post(url, json=chat(), headers=auth).status_code == 200
+        _hold(h, "pg-a")
+        held = pool.submit(
+            httpx.post, url, json=chat(), headers={**auth, "x-request-id": "held"}, timeout=10
+        )
+        h.wait_until(lambda: h.mocks["pg-a"].stats.in_flight == 1)
+        r = client.post(url, json=chat(), headers={**auth, "x-request-id": "second"})
+        assert r.status_code == 429
+        assert r.json()["error"]["code"] == "concurrency_limit_exceeded"
+        h.in_loop(lambda: h.mocks["pg-a"].gate.set())  # type: ignore[union-attr]
+        assert held.result(10).status_code == 200
+        assert express_takes == ["held"]
+        h.wait_until(lambda: h.gateway.admission.key_in_flight("one") == 0)
+
+
+def test_a_stream_breaking_midway_in_the_lane_ends_with_an_error_event(
+    tmp_path: Path, express_takes: list[str]
+) -> None:
+    engines = {"pg-a": MockBehaviour(tokens=6), "pg-b": MockBehaviour(tokens=6)}
+    with GatewayHarness(tmp_path, engines, records=True) as h, httpx.Client() as client:
+        assert _post(h, client, "warm").status_code == 200
+        first = next(pg for pg, m in h.mocks.items() if m.stats.requests == 1)
+        other = next(pg for pg in engines if pg != first)
+        h.mocks[first].behaviour.fault = "break"  # after two events
+        r = client.post(
+            h.url + "/v1/chat/completions",
+            json=chat(stream=True),
+            headers={**h.auth(), "x-request-id": "broken"},
+        )
+        assert r.status_code == 200 and express_takes == ["broken"]
+        data = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+        assert sum('"tok "' in d for d in data) == 2
+        assert json.loads(data[-1])["error"]["code"] == "upstream_stream_error"
+        assert h.mocks[other].stats.requests == 0, "no retry once bytes reached the client"
+        h.wait_until(lambda: h.replica(first).in_flight == 0)
+    (row,) = RequestStore(tmp_path / "requests.db").find("broken")
+    assert row.status == 502 and row.stream
+
+
+def test_a_client_leaving_a_stream_in_the_lane_frees_the_engine(
+    tmp_path: Path, express_takes: list[str]
+) -> None:
+    slow = MockBehaviour(tokens=500, interval_s=0.02)
+    with GatewayHarness(tmp_path, {"pg-a": slow}, records=True) as h, httpx.Client() as client:
+        slow.interval_s = 0  # a quick first answer leaves a kept engine connection
+        assert _post(h, client, "warm").status_code == 200
+        slow.interval_s = 0.02
+        with client.stream(
+            "POST",
+            h.url + "/v1/chat/completions",
+            json=chat(stream=True),
+            headers={**h.auth(), "x-request-id": "leaver"},
+        ) as r:
+            assert r.status_code == 200
+            assert next(line for line in r.iter_lines() if line.startswith("data: "))
+        stats = h.mocks["pg-a"].stats
+        h.wait_until(lambda: stats.client_gone == 1 and stats.in_flight == 0)
+        h.wait_until(lambda: h.replica("pg-a").in_flight == 0)
+        assert express_takes == ["leaver"]
+    (row,) = RequestStore(tmp_path / "requests.db").find("leaver")
+    assert row.status == 499 and row.stream and row.ttft_ms is not None
+
+
+def test_a_slow_reader_holds_the_engine_back_and_still_gets_the_whole_stream(
+    tmp_path: Path, express_takes: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pauses: list[int] = []
+    pause = CallbackResponse.pause
+
+    def counted(self: CallbackResponse) -> None:
+        pauses.append(1)
+        pause(self)
+
+    monkeypatch.setattr(CallbackResponse, "pause", counted)
+    tokens = 20_000  # about 3 MB of events, sent by the engine at once
+    with (
+        GatewayHarness(tmp_path, {"pg-a": MockBehaviour(tokens=tokens)}) as h,
+        httpx.Client() as client,
+    ):
+        assert _post(h, client, "warm").status_code == 200
+        body = json.dumps(chat(stream=True)).encode()
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.settimeout(20)
+            sock.connect(("127.0.0.1", h.port))
+            sock.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\n"
+                b"authorization: Bearer %s\r\nx-request-id: slow\r\nconnection: close\r\n"
+                b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                % (h.keys["alice"].encode(), len(body), body)
+            )
+            h.wait_until(lambda: bool(pauses))  # the client reads nothing yet
+            received = bytearray()
+            while chunk := sock.recv(65536):
+                received += chunk
+        assert express_takes == ["slow"]
+        assert received.count(b'"tok "') == tokens
+        assert received.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n")
+        h.wait_until(lambda: h.replica("pg-a").in_flight == 0)
