@@ -10,9 +10,10 @@ listener (gateway, metrics, the mutual-TLS planes):
 - takes at most ``per_client`` connections from one address and closes any
   beyond at once, so one host cannot fill the cap alone;
 - closes a connection whose client has not finished a request's headers
-  within ``header_timeout_s`` of connecting, or of the first byte of a later
-  request (slowloris); uvicorn's keep-alive timeout closes a kept-alive
-  connection idle for ``idle_timeout_s``.
+  (and the body the gateway holds until it is whole, up to 64 KiB) within
+  ``header_timeout_s`` of connecting, or of the first byte of a later request
+  (slowloris); uvicorn's keep-alive timeout closes a kept-alive connection
+  idle for ``idle_timeout_s``.
 
 Each of these is logged as a warning at most once a minute, with a count.
 The request path is untouched: a request whose headers arrive in one read
@@ -186,12 +187,20 @@ class HeaderDeadline:
     def data_received(self, data: bytes) -> None:
         before = self.cycle
         super().data_received(data)  # type: ignore[misc]
-        if self.cycle is not before:  # a request's headers are complete
-            if self._deadline is not None:
-                self._deadline.cancel()
-                self._deadline = None
-        elif self._deadline is None and (before is None or before.response_complete):
-            self._arm()  # the start of a request's headers, not all of them
+        if self._deadline is None:
+            if self.cycle is before and (before is None or before.response_complete):
+                self._arm()  # the start of a request's headers, not all of them
+        elif self._started():
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _started(self) -> bool:
+        """Whether the awaited request has started: its headers are complete,
+        and so is its body when the gateway holds it until it is whole
+        (letsinfer.gateway.direct: an unfinished one would hold the
+        connection with no handler to time it out)."""
+        cycle = self.cycle
+        return cycle is not self._waiting_after and not getattr(cycle, "deferred", False)
 
     def _arm(self) -> None:
         self._waiting_after = self.cycle  # the request before the one awaited
@@ -208,7 +217,7 @@ class HeaderDeadline:
 
     def _late(self) -> None:
         self._deadline = None
-        if self.cycle is not self._waiting_after:  # a request did start after all
+        if self._started():  # it did, after all
             return
         if not self.transport.is_closing():
             self.on_late(self.client[0] if self.client else "local")
@@ -407,7 +416,7 @@ class GuardedServer(uvicorn.Server):
         self.listener: Listener | None = None
         self.late = Tally(
             f"{name}: closed %d connection(s) that sent no complete request headers "
-            f"within {limits.header_timeout_s:g}s (last from %s)"
+            f"(or held body) within {limits.header_timeout_s:g}s (last from %s)"
         )
         self.port = 0
 

@@ -2,8 +2,9 @@
 several for more connections than one process may open).
 
 ``python tests/flood_client.py HOST PORT IDLE SLOW WAIT_S`` opens SLOW
-slowloris connections (a request's headers sent a byte at a time, never
-finished), then IDLE connections that send nothing (non-blocking: thousands in
+slowloris connections (half send a request's headers a byte at a time, never
+finished; half send an inference POST's headers whole, with no key, then its
+small body a byte at a time), then IDLE connections that send nothing (non-blocking: thousands in
 well under a second), prints ``ready``, keeps trickling header bytes, and
 after at most WAIT_S seconds prints a JSON line: how many slowloris
 connections the server closed, and after how many seconds the first and last.
@@ -18,6 +19,12 @@ import socket
 import sys
 import time
 
+HEADERS = b"GET /v1/models HTTP/1.1\r\nHost: gateway\r\nX-Pad: "
+BODY = (
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\n"
+    b"Content-Type: application/json\r\nContent-Length: 4096\r\n\r\n{"
+)
+
 
 def main() -> None:
     host, port = sys.argv[1], int(sys.argv[2])
@@ -29,9 +36,9 @@ def main() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
 
     slow: list[socket.socket] = []
-    for _ in range(slow_n):
+    for n in range(slow_n):
         s = socket.create_connection((host, port), timeout=10)
-        s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: gateway\r\nX-Pad: ")
+        s.sendall(HEADERS if n % 2 else BODY)
         s.setblocking(False)
         slow.append(s)
     idle: list[socket.socket] = []

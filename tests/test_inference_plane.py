@@ -200,7 +200,8 @@ def test_a_connection_flood_neither_stops_the_node_nor_stays_open(cluster: Clust
         for attacker in attackers:
             attacker.send_signal(signal.SIGTERM)
             attacker.wait(timeout=30)
-    # Every slowloris connection was closed by the node, though bytes kept coming.
+    # Every slowloris connection was closed by the node, though bytes kept coming
+    # (half of them in the body of an inference POST, which no handler reads yet).
     assert sum(r["slow_closed"] for r in reports) == 200, reports
     records = [r for r in c.audit("main") if r["target"] == "after-flood"]
     assert [r["actor"] for r in records] == ["local:root"]  # made by the running node
