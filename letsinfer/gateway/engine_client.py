@@ -8,6 +8,12 @@ time, response parsing by httptools (the parser uvicorn uses), bodies handed
 over chunk by chunk as they arrive, and back-pressure so a slow client never
 makes the gateway buffer a whole answer.
 
+A response is read one of two ways: awaited by a coroutine
+(:class:`EngineResponse`: its headers, then its body chunk by chunk), or
+told part by part to a listener from the connection's own callbacks
+(:class:`CallbackResponse`, for the gateway's express lane, which has no
+coroutine to wait in).
+
 Errors say whether anything of the response had arrived, because only then is
 it unsafe to try another engine.
 
