@@ -67,6 +67,15 @@ def test_the_request_asks_for_usage_and_keeps_the_clients_own_options() -> None:
     assert asked["stream_options"] == {"include_usage": True, "x": 1}
 
 
+def test_a_lone_surrogate_in_a_request_with_options_stays_escaped() -> None:
+    # Python's json reads the escape; UTF-8 cannot carry it (it once answered 500).
+    body = b'{"model":"tiny","stream":true,"stream_options":{},"prompt":"a\\ud800b"}'
+    sent = ask_for_usage(body, {})
+    sent.decode("utf-8")  # what the engine gets is valid UTF-8 ...
+    asked = json.loads(sent)  # ... and the same request, with usage asked for
+    assert asked["prompt"] == "a\ud800b" and asked["stream_options"] == {"include_usage": True}
+
+
 def test_a_null_usage_in_every_event_is_kept_and_the_real_one_counted() -> None:
     # OpenAI's own API sends "usage":null in each chunk once usage is asked for.
     token = b'data: {"choices":[{"index":0,"delta":{"content":"a"}}],"usage":null}\n\n'

@@ -32,7 +32,10 @@ def ask_for_usage(body: bytes, stream_options: dict[str, Any] | None) -> bytes:
         return body[: start + 1] + _FIELD + body[start + 1 :]
     data = json.loads(body)
     data["stream_options"] = {**stream_options, "include_usage": True}
-    return json.dumps(data, ensure_ascii=False).encode()
+    try:
+        return json.dumps(data, ensure_ascii=False).encode()
+    except UnicodeEncodeError:  # a lone surrogate (as a JSON escape): kept escaped
+        return json.dumps(data).encode()
 
 
 def wants_usage(stream_options: dict[str, Any] | None) -> bool:
