@@ -346,7 +346,7 @@ class CallbackResponse(_Response):
         if self.paused:
             self.paused = False
             self.last_activity = self.conn.loop.time()  # its quiet time was the client's
-            if self.conn.transport is not None:
+            if self.conn.transport is not None and not self.conn.closed:
                 self.conn.transport.resume_reading()
 
     def _waiting_on_client(self) -> bool:

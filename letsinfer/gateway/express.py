@@ -86,6 +86,8 @@ class _Lane(Exchange):
             self.engine.close()
         self.express.leave(self)
         self.gone = True
+        if self.relaying:
+            self.tail = b"".join(self.parts)
         if not (self.status == 200 and self.tail.rstrip().endswith(b"data: [DONE]")):
             # (A client that leaves once it has [DONE] has the whole answer.)
             self.status = CLIENT_GONE
@@ -251,7 +253,7 @@ class Express:
         handler (False)."""
         try:
             lane = self._admit(cycle)
-        except GatewayError:  # refused: the handler refuses it, audited, in one place
+        except Exception:  # refused, or a bug: the handler answers it, audited or logged
             return False
         return lane is not None and self._send(lane)
 
@@ -288,22 +290,20 @@ class Express:
             or not key.allows(entry.name)
         ):
             return None
-        replica = gw.admission.take_now(entry.name, self.endpoints.prefix_hint(parsed))
-        if replica is None:
-            return None
         lane = _Lane(request_id_from(given_id), self, cycle)
         lane.key = key.name
         lane.asked = log_name(parsed.model)
         lane.served = entry.name
         lane.endpoint = ENDPOINTS[path]
         lane.path = path
-        lane.replica = replica
         if parsed.stream:
             lane.stream = True
             if isinstance(parsed, protocol._Sampling):
                 lane.usage, body = stream_usage.counted(body, parsed.stream_options)
         lane.body = body
-        return lane
+        # The slot last: nothing after it can fail.
+        lane.replica = gw.admission.take_now(entry.name, self.endpoints.prefix_hint(parsed))
+        return lane if lane.replica is not None else None
 
     def _send(self, lane: _Lane) -> bool:
         replica = lane.replica
