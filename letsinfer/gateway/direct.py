@@ -190,9 +190,7 @@ class DirectCycle:
             self.write(body, False)
 
     def start_response(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
-        parts = [STATUS_LINE[status]]
-        for name, value in self.protocol.server_state.default_headers:  # date, server
-            parts += (name, b": ", value, b"\r\n")
+        parts = [STATUS_LINE[status], _default_headers(self.protocol.server_state.default_headers)]
         chunked = True
         # The handler's own headers: names it wrote, values it checked
         # (an engine's content type has passed httptools' parser).
@@ -222,7 +220,10 @@ class DirectCycle:
         protocol = self.protocol
         transport = protocol.transport
         if data:
-            transport.write(data)
+            if more:
+                transport.write(data)
+            else:  # the answer's end: it leaves now (BatchedTransport.write_now)
+                protocol.write_last(data)
         if not more:
             self.response_complete = True
             self._gone = None
@@ -231,9 +232,29 @@ class DirectCycle:
             protocol.on_response_complete()
 
 
+_headers_of: tuple[object, bytes] = (None, b"")
+
+
+def _default_headers(headers: list[tuple[bytes, bytes]]) -> bytes:
+    """uvicorn's default response headers (date, server) as bytes, made again
+    only when uvicorn replaces the list (once a second, for the date)."""
+    global _headers_of
+    of, encoded = _headers_of
+    if of is not headers:
+        encoded = b"".join(b"%s: %s\r\n" % (name, value) for name, value in headers)
+        _headers_of = (headers, encoded)
+    return encoded
+
+
 class DirectInference:
     """Mixed in front of uvicorn's httptools protocol (see :func:`protocol_mixin`):
-    the inference POSTs go to a :class:`DirectCycle`."""
+    the inference POSTs go to a :class:`DirectCycle`.
+
+    uvicorn's parser callbacks are replaced where an inference POST does not
+    need their work: its ASGI scope, built for every request before its URL
+    is known, is built once the headers are (a few keys for an inference
+    POST, uvicorn's own for any other request), and its body goes straight to
+    the cycle."""
 
     inference: InferenceEndpoints
     express: Express
@@ -250,6 +271,22 @@ class DirectInference:
     flow: Any
     loop: asyncio.AbstractEventLoop
     tasks: set[asyncio.Task[None]]
+    transport: Any
+    headers: list[tuple[bytes, bytes]]
+    client: tuple[str, int] | None
+    server: tuple[str, int | None] | None
+    scheme: str | None
+    root_path: str
+    write_last: Callable[[bytes], None]
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
+        self.write_last = getattr(self.transport, "write_now", self.transport.write)
+
+    def on_message_begin(self) -> None:
+        self.url = b""
+        self.expect_100_continue = False
+        self.headers = []
 
     def resume_writing(self) -> None:
         super().resume_writing()  # type: ignore[misc]
@@ -270,14 +307,26 @@ class DirectInference:
             or self.limit_concurrency is not None
             or parser.should_upgrade()
         ):
+            url, headers, expect = self.url, self.headers, self.expect_100_continue
+            super().on_message_begin()  # type: ignore[misc]  # uvicorn's scope, as it makes it
+            self.url, self.headers, self.expect_100_continue = url, headers, expect
+            self.scope["headers"] = headers
             super().on_headers_complete()  # type: ignore[misc]
             return
-        scope = self.scope
         path = url.decode("ascii")
-        scope["method"] = "POST"
-        scope["path"] = path
-        scope["raw_path"] = url
-        scope["query_string"] = b""
+        scope = self.scope = {
+            "type": "http",
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": self.scheme,
+            "root_path": self.root_path,
+            "path": path,
+            "raw_path": url,
+            "query_string": b"",
+            "headers": self.headers,
+            "client": self.client,
+            "server": self.server,
+        }
         cycle = DirectCycle(self, self.inference, scope)
         cycle.keep_alive = parser.should_keep_alive()
         before = self.cycle
@@ -287,6 +336,24 @@ class DirectInference:
         else:  # pipelined behind an unfinished answer: uvicorn starts it after that
             self.flow.pause_reading()
             self.pipeline.appendleft((cycle, None))
+
+    def on_body(self, body: bytes) -> None:
+        cycle = self.cycle
+        if type(cycle) is not DirectCycle:
+            super().on_body(body)  # type: ignore[misc]
+        elif not cycle.response_complete:
+            cycle.body += body
+            if len(cycle.body) > HIGH_WATER_LIMIT:
+                self.flow.pause_reading()
+            cycle.set()
+
+    def on_message_complete(self) -> None:
+        cycle = self.cycle
+        if type(cycle) is not DirectCycle:
+            super().on_message_complete()  # type: ignore[misc]
+        elif not cycle.response_complete:
+            cycle.more_body = False
+            cycle.set()
 
 
 def protocol_mixin(endpoints: InferenceEndpoints) -> type:

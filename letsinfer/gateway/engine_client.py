@@ -82,8 +82,11 @@ class _Connection(asyncio.Protocol):
         try:
             ex.parser.feed_data(data)
         except httptools.HttpParserError as exc:
+            ex.deliver()
             ex.fail(EngineError(f"bad response from engine: {exc}", before_response=ex.status == 0))
             self.abort()
+        else:
+            ex.deliver()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -152,6 +155,9 @@ class _Response:
 
     def on_message_complete(self) -> None:
         raise NotImplementedError
+
+    def deliver(self) -> None:
+        """After each read is parsed: pass on the body parts kept from it."""
 
     def fail(self, error: EngineError) -> None:
         raise NotImplementedError
@@ -310,21 +316,33 @@ class CallbackResponse(_Response):
     listener. The listener stops the engine while its own client catches up
     with :meth:`pause` and :meth:`resume`."""
 
-    __slots__ = ("listener", "paused")
+    __slots__ = ("listener", "parts", "paused")
 
     def __init__(self, conn: _Connection, read_timeout: float, listener: ResponseListener) -> None:
         super().__init__(conn, read_timeout)
         self.listener = listener
         self.paused = False
+        self.parts: list[bytes] = []  # parsed from the current read, not yet passed on
 
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
         self.listener.response_started(self)
 
     def on_body(self, body: bytes) -> None:
-        self.listener.response_body(self, body)
+        # Kept until the read is parsed: an engine streams each event as a
+        # chunk of its own, and a read holds many; the listener gets them as
+        # one part (as the handler's next_chunk() does), not one by one.
+        self.parts.append(body)
+
+    def deliver(self) -> None:
+        parts = self.parts
+        if parts and not self.complete:
+            body = parts[0] if len(parts) == 1 else b"".join(parts)
+            parts.clear()
+            self.listener.response_body(self, body)
 
     def on_message_complete(self) -> None:
+        self.deliver()
         self.complete = True
         self._timer.cancel()
         self.resume()  # (the last bytes can come in the read before a pause)
