@@ -8,6 +8,7 @@ import asyncio
 import concurrent.futures
 import json
 import socket
+import time
 from pathlib import Path
 
 import httpx
@@ -123,6 +124,25 @@ def test_an_engine_gone_quiet_in_the_express_lane_is_a_504_and_frees_its_slot(
         assert _post(h, client, "after").status_code == 200
     (row,) = RequestStore(tmp_path / "requests.db").find("quiet")
     assert row.status == 504 and row.pg == "pg-a"
+
+
+def test_a_request_on_a_long_kept_connection_still_gets_its_whole_read_timeout(
+    tmp_path: Path, express_takes: list[str]
+) -> None:
+    """One read-timeout check runs per engine connection: armed by its first
+    request, it must find a later request's deadline further off, not time
+    it out by the first one's clock."""
+    engine = MockBehaviour(tokens=4)
+    with (
+        GatewayHarness(tmp_path, {"pg-a": engine}, upstream_timeout_s=1.0) as h,
+        httpx.Client() as client,
+    ):
+        assert _post(h, client, "warm").status_code == 200  # arms the check
+        time.sleep(0.6)
+        engine.interval_s = 0.175  # 0.7 s: past the first request's deadline, not its own
+        r = _post(h, client, "late")
+        assert r.status_code == 200, r.text
+        assert express_takes == ["late"]
 
 
 def test_a_client_leaving_the_express_lane_frees_the_engine_and_is_booked(

@@ -138,6 +138,9 @@ def test_requests_booked_together_count_as_each_would_alone() -> None:
         ("chat", 200, 0.02, None, "team-a", "pg-1", 3, None),
         ("chat", 429, 0.0, None, "team-b", "-", None, None),
         ("code", 200, 1.5, 0.2, "team-b", "pg-2", 0, 4),
+        # on a bucket's bound, and past the last one: where observe() puts them
+        ("chat", 200, 0.005, 0.005, "team-a", "pg-1", 1, 1),
+        ("chat", 500, 200.0, 0.001, "team-a", "pg-1", None, None),
     ]
     together.requests(finished)
     for model, status, total, ttft, key, pg, prompt, completion in finished:
@@ -157,6 +160,6 @@ def test_requests_booked_together_count_as_each_would_alone() -> None:
 
     values = samples(together)
     assert values == samples(alone)
-    assert values[("letsinfer_gateway_requests_total", (("model", "chat"), ("status", "200")))] == 2
-    assert values[("letsinfer_key_tokens_total", (("key", "team-a"), ("kind", "prompt")))] == 10
+    assert values[("letsinfer_gateway_requests_total", (("model", "chat"), ("status", "200")))] == 3
+    assert values[("letsinfer_key_tokens_total", (("key", "team-a"), ("kind", "prompt")))] == 11
     assert ("letsinfer_key_tokens_total", (("key", "team-b"), ("kind", "prompt"))) not in values

@@ -67,6 +67,9 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.reused = False
         self._exchange: _Response | None = None
+        # One read-timeout check per connection, not a timer per exchange:
+        # armed when none is, it looks at whichever exchange is running then.
+        self._check: asyncio.TimerHandle | None = None
 
     # -- asyncio.Protocol --------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -90,6 +93,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._stop_checking()
         ex = self._exchange
         if ex is not None and not ex.complete:
             if ex.status and ex.until_eof:
@@ -101,8 +105,27 @@ class _Connection(asyncio.Protocol):
     # -- used by the exchange ----------------------------------------------
     def abort(self) -> None:
         self.closed = True
+        self._stop_checking()
         if self.transport is not None:
             self.transport.abort()
+
+    def check_in(self, delay: float) -> None:
+        """Check the running exchange's read timeout ``delay`` seconds from now,
+        or sooner if a check is due sooner already (it finds the deadline
+        further off and checks again then)."""
+        if self._check is None:
+            self._check = self.loop.call_later(delay, self._check_exchange)
+
+    def _check_exchange(self) -> None:
+        self._check = None
+        ex = self._exchange
+        if ex is not None and not ex.complete:
+            ex.check_idle()
+
+    def _stop_checking(self) -> None:
+        if self._check is not None:
+            self._check.cancel()
+            self._check = None
 
     def finished(self, keep_alive: bool) -> None:
         self._exchange = None
@@ -118,7 +141,6 @@ class _Response:
     httptools, and a read timeout that fails an engine gone quiet."""
 
     __slots__ = (
-        "_timer",
         "complete",
         "conn",
         "content_type",
@@ -138,7 +160,7 @@ class _Response:
         self.complete = False
         self.read_timeout = read_timeout
         self.last_activity = conn.loop.time()
-        self._timer = conn.loop.call_later(read_timeout, self._check_idle)
+        conn.check_in(read_timeout)
 
     # -- httptools callbacks -----------------------------------------------
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -166,12 +188,10 @@ class _Response:
     def _waiting_on_client(self) -> bool:
         return False
 
-    def _check_idle(self) -> None:
+    def check_idle(self) -> None:
         idle = self.conn.loop.time() - self.last_activity
         if self._waiting_on_client() or idle < self.read_timeout:
-            self._timer = self.conn.loop.call_later(
-                self.read_timeout - min(idle, self.read_timeout) + 0.01, self._check_idle
-            )
+            self.conn.check_in(self.read_timeout - min(idle, self.read_timeout) + 0.01)
             return
         self.fail(
             EngineTimeout(
@@ -184,7 +204,6 @@ class _Response:
     def close(self) -> None:
         """Stop the exchange; an unfinished one closes its connection, which is
         how the engine learns the client went away."""
-        self._timer.cancel()
         if self.conn._exchange is self:  # not handed back to the pool yet
             self.complete = True
             self.conn._exchange = None
@@ -230,7 +249,6 @@ class EngineResponse(_Response):
 
     def on_message_complete(self) -> None:
         self.complete = True
-        self._timer.cancel()
         self._wake()
         keep_alive = self.parser.should_keep_alive() and not self.until_eof
         if not self._chunks:
@@ -242,7 +260,6 @@ class EngineResponse(_Response):
     def fail(self, error: EngineError) -> None:
         if self._error is None and not self.complete:
             self._error = error
-            self._timer.cancel()
             if not self._headers_done.done():
                 self._headers_done.set_exception(error)
                 self._headers_done.exception()  # retrieved: no "never retrieved" noise
@@ -344,7 +361,6 @@ class CallbackResponse(_Response):
     def on_message_complete(self) -> None:
         self.deliver()
         self.complete = True
-        self._timer.cancel()
         self.resume()  # (the last bytes can come in the read before a pause)
         self.conn.finished(self.parser.should_keep_alive() and not self.until_eof)
         self.listener.response_ended(self)
@@ -352,7 +368,6 @@ class CallbackResponse(_Response):
     def fail(self, error: EngineError) -> None:
         if not self.complete:
             self.complete = True
-            self._timer.cancel()
             self.listener.response_failed(self, error)
 
     def pause(self) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -170,14 +171,22 @@ class GatewayMetrics:
         """Finished requests (as :meth:`request` takes them), counted together:
         one increment per series, however many requests it counts."""
         counts: dict[tuple[Any, ...], int] = {}
+        latencies: dict[str, list[float]] = {}  # by model
+        ttfts: dict[str, list[float]] = {}
         child = self._child
         counted: tuple[Any, ...]
         for model, status, total_s, ttft_s, key, pg, prompt, completion in finished:
             counted = ("r", model, status)
             counts[counted] = counts.get(counted, 0) + 1
-            child(self._latency, "l", model).observe(total_s)
+            if (seen := latencies.get(model)) is None:
+                latencies[model] = [total_s]
+            else:
+                seen.append(total_s)
             if ttft_s is not None:
-                child(self._ttft, "t", model).observe(ttft_s)
+                if (seen := ttfts.get(model)) is None:
+                    ttfts[model] = [ttft_s]
+                else:
+                    seen.append(ttft_s)
             if key != "-":
                 counted = ("k", key)
                 counts[counted] = counts.get(counted, 0) + 1
@@ -194,9 +203,35 @@ class GatewayMetrics:
             if kind == "r":
                 labels[1] = str(labels[1])  # the status
             child(self._counters[kind], kind, *labels).inc(n)
+        for model, values in latencies.items():
+            observe_all(child(self._latency, "l", model), values)
+        for model, values in ttfts.items():
+            observe_all(child(self._ttft, "t", model), values)
 
     def error(self, reason: str) -> None:
         self._child(self._errors, "e", reason).inc()
+
+
+def observe_all(histogram: Any, values: list[float]) -> None:
+    """``histogram.observe(v)`` for each of ``values`` (a histogram without
+    labels, or a label child), each bucket and the sum counted once:
+    ``observe()`` takes two locks per value. This reaches into
+    prometheus_client's Histogram, whose bucket counts are kept per bucket
+    (made cumulative when collected), a value going to the first bucket whose
+    upper bound is at least the value; tests/test_monitoring.py checks the
+    result against ``observe()``."""
+    if len(values) == 1:
+        histogram.observe(values[0])
+        return
+    per_bucket: dict[int, int] = {}
+    bounds = histogram._upper_bounds
+    for value in values:
+        i = bisect_left(bounds, value)
+        per_bucket[i] = per_bucket.get(i, 0) + 1
+    buckets = histogram._buckets
+    for i, n in per_bucket.items():
+        buckets[i].inc(n)
+    histogram._sum.inc(sum(values))
 
 
 def source_filter(allow: tuple[str, ...]) -> Callable[[str], bool]:
