@@ -76,6 +76,7 @@ class Target:
     authorization: str = ""
     skipped: str = ""  # why this target did not run
     plain_only: bool = False  # measured in the cells that do not stream
+    server: Server | None = None  # its processes, for their CPU time
 
 
 AB = ("letsinfer-off", "before")  # baselines of the letsinfer row, measured A-B-B-A
@@ -132,7 +133,9 @@ def _gateway(
         cwd=tree,
     ).start()
     stack.callback(gw.stop)
-    return Target(name, gw.url, f"Bearer {key_file.read_text().strip()}", plain_only=plain_only)
+    return Target(
+        name, gw.url, f"Bearer {key_file.read_text().strip()}", plain_only=plain_only, server=gw
+    )
 
 
 def start_targets(
@@ -162,12 +165,12 @@ def start_targets(
         ready_status=(404,),
     ).start()
     stack.callback(mock.stop)
-    targets = [Target("direct", mock.url)]
+    targets = [Target("direct", mock.url, server=mock)]
 
     try:
         proxy = baselines.nginx(mock_port, work)
         stack.callback(proxy.stop)
-        targets.append(Target("nginx", proxy.url))
+        targets.append(Target("nginx", proxy.url, server=proxy))
     except (baselines.Unavailable, RuntimeError) as exc:
         targets.append(Target("nginx", "", skipped=str(exc)))
 
@@ -189,7 +192,7 @@ def start_targets(
             ready_status=(404,),
         ).start()
         stack.callback(floor.stop)
-        targets.append(Target("floor", floor.url))
+        targets.append(Target("floor", floor.url, server=floor))
         extra = ("--breadth",)
         # letsinfer's own work from protocol callbacks, set up as the letsinfer
         # row: an experiment, plain requests only
@@ -215,7 +218,9 @@ def start_targets(
         try:
             lite = baselines.litellm(mock.url, work)
             stack.callback(lite.stop)
-            targets.append(Target("litellm", lite.url, f"Bearer {baselines.LITELLM_KEY}"))
+            targets.append(
+                Target("litellm", lite.url, f"Bearer {baselines.LITELLM_KEY}", server=lite)
+            )
         except (baselines.Unavailable, RuntimeError) as exc:
             targets.append(Target("litellm", "", skipped=str(exc)))
     else:
@@ -244,7 +249,9 @@ def measure(targets: list[Target], plan: Plan) -> dict[str, dict[str, CellResult
             results[cell] = {}
 
             def run(t: Target, stream: bool = stream, c: int = c) -> CellResult:
-                return asyncio.run(
+                warmup = min(c, 50)
+                cpu_before = t.server.cpu_seconds() if t.server else 0.0
+                result = asyncio.run(
                     run_cell(
                         t.url,
                         PATH,
@@ -254,9 +261,13 @@ def measure(targets: list[Target], plan: Plan) -> dict[str, dict[str, CellResult
                         concurrency=c,
                         count=plan.counts[c],
                         max_s=plan.max_s,
-                        warmup=min(c, 50),
+                        warmup=warmup,
                     )
                 )
+                if t.server:  # what serving these requests cost the target itself
+                    result.cpu_s = t.server.cpu_seconds() - cpu_before
+                    result.sent = result.completed + result.errors + warmup
+                return result
 
             live = [t for t in targets if not t.skipped and not (stream and t.plain_only)]
             for t in live:
@@ -278,7 +289,7 @@ def report(targets: list[Target], results: dict[str, dict[str, CellResult]]) -> 
             print(f"\n!!! {t.name} SKIPPED: {t.skipped}\n")
     header = (
         f"{'target':<14} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'+p50 ms':>8} "
-        f"{'+p99 ms':>8} {'ttfc ms':>8} {'+ttfc ms':>8} {'errors':>6}"
+        f"{'+p99 ms':>8} {'ttfc ms':>8} {'+ttfc ms':>8} {'errors':>6} {'cpu us':>7}"
     )
     for cell, by_target in results.items():
         print(f"\n== {cell}\n{header}")
@@ -298,11 +309,14 @@ def report(targets: list[Target], results: dict[str, dict[str, CellResult]]) -> 
                 "added_first_chunk_ms": added_first * 1000,
                 "errors": r.errors,
                 "completed": r.completed,
+                # the target's own processes: CPU time per request it served
+                "cpu_us_per_request": r.cpu_per_request_s * 1e6,
             }
+            cpu = r.cpu_per_request_s * 1e6
             print(
                 f"{name:<14} {r.rps:>8.1f} {_ms(r.p(0.5)):>8} {_ms(r.p(0.99)):>8} "
                 f"{_ms(added50):>8} {_ms(added99):>8} {_ms(r.first_p(0.5)):>8} "
-                f"{_ms(added_first):>8} {r.errors:>6}"
+                f"{_ms(added_first):>8} {r.errors:>6} {'-' if math.isnan(cpu) else f'{cpu:.1f}':>7}"
             )
             if r.errors:
                 print(f"{'':<14} first error: {r.first_error}")
@@ -327,6 +341,14 @@ def report(targets: list[Target], results: dict[str, dict[str, CellResult]]) -> 
                 ratio = ours.rps / by_target[other].rps
                 rows[f"letsinfer/{other}"] = {"throughput_ratio": ratio}
                 ratios.append(f"letsinfer/{other} throughput {ratio:.2f}x")
+        # CPU per request against each baseline: the proxy's own cost, less
+        # tied than throughput to how the machine shares its cores out
+        for other in ("nginx", "floor", *AB):
+            if ours and other in by_target:
+                cpu = ours.cpu_per_request_s / by_target[other].cpu_per_request_s
+                if not math.isnan(cpu):
+                    rows.setdefault(f"letsinfer/{other}", {})["cpu_per_request_ratio"] = cpu
+                    ratios.append(f"letsinfer/{other} cpu per request {cpu:.2f}x")
         nginx = by_target.get("nginx")
         for other in ("floor", "callbacks"):  # the floor: the most a Python data path reaches
             if other in by_target and nginx and nginx.rps:

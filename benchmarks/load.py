@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 
 from letsinfer.gateway.engine_client import EngineClient, EngineError
 
+# Less CPU than this in a cell is too few of /proc's 10 ms ticks to report.
+_MIN_CPU_S = 0.3
+
 
 @dataclass
 class CellResult:
@@ -22,6 +25,11 @@ class CellResult:
     latency_s: list[float] = field(default_factory=list)
     first_chunk_s: list[float] = field(default_factory=list)
     first_error: str = ""
+    # The target server's own CPU time over the run, and the requests it got
+    # in that time (warm-up included); 0 when the target's processes are not
+    # this benchmark's.
+    cpu_s: float = 0.0
+    sent: int = 0
 
     @property
     def rps(self) -> float:
@@ -48,7 +56,15 @@ class CellResult:
             latency_s=self.latency_s + other.latency_s,
             first_chunk_s=self.first_chunk_s + other.first_chunk_s,
             first_error=self.first_error or other.first_error,
+            cpu_s=self.cpu_s + other.cpu_s,
+            sent=self.sent + other.sent,
         )
+
+    @property
+    def cpu_per_request_s(self) -> float:
+        """NaN when the run used too little CPU for /proc's clock ticks (10 ms)
+        to measure it to within a few per cent."""
+        return self.cpu_s / self.sent if self.sent and self.cpu_s >= _MIN_CPU_S else float("nan")
 
 
 async def run_cell(

@@ -78,6 +78,23 @@ class Server:
         except OSError:
             return ""
 
+    def cpu_seconds(self) -> float:
+        """CPU time (user and system) used so far by the server's processes:
+        every process in its group (nginx's workers beside its master), each
+        with all its threads."""
+        if self.proc is None:
+            return 0.0
+        group = str(os.getpgid(self.proc.pid))
+        ticks = 0
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:  # it ended as we looked
+                continue
+            if fields[2] == group:  # (state, ppid, pgrp, ...)
+                ticks += int(fields[11]) + int(fields[12])  # utime, stime
+        return ticks / os.sysconf("SC_CLK_TCK")
+
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return

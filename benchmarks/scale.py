@@ -90,8 +90,7 @@ class Main:
         return Home.under(self.home).cluster_dir(self.identity()["cluster"]) / "ca.crt"
 
     def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return self.server.cpu_seconds()
 
 
 def start_main(root: Path) -> Main:

@@ -70,5 +70,7 @@ def test_the_short_zero_delay_benchmark_runs_with_items_1_to_5_configured(
             names.append("callbacks")
         for name in names:
             assert rows[name]["errors"] == 0 and rows[name]["completed"] > 0, (cell, name)
+        # what a request cost letsinfer's own process, from /proc
+        assert rows["letsinfer"]["cpu_us_per_request"] > 0, cell
     assert "targets (zero delay):" in run.stdout
     assert "plain c=1: added p50 < 0.15 ms" in run.stdout
