@@ -12,7 +12,7 @@ POST whose body is whole to :class:`Express` first. It runs the handler's
 checks with the handler's code, sends the body on an idle engine connection,
 and answers from that connection's callbacks
 (:class:`letsinfer.gateway.engine_client.CallbackResponse`): a plain answer
-once it is whole, a stream part by part as it arrives (its usage event taken
+once it is whole, a stream a read at a time as it arrives (its usage event taken
 out as the handler does, and the engine held back while the client is
 behind), with the bytes the handler would send, booked through the handler's
 own :meth:`InferenceEndpoints.record`.
