@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 
 from letsinfer.gateway.engine_client import EngineClient, EngineError
 
-# Less CPU than this in a cell is too few of /proc's 10 ms ticks to report.
-_MIN_CPU_S = 0.3
+# Less CPU than this in a cell is too few of /proc's 10 ms ticks to report
+# (ten ticks: within about 10 %; a full run's cells use far more).
+_MIN_CPU_S = 0.1
 
 
 @dataclass
@@ -62,8 +63,7 @@ class CellResult:
 
     @property
     def cpu_per_request_s(self) -> float:
-        """NaN when the run used too little CPU for /proc's clock ticks (10 ms)
-        to measure it to within a few per cent."""
+        """NaN when the run used too little CPU to measure (``_MIN_CPU_S``)."""
         return self.cpu_s / self.sent if self.sent and self.cpu_s >= _MIN_CPU_S else float("nan")
 
 
