@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import httpx
@@ -16,6 +17,36 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _stat(pid: int | str) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state, ppid,
+    pgrp, ...); None for a process gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def group_pids(pgid: int) -> list[str]:
+    """The processes of a process group."""
+    group = str(pgid)
+    pids = []
+    for entry in Path("/proc").iterdir():
+        fields = _stat(entry.name) if entry.name.isdigit() else None
+        if fields is not None and fields[2] == group:  # pgrp
+            pids.append(entry.name)
+    return pids
+
+
+def cpu_seconds(pids: Iterable[int | str]) -> float:
+    """User and system CPU time these processes used so far, all their
+    threads (a process gone counts nothing)."""
+    ticks = 0
+    for pid in pids:
+        if (fields := _stat(pid)) is not None:
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 class Server:
@@ -79,21 +110,11 @@ class Server:
             return ""
 
     def cpu_seconds(self) -> float:
-        """CPU time (user and system) used so far by the server's processes:
-        every process in its group (nginx's workers beside its master), each
-        with all its threads."""
+        """CPU time used so far by the server's processes: every process in
+        its group (nginx's workers beside its master)."""
         if self.proc is None:
             return 0.0
-        group = str(os.getpgid(self.proc.pid))
-        ticks = 0
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-            except OSError:  # it ended as we looked
-                continue
-            if fields[2] == group:  # (state, ppid, pgrp, ...)
-                ticks += int(fields[11]) + int(fields[12])  # utime, stime
-        return ticks / os.sysconf("SC_CLK_TCK")
+        return cpu_seconds(group_pids(os.getpgid(self.proc.pid)))
 
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:

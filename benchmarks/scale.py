@@ -60,7 +60,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.processes import Server, free_port
+from benchmarks.processes import Server, cpu_seconds, free_port
 
 INTERVAL_S = 5.0
 STALE_AFTER_S = 20.0  # the main's default node_stale_after_s
@@ -318,14 +318,7 @@ class Fleet:
 
     def cpu_seconds(self) -> float:
         """CPU the simulated children used so far (the workers running now)."""
-        total = 0.0
-        for proc, _, _, _ in self.workers:
-            try:
-                fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        return total
+        return cpu_seconds(proc.pid for proc, _, _, _ in self.workers if proc.pid)
 
     def start(self, children: list[dict[str, str]], per_worker: int = 300) -> None:
         ctx = mp.get_context("spawn")

@@ -49,15 +49,6 @@ class BatchedTransport:
         if not self.transport.is_closing():
             self.transport.write(data)
 
-    def write_now(self, data: bytes) -> None:
-        """Write ``data`` after what is kept, now: the last part of an answer,
-        which would be flushed as soon as its answer completes anyway."""
-        if self._parts:
-            self._parts.append(data)
-            self.flush()
-        elif not self.transport.is_closing():
-            self.transport.write(data)
-
     def writelines(self, lines: Any) -> None:
         for line in lines:
             self.write(line)

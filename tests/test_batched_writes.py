@@ -127,25 +127,3 @@ def test_a_complete_answer_leaves_at_once_when_it_is_the_only_one() -> None:
         server.close()
 
     asyncio.run(scenario())
-
-
-def test_an_answers_last_part_leaves_now_after_what_is_kept() -> None:
-    """The gateway's own answers write their last part with write_now: it goes
-    out at once, in one write with anything kept before it, and nothing is
-    left for the turn's end to send again."""
-
-    async def scenario() -> None:
-        real, reader, server = await _pair()
-        batched = BatchedTransport(real, asyncio.get_running_loop())
-        batched.write_now(b"whole answer;")  # nothing kept: straight out
-        assert real.writes == [b"whole answer;"]
-        batched.write(b"head;")
-        batched.write_now(b"last part")
-        assert real.writes == [b"whole answer;", b"head;last part"]
-        await asyncio.sleep(0)  # the turn's end finds nothing kept
-        assert len(real.writes) == 2
-        batched.close()
-        assert await reader.read() == b"whole answer;head;last part"
-        server.close()
-
-    asyncio.run(scenario())

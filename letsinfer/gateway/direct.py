@@ -190,7 +190,9 @@ class DirectCycle:
             self.write(body, False)
 
     def start_response(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
-        parts = [STATUS_LINE[status], _default_headers(self.protocol.server_state.default_headers)]
+        parts = [STATUS_LINE[status]]
+        for name, value in self.protocol.server_state.default_headers:  # date, server
+            parts += (name, b": ", value, b"\r\n")
         chunked = True
         # The handler's own headers: names it wrote, values it checked
         # (an engine's content type has passed httptools' parser).
@@ -220,30 +222,13 @@ class DirectCycle:
         protocol = self.protocol
         transport = protocol.transport
         if data:
-            if more:
-                transport.write(data)
-            else:  # the answer's end: it leaves now (BatchedTransport.write_now)
-                protocol.write_last(data)
+            transport.write(data)
         if not more:
             self.response_complete = True
             self._gone = None
             if not self.keep_alive:
                 transport.close()
             protocol.on_response_complete()
-
-
-_headers_of: tuple[object, bytes] = (None, b"")
-
-
-def _default_headers(headers: list[tuple[bytes, bytes]]) -> bytes:
-    """uvicorn's default response headers (date, server) as bytes, made again
-    only when uvicorn replaces the list (once a second, for the date)."""
-    global _headers_of
-    of, encoded = _headers_of
-    if of is not headers:
-        encoded = b"".join(b"%s: %s\r\n" % (name, value) for name, value in headers)
-        _headers_of = (headers, encoded)
-    return encoded
 
 
 class DirectInference:
@@ -271,17 +256,11 @@ class DirectInference:
     flow: Any
     loop: asyncio.AbstractEventLoop
     tasks: set[asyncio.Task[None]]
-    transport: Any
     headers: list[tuple[bytes, bytes]]
     client: tuple[str, int] | None
     server: tuple[str, int | None] | None
     scheme: str | None
     root_path: str
-    write_last: Callable[[bytes], None]
-
-    def connection_made(self, transport: Any) -> None:
-        super().connection_made(transport)  # type: ignore[misc]
-        self.write_last = getattr(self.transport, "write_now", self.transport.write)
 
     def on_message_begin(self) -> None:
         self.url = b""
@@ -307,10 +286,12 @@ class DirectInference:
             or self.limit_concurrency is not None
             or parser.should_upgrade()
         ):
+            # uvicorn's own scope, made by its on_message_begin, which also
+            # starts the request over: what was parsed so far is put back
             url, headers, expect = self.url, self.headers, self.expect_100_continue
-            super().on_message_begin()  # type: ignore[misc]  # uvicorn's scope, as it makes it
-            self.url, self.headers, self.expect_100_continue = url, headers, expect
-            self.scope["headers"] = headers
+            super().on_message_begin()  # type: ignore[misc]
+            self.url, self.expect_100_continue = url, expect
+            self.headers.extend(headers)  # the scope's list
             super().on_headers_complete()  # type: ignore[misc]
             return
         path = url.decode("ascii")

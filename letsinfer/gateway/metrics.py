@@ -178,15 +178,9 @@ class GatewayMetrics:
         for model, status, total_s, ttft_s, key, pg, prompt, completion in finished:
             counted = ("r", model, status)
             counts[counted] = counts.get(counted, 0) + 1
-            if (seen := latencies.get(model)) is None:
-                latencies[model] = [total_s]
-            else:
-                seen.append(total_s)
+            latencies.setdefault(model, []).append(total_s)
             if ttft_s is not None:
-                if (seen := ttfts.get(model)) is None:
-                    ttfts[model] = [ttft_s]
-                else:
-                    seen.append(ttft_s)
+                ttfts.setdefault(model, []).append(ttft_s)
             if key != "-":
                 counted = ("k", key)
                 counts[counted] = counts.get(counted, 0) + 1
