@@ -84,3 +84,20 @@ def test_a_null_usage_in_every_event_is_kept_and_the_real_one_counted() -> None:
         out, f = relay(stream, [cut])
         assert out == token * 4 + FINISH + DONE, cut
         assert (f.prompt_tokens, f.completion_tokens) == (23, 14)
+
+
+def test_a_usage_event_in_several_data_lines_or_with_no_space_is_counted_and_removed() -> None:
+    # SSE lets an event carry an id and split its data over lines; the colon
+    # may have no space after it.
+    split = (
+        b'data: {"choices":[],\n'
+        b'data: "usage":{"prompt_tokens":3,"completion_tokens":9,"total_tokens":12}}\n'
+        b"id: 7\n\n"
+    )
+    tight = USAGE.replace(b"data: ", b"data:").replace(b"23", b"4")
+    for usage, counts in ((split, (3, 9)), (tight, (4, 14))):
+        stream = TOKEN + FINISH + usage + DONE
+        for cut in range(1, len(stream), 3):
+            out, f = relay(stream, [cut])
+            assert out == TOKEN + FINISH + DONE, (usage, cut)
+            assert (f.prompt_tokens, f.completion_tokens) == counts, (usage, cut)

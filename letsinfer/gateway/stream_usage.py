@@ -55,6 +55,8 @@ def counted(body: bytes, stream_options: dict[str, Any] | None) -> tuple[UsageFi
 
 def _event_end(data: bytes) -> int:
     """Where the last complete event in ``data`` ends (0: none does)."""
+    if data.endswith(b"\n\n"):  # the usual read: whole events (no search back through it)
+        return len(data)
     lf = data.rfind(b"\n\n")
     crlf = data.rfind(b"\r\n\r\n")
     return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
@@ -80,18 +82,19 @@ class UsageFilter:
             self.pending = b""
         else:
             data, self.pending = data[:end], data[end:]
-        if _USAGE in data:
-            data = self._take_usage(data)
-        return data
+        at = data.find(_USAGE)
+        return data if at < 0 else self._take_usage(data, at)
 
     def flush(self) -> bytes:
         """Whatever is left at the end of the stream (an unterminated event)."""
         rest, self.pending = self.pending, b""
-        return self._take_usage(rest) if _USAGE in rest else rest
+        at = rest.find(_USAGE)
+        return rest if at < 0 else self._take_usage(rest, at)
 
-    def _take_usage(self, data: bytes) -> bytes:
+    def _take_usage(self, data: bytes, at: int) -> bytes:
+        """``data`` less the usage event, its first ``"usage"`` being at ``at``."""
         if b"\r" not in data:  # engines end lines with \n: a plain split, ten times faster
-            return self._take_usage_lf(data)
+            return self._take_usage_lf(data, at)
         parts = _EVENTS.split(data)  # event, separator, event, separator, ..., rest
         kept = []
         for i in range(0, len(parts), 2):
@@ -101,14 +104,13 @@ class UsageFilter:
             kept.append(event + sep)
         return b"".join(kept)
 
-    def _take_usage_lf(self, data: bytes) -> bytes:
+    def _take_usage_lf(self, data: bytes, at: int) -> bytes:
         """:meth:`_take_usage` of data without carriage returns: the events
         around each ``"usage"`` found by byte search, not by splitting the
         whole stream; only those whose usage is an object are parsed (an
         engine may send ``"usage":null`` in every event)."""
         kept: list[bytes] = []
         start = 0  # what is kept runs from here to the next dropped event
-        at = data.find(_USAGE)
         while at >= 0:
             begins = data.rfind(b"\n\n", 0, at)
             begins = 0 if begins < 0 else begins + 2
@@ -126,10 +128,15 @@ class UsageFilter:
 
     def _usage_only(self, event: bytes) -> bool:
         """Note the event's usage; true when it carries nothing else."""
-        lines = [ln[5:].lstrip() for ln in event.splitlines() if ln.startswith(b"data:")]
+        if event.startswith(b"data:") and _one_line(event):
+            data = event[5:]  # (the usual event: its one line is its data)
+        else:
+            data = b"\n".join(
+                ln[5:].lstrip() for ln in event.splitlines() if ln.startswith(b"data:")
+            )
         try:
-            obj = json.loads(b"\n".join(lines))
-        except ValueError:
+            obj = json.loads(data.decode())  # (decoded here: json.loads would guess the encoding)
+        except ValueError:  # (a UnicodeDecodeError too)
             return False
         if not isinstance(obj, dict) or not isinstance(obj.get("usage"), dict):
             return False
@@ -137,6 +144,11 @@ class UsageFilter:
         self.prompt_tokens = _int(usage.get("prompt_tokens"))
         self.completion_tokens = _int(usage.get("completion_tokens"))
         return obj.get("choices") == []
+
+
+def _one_line(event: bytes) -> bool:
+    body = event.rstrip(b"\r\n")
+    return b"\n" not in body and b"\r" not in body
 
 
 def _int(value: object) -> int | None:
