@@ -203,10 +203,12 @@ def start_targets(
                 "callbacks", work, mock.url, stack, *experiment, module=module, plain_only=True
             )
         )
+        # before and letsinfer set up alike (each its own request records)
         if before is not None:
+            old = ("--records", str(work / "before-requests.db"), "--facts", *extra)
             try:
                 targets.append(
-                    _gateway("before", work, mock.url, stack, *extra, tree=before.resolve())
+                    _gateway("before", work, mock.url, stack, *old, tree=before.resolve())
                 )
             except RuntimeError as exc:
                 targets.append(Target("before", "", skipped=str(exc)))
