@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import ssl
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, cast
 from urllib.parse import urlsplit
 
@@ -336,20 +336,23 @@ class CallbackResponse(_Response):
     __slots__ = ("listener", "parts", "paused")
 
     def __init__(self, conn: _Connection, read_timeout: float, listener: ResponseListener) -> None:
-        super().__init__(conn, read_timeout)
+        self.parts: list[bytes] = []  # parsed from the current read, not yet passed on
+        super().__init__(conn, read_timeout)  # (its parser takes on_body: parts must exist)
         self.listener = listener
         self.paused = False
-        self.parts: list[bytes] = []  # parsed from the current read, not yet passed on
 
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
         self.listener.response_started(self)
 
-    def on_body(self, body: bytes) -> None:
-        # Kept until the read is parsed: an engine streams each event as a
-        # chunk of its own, and a read holds many; the listener gets them as
-        # one part (as the handler's next_chunk() does), not one by one.
-        self.parts.append(body)
+    @property
+    def on_body(self) -> Callable[[bytes], None]:
+        """What the parser calls with each body chunk: kept until the read is
+        parsed, because an engine streams each event as a chunk of its own
+        and a read holds many; the listener gets them as one part (as the
+        handler's next_chunk() does), not one by one. The list's own append,
+        which httptools takes once per parser: no Python call per chunk."""
+        return self.parts.append
 
     def deliver(self) -> None:
         parts = self.parts
