@@ -1195,7 +1195,11 @@ def test_an_overloaded_main_sheds_reports_and_no_node_goes_stale(cluster: Cluste
     assert told, "n1's agent heard 503s"
     for after, wait in told:  # as long as it was told, spread by up to a half
         assert float(after) <= float(wait) <= 1.5 * float(after) + 0.05, (after, wait)
-    assert len({wait for _, wait in told}) > 1, "jittered"
+    # Spread, not all alike: shown once n1 heard a few 503s (how many the main
+    # sheds varies with the machine's load; a single one shows nothing). The
+    # spread's own bounds: tests/test_scale.py, with the draws fixed.
+    if len(told) >= 3:
+        assert len({wait for _, wait in told}) > 1, ("jittered", told)
     scrape = c.py("main", 'import httpx; print(httpx.get("http://127.0.0.1:9400/metrics").text)')
     shed = re.search(r"^letsinfer_control_reports_shed_total (\S+)$", scrape, re.M)
     assert shed is not None and float(shed.group(1)) >= len(told)

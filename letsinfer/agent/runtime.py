@@ -487,7 +487,7 @@ class AgentNode:
                         asked = retry_after(resp)
                         wait = pacing.busy(asked)
                         log.info(
-                            "the main at %s is busy (503, Retry-After %s): next report in %.1fs",
+                            "the main at %s is busy (503, Retry-After %s): next report in %.2fs",
                             ident.main_address,
                             f"{asked:g}s" if asked is not None else "not given",
                             wait,
