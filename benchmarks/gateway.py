@@ -296,11 +296,12 @@ def report(targets: list[Target], results: dict[str, dict[str, CellResult]]) -> 
     for cell, by_target in results.items():
         print(f"\n== {cell}\n{header}")
         direct = by_target.get("direct")
-        rows: dict[str, dict[str, float]] = {}
+        rows: dict[str, dict[str, float | None]] = {}
         for name, r in by_target.items():
             added50 = r.p(0.5) - direct.p(0.5) if direct else float("nan")
             added99 = r.p(0.99) - direct.p(0.99) if direct else float("nan")
             added_first = r.first_p(0.5) - direct.first_p(0.5) if direct else float("nan")
+            cpu = r.cpu_per_request_s * 1e6  # NaN: too little CPU in the cell to tell
             rows[name] = {
                 "rps": r.rps,
                 "p50_ms": r.p(0.5) * 1000,
@@ -312,9 +313,9 @@ def report(targets: list[Target], results: dict[str, dict[str, CellResult]]) -> 
                 "errors": r.errors,
                 "completed": r.completed,
                 # the target's own processes: CPU time per request it served
-                "cpu_us_per_request": r.cpu_per_request_s * 1e6,
+                # (null, not NaN, when not measured: NaN is not JSON)
+                "cpu_us_per_request": None if math.isnan(cpu) else cpu,
             }
-            cpu = r.cpu_per_request_s * 1e6
             print(
                 f"{name:<14} {r.rps:>8.1f} {_ms(r.p(0.5)):>8} {_ms(r.p(0.99)):>8} "
                 f"{_ms(added50):>8} {_ms(added99):>8} {_ms(r.first_p(0.5)):>8} "
@@ -326,9 +327,8 @@ def report(targets: list[Target], results: dict[str, dict[str, CellResult]]) -> 
         ratios = []
         for base in AB:
             if ours and base in by_target and by_target[base].rps:
-                a = rows[base]
                 ratio = ours.rps / by_target[base].rps
-                delta = rows["letsinfer"]["added_p50_ms"] - a["added_p50_ms"]
+                delta = (ours.p(0.5) - by_target[base].p(0.5)) * 1000  # the added p50s' difference
                 rows[f"letsinfer/{base}"] = {
                     "throughput_ratio": ratio,
                     "added_p50_delta_ms": delta,

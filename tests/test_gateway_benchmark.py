@@ -10,8 +10,18 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+
+def strict_json(text: str) -> dict[str, object]:
+    """The --json file as a strict parser (jq, a browser) reads it: no NaN."""
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)  # type: ignore[no-any-return]
 
 
 @pytest.mark.timeout(900)
@@ -26,7 +36,7 @@ def test_the_short_gateway_benchmark_runs_end_to_end(tmp_path: Path) -> None:
     )
     print(run.stdout[-6000:], run.stderr[-3000:])
     assert run.returncode == 0, run.stderr[-3000:]
-    figures = json.loads(out.read_text())
+    figures: dict[str, Any] = strict_json(out.read_text())
     # A baseline may only be missing when it could not be installed, and then loudly.
     for name, why in figures["skipped"].items():
         assert f"{name} SKIPPED: {why}" in run.stdout
@@ -59,7 +69,7 @@ def test_the_short_zero_delay_benchmark_runs_with_items_1_to_5_configured(
     )
     print(run.stdout[-6000:], run.stderr[-3000:])
     assert run.returncode == 0, run.stderr[-3000:]
-    figures = json.loads(out.read_text())
+    figures: dict[str, Any] = strict_json(out.read_text())
     assert figures["plan"]["interval_ms"] == 0
     assert "nginx" not in figures["skipped"]
     for cell, rows in figures["results"].items():
