@@ -193,27 +193,40 @@ def start_targets(
         ).start()
         stack.callback(floor.stop)
         targets.append(Target("floor", floor.url, server=floor))
-        extra = ("--breadth",)
-        # letsinfer's own work from protocol callbacks, set up as the letsinfer
-        # row: an experiment, plain requests only
-        experiment = ("--records", str(work / "callbacks.db"), "--facts", *extra)
+
+        def as_main(name: str) -> tuple[str, ...]:
+            """Set up as a main runs it (request records of its own, facts),
+            with items 1-5 configured: every letsinfer-like row alike."""
+            return ("--records", str(work / f"{name}.db"), "--facts", "--breadth")
+
+        # letsinfer's own work from protocol callbacks: an experiment, plain requests only
         module = "benchmarks.callback_path"
         targets.append(
             _gateway(
-                "callbacks", work, mock.url, stack, *experiment, module=module, plain_only=True
+                "callbacks",
+                work,
+                mock.url,
+                stack,
+                *as_main("callbacks"),
+                module=module,
+                plain_only=True,
             )
         )
-        # before and letsinfer set up alike (each its own request records)
         if before is not None:
-            old = ("--records", str(work / "before-requests.db"), "--facts", *extra)
             try:
                 targets.append(
-                    _gateway("before", work, mock.url, stack, *old, tree=before.resolve())
+                    _gateway(
+                        "before",
+                        work,
+                        mock.url,
+                        stack,
+                        *as_main("before"),
+                        tree=before.resolve(),
+                    )
                 )
             except RuntimeError as exc:
                 targets.append(Target("before", "", skipped=str(exc)))
-        records = ("--records", str(work / "requests.db"), "--facts")
-        targets.append(_gateway("letsinfer", work, mock.url, stack, *records, *extra))
+        targets.append(_gateway("letsinfer", work, mock.url, stack, *as_main("requests")))
         return targets
 
     if with_litellm:
