@@ -16,9 +16,9 @@ import pytest
 from prometheus_client import generate_latest
 
 from letsinfer.gateway.direct import DirectCycle
-from letsinfer.gateway.engine_client import CallbackResponse
+from letsinfer.gateway.engine_client import CallbackResponse, EngineClient, EngineError
 from letsinfer.gateway.express import Express
-from letsinfer.gateway.mock_upstream import MockBehaviour
+from letsinfer.gateway.mock_upstream import MockBehaviour, MockUpstream
 from letsinfer.store.requests import RequestStore
 from tests.gateway_harness import MODEL, GatewayHarness, chat
 
@@ -280,3 +280,99 @@ def test_a_slow_reader_holds_the_engine_back_and_still_gets_the_whole_stream(
         assert received.count(b'"tok "') == tokens
         assert received.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n")
         h.wait_until(lambda: h.replica("pg-a").in_flight == 0)
+
+
+def test_requests_to_a_busy_engine_are_held_to_the_turns_end_and_each_gets_its_answer(
+    tmp_path: Path, express_takes: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    held: list[int] = []
+    write_held = EngineClient._write_held
+
+    def counted(self: EngineClient) -> None:
+        held.append(len(self._held))
+        write_held(self)
+
+    monkeypatch.setattr(EngineClient, "_write_held", counted)
+    with (
+        GatewayHarness(tmp_path, {"pg-a": MockBehaviour(tokens=3)}) as h,
+        concurrent.futures.ThreadPoolExecutor(2) as pool,
+    ):
+        stats = h.mocks["pg-a"].stats
+
+        def post(request_id: str) -> concurrent.futures.Future[httpx.Response]:
+            return pool.submit(
+                httpx.post,
+                h.url + "/v1/chat/completions",
+                json=chat(content=f"I am {request_id}."),
+                headers={**h.auth(), "x-request-id": request_id},
+                timeout=10,
+            )
+
+        # Two requests in flight at once leave two kept engine connections.
+        _hold(h, "pg-a")
+        warm = [post("warm-1"), post("warm-2")]
+        h.wait_until(lambda: stats.in_flight == 2)
+        h.in_loop(lambda: h.mocks["pg-a"].gate.set())  # type: ignore[union-attr]
+        assert [f.result(10).status_code for f in warm] == [200, 200]
+
+        _hold(h, "pg-a")
+        first = post("first")  # the engine's only request: written at once
+        h.wait_until(lambda: stats.in_flight == 1)
+        second = post("second")  # the engine is busy: held to the turn's end
+        h.wait_until(lambda: stats.in_flight == 2)  # and it got there
+        h.in_loop(lambda: h.mocks["pg-a"].gate.set())  # type: ignore[union-attr]
+        answers = {rid: f.result(10) for rid, f in (("first", first), ("second", second))}
+    assert express_takes == ["first", "second"]
+    assert held == [1]
+    for request_id, r in answers.items():
+        assert r.status_code == 200 and r.headers["x-request-id"] == request_id
+        assert "tok " in r.json()["choices"][0]["message"]["content"]
+    assert list(stats.request_ids)[-2:] == ["first", "second"]
+
+
+def test_a_held_request_whose_engine_connection_closes_first_is_never_sent_and_fails_as_unsent(
+    tmp_path: Path,
+) -> None:
+    class Listener:
+        def __init__(self) -> None:
+            self.told: list[object] = []
+
+        def response_started(self, response: CallbackResponse) -> None:
+            self.told.append("started")
+
+        def response_body(self, response: CallbackResponse, body: bytes) -> None:
+            self.told.append(body)
+
+        def response_ended(self, response: CallbackResponse) -> None:
+            self.told.append("ended")
+
+        def response_failed(self, response: CallbackResponse, error: EngineError) -> None:
+            self.told.append(error)
+
+    async def scenario() -> tuple[Listener, int]:
+        mock = await MockUpstream(MockBehaviour(tokens=2)).start()
+        client = EngineClient(connect_timeout_s=5, read_timeout_s=5)
+        body = json.dumps(chat()).encode()
+        try:
+            warm = await client.post(mock.url, "/v1/chat/completions", body)
+            while await warm.next_chunk() is not None:
+                pass  # read whole: its connection is kept
+            listener = Listener()
+            engine = client.post_on_idle(
+                mock.url, "/v1/chat/completions", body, listener, hold=True
+            )
+            assert engine is not None
+            # The engine's side goes away before this turn of the loop ends.
+            transport = engine.conn.transport
+            assert transport is not None
+            transport.abort()
+            await asyncio.sleep(0.2)
+            return listener, mock.stats.requests
+        finally:
+            await client.aclose()
+            await mock.close()
+
+    listener, requests = asyncio.run(scenario())
+    assert requests == 1  # the warm-up only: the held request never left
+    (error,) = listener.told
+    assert isinstance(error, EngineError) and error.before_response

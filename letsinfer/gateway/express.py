@@ -317,6 +317,7 @@ class Express:
                 lane,
                 authorization=replica.authorization,
                 extra_headers=(("x-request-id", lane.request_id),),
+                hold=replica.in_flight > 1,  # its engine is busy: others will follow
             )
         except Exception:  # (a malformed engine URL: the handler reports it)
             engine = None
