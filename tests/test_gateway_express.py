@@ -330,9 +330,7 @@ def test_requests_to_a_busy_engine_are_held_to_the_turns_end_and_each_gets_its_a
     assert list(stats.request_ids)[-2:] == ["first", "second"]
 
 
-def test_a_held_request_whose_engine_connection_closes_first_is_never_sent_and_fails_as_unsent(
-    tmp_path: Path,
-) -> None:
+def test_a_held_request_whose_connection_closes_first_is_never_sent_and_fails_as_unsent() -> None:
     class Listener:
         def __init__(self) -> None:
             self.told: list[object] = []
@@ -362,7 +360,8 @@ def test_a_held_request_whose_engine_connection_closes_first_is_never_sent_and_f
                 mock.url, "/v1/chat/completions", body, listener, hold=True
             )
             assert engine is not None
-            # The engine's side goes away before this turn of the loop ends.
+            # The connection is lost (as when the engine closes a kept one)
+            # before this turn of the loop ends.
             transport = engine.conn.transport
             assert transport is not None
             transport.abort()
