@@ -226,7 +226,7 @@ def start_targets(
                 )
             except RuntimeError as exc:
                 targets.append(Target("before", "", skipped=str(exc)))
-        targets.append(_gateway("letsinfer", work, mock.url, stack, *as_main("requests")))
+        targets.append(_gateway("letsinfer", work, mock.url, stack, *as_main("letsinfer")))
         return targets
 
     if with_litellm:

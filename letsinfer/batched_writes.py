@@ -1,4 +1,6 @@
-"""Writes to a client connection batched per turn of the event loop.
+"""Writes to a connection batched per turn of the event loop: the gateway's
+answers to its clients, and its requests to busy engines
+(letsinfer.gateway.engine_client, whose writes leave at once unless held).
 
 uvicorn writes a response's status line and headers, each body part and the
 closing chunk with one ``transport.write`` each, and on loopback or a fast

@@ -10,6 +10,7 @@ import json
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -285,14 +286,15 @@ def test_a_slow_reader_holds_the_engine_back_and_still_gets_the_whole_stream(
 def test_requests_to_a_busy_engine_are_held_to_the_turns_end_and_each_gets_its_answer(
     tmp_path: Path, express_takes: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    held: list[int] = []
-    write_held = EngineClient._write_held
+    held: list[bool] = []  # each request sent on a kept connection: held to the turn's end?
+    post_on_idle = EngineClient.post_on_idle
 
-    def counted(self: EngineClient) -> None:
-        held.append(len(self._held))
-        write_held(self)
+    def told(self: EngineClient, *args: Any, **kwargs: Any) -> CallbackResponse | None:
+        if (sent := post_on_idle(self, *args, **kwargs)) is not None:
+            held.append(kwargs["hold"])
+        return sent
 
-    monkeypatch.setattr(EngineClient, "_write_held", counted)
+    monkeypatch.setattr(EngineClient, "post_on_idle", told)
     with (
         GatewayHarness(tmp_path, {"pg-a": MockBehaviour(tokens=3)}) as h,
         concurrent.futures.ThreadPoolExecutor(2) as pool,
@@ -323,7 +325,7 @@ def test_requests_to_a_busy_engine_are_held_to_the_turns_end_and_each_gets_its_a
         h.in_loop(lambda: h.mocks["pg-a"].gate.set())  # type: ignore[union-attr]
         answers = {rid: f.result(10) for rid, f in (("first", first), ("second", second))}
     assert express_takes == ["first", "second"]
-    assert held == [1]
+    assert held == [False, True]
     for request_id, r in answers.items():
         assert r.status_code == 200 and r.headers["x-request-id"] == request_id
         assert "tok " in r.json()["choices"][0]["message"]["content"]

@@ -29,10 +29,12 @@ import asyncio
 import collections
 import ssl
 from collections.abc import Callable, Sequence
-from typing import Protocol, cast
+from typing import Protocol
 from urllib.parse import urlsplit
 
 import httptools
+
+from letsinfer.batched_writes import BatchedTransport
 
 # Pause reading from an engine once this much body waits for a slow client.
 _HIGH_WATER = 256 * 1024
@@ -63,7 +65,7 @@ class _Connection(asyncio.Protocol):
     def __init__(self, pool: _Pool) -> None:
         self.pool = pool
         self.loop = asyncio.get_running_loop()
-        self.transport: asyncio.Transport | None = None
+        self.transport: BatchedTransport | None = None
         self.closed = False
         self.reused = False
         self._exchange: _Response | None = None
@@ -73,8 +75,8 @@ class _Connection(asyncio.Protocol):
 
     # -- asyncio.Protocol --------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports do not subclass asyncio.Transport; same interface.
-        self.transport = cast(asyncio.Transport, transport)
+        # Written at the end of the loop's turn unless flushed (post_on_idle's hold).
+        self.transport = BatchedTransport(transport, self.loop)
 
     def data_received(self, data: bytes) -> None:
         ex = self._exchange
@@ -427,8 +429,6 @@ class EngineClient:
         self.read_timeout_s = read_timeout_s
         self._pools: dict[str, _Pool] = {}
         self._heads: dict[tuple[_Pool, str, str], bytes] = {}
-        # Requests held for one write each at the end of this turn of the loop.
-        self._held: list[tuple[_Connection, bytes]] = []
 
     def _pool(self, base_url: str, ca_file: str | None = None) -> _Pool:
         name = base_url if ca_file is None else f"{base_url} {ca_file}"
@@ -493,10 +493,11 @@ class EngineClient:
         no kept connection is idle: :meth:`post` connects.
 
         ``hold``: write it at the end of this turn of the loop, with the other
-        requests held in it, rather than now. Each write to an idle engine
-        wakes it, and on loopback the writer pays for the wake-up; an engine
-        that is already answering this gateway is woken once for the turn's
-        requests instead of once each."""
+        requests held in it, rather than now (letsinfer.batched_writes; one
+        whose connection closes first is never sent). Each write to an idle
+        engine wakes it, and on loopback the writer pays for the wake-up; an
+        engine that is already answering this gateway is woken once for the
+        turn's requests instead of once each."""
         pool = self._pool(base_url)
         if pool.tls is not None:
             return None
@@ -507,23 +508,10 @@ class EngineClient:
             return None
         response = CallbackResponse(conn, self.read_timeout_s, listener)
         conn._exchange = response
-        request = self._request(pool, path, body, authorization, extra_headers)
+        conn.transport.write(self._request(pool, path, body, authorization, extra_headers))
         if not hold:
-            conn.transport.write(request)
-            return response
-        held = self._held
-        held.append((conn, request))
-        if len(held) == 1:
-            conn.loop.call_soon(self._write_held)
+            conn.transport.flush()
         return response
-
-    def _write_held(self) -> None:
-        held, self._held = self._held, []
-        for conn, request in held:
-            # One closed meanwhile fails its exchange as never sent (connection_lost).
-            transport = conn.transport
-            if not conn.closed and transport is not None and not transport.is_closing():
-                transport.write(request)
 
     async def _connect(self, pool: _Pool) -> _Connection:
         loop = asyncio.get_running_loop()
@@ -581,6 +569,7 @@ class EngineClient:
         response = EngineResponse(conn, self.read_timeout_s)
         conn._exchange = response
         conn.transport.write(request)
+        conn.transport.flush()
         try:
             await response.wait_headers()
         except BaseException:
