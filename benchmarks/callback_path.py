@@ -140,13 +140,15 @@ class _CallbackPath:
             return
         key = authenticate(gw, request.auth.decode("latin-1") if request.auth else None)
         body = b"".join(request.parts)
-        parsed = protocol.parse(body, ROUTES[path])
-        entry = gw.directory.current().names.get(parsed.model)
-        if entry is None or not key.allows(entry.name) or parsed.stream:
+        route = ROUTES[path]
+        parsed = protocol.parse(body, route)
+        entry = gw.directory.current().names.get(parsed["model"])
+        if entry is None or not key.allows(entry.name) or parsed.get("stream", False):
             raise LookupError("unknown model, not allowed, or a stream")
         hint = None
         if self.prefix_chars:
-            hint = policy.prefix_hash(protocol.prompt_start(parsed, self.prefix_chars), gw.policy)
+            start = protocol.prompt_start(parsed, route.kind, self.prefix_chars)
+            hint = policy.prefix_hash(start, gw.policy)
         replica = gw.admission._pick(entry.serves, hint, frozenset())
         if replica is None:
             raise LookupError("every replica is full")

@@ -101,14 +101,14 @@ def test_the_prompt_start_covers_messages_in_order_and_prompts() -> None:
     chat = protocol.parse(
         b'{"model": "m", "messages": [{"role": "system", "content": "Be brief."},'
         b'{"role": "user", "content": [{"type": "text", "text": "Hello"}]}]}',
-        protocol.ChatCompletionRequest,
+        protocol.CHAT,
     )
-    assert protocol.prompt_start(chat, 100) == "system\nBe brief.\nuser\nHello\n"
-    assert protocol.prompt_start(chat, 6) == "system"
-    text = protocol.parse(b'{"model": "m", "prompt": ["Once upon"]}', protocol.CompletionRequest)
-    assert protocol.prompt_start(text, 100) == "Once upon"
-    embed = protocol.parse(b'{"model": "m", "input": "x"}', protocol.EmbeddingRequest)
-    assert protocol.prompt_start(embed, 100) == ""
+    assert protocol.prompt_start(chat, "chat", 100) == "system\nBe brief.\nuser\nHello\n"
+    assert protocol.prompt_start(chat, "chat", 6) == "system"
+    text = protocol.parse(b'{"model": "m", "prompt": ["Once upon"]}', protocol.COMPLETION)
+    assert protocol.prompt_start(text, "completion", 100) == "Once upon"
+    embed = protocol.parse(b'{"model": "m", "input": "x"}', protocol.EMBEDDING)
+    assert protocol.prompt_start(embed, "embedding", 100) == ""
 
 
 # -- admission ----------------------------------------------------------------

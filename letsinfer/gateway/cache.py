@@ -28,7 +28,7 @@ import collections
 import hashlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,7 +52,7 @@ class Cached:
     expires: float
 
 
-def cache_key(key: str, endpoint: str, model: str, request: dict[str, Any]) -> bytes:
+def cache_key(key: str, endpoint: str, model: str, request: Mapping[str, Any]) -> bytes:
     canonical = {k: v for k, v in request.items() if k not in _NOT_PART}
     canonical["model"] = model
     text = json.dumps(

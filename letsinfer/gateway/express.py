@@ -278,11 +278,11 @@ class Express:
         if key.concurrency is not None and gw.admission.key_in_flight(key.name) >= key.concurrency:
             return None
         path = cycle.scope["path"]
-        parsed = protocol.parse(body, ROUTES[path])
-        extra = parsed.model_extra
-        if extra and adapters.FIELD in extra:
+        route = ROUTES[path]
+        parsed = protocol.parse(body, route)
+        if adapters.FIELD in parsed:
             return None
-        entry = gw.directory.current().names.get(parsed.model)
+        entry = gw.directory.current().names.get(parsed["model"])
         if (
             entry is None
             or entry.base is not None
@@ -292,17 +292,17 @@ class Express:
             return None
         lane = _Lane(request_id_from(given_id), self, cycle)
         lane.key = key.name
-        lane.asked = log_name(parsed.model)
+        lane.asked = log_name(parsed["model"])
         lane.served = entry.name
         lane.endpoint = ENDPOINTS[path]
         lane.path = path
-        if parsed.stream:
+        if parsed.get("stream", False):
             lane.stream = True
-            if isinstance(parsed, protocol._Sampling):
-                lane.usage, body = stream_usage.counted(body, parsed.stream_options)
+            if route.sampling:
+                lane.usage, body = stream_usage.counted(body, parsed.get("stream_options"))
         lane.body = body
         # The slot last: nothing after it can fail.
-        lane.replica = gw.admission.take_now(entry.name, self.endpoints.prefix_hint(parsed))
+        lane.replica = gw.admission.take_now(entry.name, self.endpoints.prefix_hint(parsed, route))
         return lane if lane.replica is not None else None
 
     def _send(self, lane: _Lane) -> bool:

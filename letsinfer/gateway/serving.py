@@ -59,10 +59,10 @@ Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
-ROUTES: dict[str, type[protocol._Request]] = {
-    "/v1/chat/completions": protocol.ChatCompletionRequest,
-    "/v1/completions": protocol.CompletionRequest,
-    "/v1/embeddings": protocol.EmbeddingRequest,
+ROUTES: dict[str, protocol.Route] = {
+    "/v1/chat/completions": protocol.CHAT,
+    "/v1/completions": protocol.COMPLETION,
+    "/v1/embeddings": protocol.EMBEDDING,
 }
 
 _SANE_REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:-]{1,128}$")
@@ -402,12 +402,12 @@ class InferenceEndpoints:
     ) -> None:
         gw = self.gw
         ex.endpoint = ENDPOINTS[path]
-        parsed = protocol.parse(body, ROUTES[path])
-        ex.asked = log_name(parsed.model)
-        extra = parsed.model_extra
-        if extra and adapters.FIELD in extra:
+        route = ROUTES[path]
+        parsed = protocol.parse(body, route)
+        ex.asked = log_name(parsed["model"])
+        if adapters.FIELD in parsed:
             raise adapters.client_lora()
-        entry = gw.directory.current().names.get(parsed.model)
+        entry = gw.directory.current().names.get(parsed["model"])
         if entry is None or not key.allows(entry.name):
             if entry is not None:  # exists, but not for this key: audited, same answer
                 gw.denials.note(
@@ -415,19 +415,19 @@ class InferenceEndpoints:
                     "gateway.request",
                     f"model {entry.name} is not in the key's allowlist",
                 )
-            raise unknown_model(parsed.model)
+            raise unknown_model(parsed["model"])
         ex.served = entry.name
-        ex.stream = parsed.stream
+        ex.stream = stream = parsed.get("stream", False)
         if key.limits is not None:
             gw.limiter.admit(key.name, key.limits)
             ex.limits = key.limits
         if key.cache is not None and await self._from_cache(
-            key, entry, path, parsed, body, ex, send, cache_control
+            key, entry, path, route, parsed, ex, send, cache_control
         ):
             return
-        if parsed.stream and isinstance(parsed, protocol._Sampling):
-            ex.usage, body = stream_usage.counted(body, parsed.stream_options)
-        hint = self.prefix_hint(parsed)
+        if stream and route.sampling:
+            ex.usage, body = stream_usage.counted(body, parsed.get("stream_options"))
+        hint = self.prefix_hint(parsed, route)
         gw.admission.enter_key(key.name, key.concurrency)
         try:
             try:
@@ -436,7 +436,7 @@ class InferenceEndpoints:
                     key.name,
                     path,
                     body,
-                    stream=parsed.stream,
+                    stream=stream,
                     request_id=ex.request_id,
                     prefix_hash=hint,
                     band=key.band,
@@ -457,11 +457,12 @@ class InferenceEndpoints:
         finally:
             gw.admission.leave_key(key.name)
 
-    def prefix_hint(self, parsed: protocol._Request) -> int | None:
+    def prefix_hint(self, parsed: protocol.Body, route: protocol.Route) -> int | None:
         """The request's prompt-prefix hash for cache-aware routing (None: off or short)."""
         if not self.prefix_chars:
             return None
-        return policy.prefix_hash(protocol.prompt_start(parsed, self.prefix_chars), self.gw.policy)
+        start = protocol.prompt_start(parsed, route.kind, self.prefix_chars)
+        return policy.prefix_hash(start, self.gw.policy)
 
     async def _fall_back(
         self,
@@ -505,8 +506,8 @@ class InferenceEndpoints:
         key: KeyPolicy,
         entry: ServiceEntry,
         path: str,
-        parsed: protocol._Request,
-        body: bytes,
+        route: protocol.Route,
+        parsed: protocol.Body,
         ex: Exchange,
         send: Send,
         cache_control: bytes | None,
@@ -514,12 +515,12 @@ class InferenceEndpoints:
         """Answer from the key's cache (True), or note whether and where the
         engine's answer is to be kept."""
         assert key.cache is not None
-        temperature = parsed.temperature if isinstance(parsed, protocol._Sampling) else None
-        embedding = isinstance(parsed, protocol.EmbeddingRequest)
-        if not cache.eligible(key.cache, parsed.stream, temperature, embedding):
+        embedding = route.kind == "embedding"
+        temperature = None if embedding else parsed.get("temperature")
+        if not cache.eligible(key.cache, parsed.get("stream", False), temperature, embedding):
             ex.cache = cache.BYPASS
             return False
-        ex.cache_key = cache.cache_key(key.name, path, entry.name, json.loads(body))
+        ex.cache_key = cache.cache_key(key.name, path, entry.name, parsed)
         ex.cache_ttl = key.cache.ttl_s
         if cache.no_cache(cache_control):  # fresh from the engine; kept for the next one
             ex.cache = cache.BYPASS
