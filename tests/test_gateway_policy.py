@@ -261,6 +261,44 @@ def test_a_cancelled_waiter_leaves_no_trace_even_when_a_slot_was_on_its_way() ->
     asyncio.run(scenario())
 
 
+def test_a_waiter_cancelled_in_the_turn_a_slot_frees_does_not_take_the_slot_for_good() -> None:
+    async def scenario() -> None:
+        r = replica("a", capacity=1)
+        adm = admission(r)
+        held = await adm.acquire("m", "holder")
+        gone = asyncio.create_task(adm.acquire("m", "k"))
+        await asyncio.sleep(0)
+        # One turn of the loop: the waiting client's connection drops (its
+        # task is cancelled, not yet run), then the holder finishes.
+        gone.cancel()
+        adm.release(held)
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        assert r.in_flight == 0 and adm.depth() == 0
+        again = await asyncio.wait_for(adm.acquire("m", "k"), 1)  # the slot is free
+        assert again is r
+
+    asyncio.run(scenario())
+
+
+def test_a_waiter_takes_a_free_slot_that_those_ahead_of_it_cannot_use() -> None:
+    async def scenario() -> None:
+        tuned = replica("a", capacity=1, adapters=("x",))
+        plain = replica("b", capacity=4)
+        adm = admission(tuned, plain, wait_s=5)
+        await adm.acquire("m", "k1", adapter="x")  # the only group with the adapter: full
+        ahead = asyncio.create_task(adm.acquire("m", "k2", adapter="x"))
+        await asyncio.sleep(0)
+        assert adm.depth("m") == 1
+        # The base model waits behind it, with four free slots on "b".
+        got = await asyncio.wait_for(adm.acquire("m", "k3"), 1)
+        assert got is plain and plain.in_flight == 1
+        assert adm.depth("m") == 1 and not ahead.done()  # still waits for its adapter
+        ahead.cancel()
+
+    asyncio.run(scenario())
+
+
 def test_per_key_concurrency_is_counted_and_refused_over_the_limit() -> None:
     adm = admission(replica("a"))
     adm.enter_key("k", 2)

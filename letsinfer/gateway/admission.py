@@ -221,6 +221,9 @@ class Admission:
         bands[band].setdefault(key, collections.deque()).append(waiter)
         self._depth[service] = self._depth.get(service, 0) + 1
         waiter.timer = loop.call_later(self.limits.max_wait_s, self._expire, waiter)
+        # A slot the waiters ahead cannot use (another adapter, a group they
+        # excluded) is this one's now, not after the next release.
+        self._serve(service)
         try:
             return await waiter.future
         except asyncio.CancelledError:
@@ -251,6 +254,14 @@ class Admission:
                 progressed = False
                 for key in list(keys):
                     waiters = keys[key]
+                    # A waiter whose client left (its task cancelled, not yet
+                    # run to take it out) gets no slot: nothing would give it back.
+                    while waiters and waiters[0].future.done():
+                        waiters.popleft()
+                        self._depth[service] -= 1
+                    if not waiters:
+                        del keys[key]
+                        continue
                     waiter = waiters[0]
                     replica = self._pick(
                         service, waiter.prefix_hash, waiter.exclude, waiter.adapter
