@@ -15,7 +15,7 @@ import pytest
 
 from letsinfer.authority.apikeys import create_key
 from letsinfer.authority.external import add_external_model, set_fallback
-from letsinfer.gateway.limits import period_bounds
+from letsinfer.gateway.limits import estimate_prompt, period_bounds
 from letsinfer.gateway.mock_upstream import MockBehaviour
 from letsinfer.store.requests import RequestStore
 from tests.gateway_harness import MODEL, GatewayHarness, chat
@@ -201,6 +201,95 @@ def test_limits_set_while_serving_count_what_the_key_already_used(tmp_path: Path
         h.wait_until(lambda: h.gateway.limiter.spent("late") == 26)
         assert post(h, "late", chat()).status_code == 200  # 26 < 30: admitted, ends at 39
         refused(post(h, "late", chat()), "budget_exhausted")
+
+
+def test_a_stream_cut_before_its_usage_is_charged_an_estimate_not_nothing(
+    tmp_path: Path,
+) -> None:
+    slow = MockBehaviour(tokens=40, interval_s=0.02)
+    policies = {"team": {"budget_tokens": 10_000, "budget_period": "day", "tpm": 10_000}}
+    with GatewayHarness(tmp_path, {"pg-a": slow}, keys={"team": None}, policies=policies) as h:
+        body = json.dumps(chat(stream=True)).encode()
+        headers = {**h.auth("team"), "content-type": "application/json"}
+        with httpx.stream(
+            "POST", h.url + "/v1/chat/completions", content=body, headers=headers, timeout=30
+        ) as r:
+            got = b""
+            for part in r.iter_bytes():
+                got += part
+                if got.count(b"data: ") >= 10:
+                    break  # the client leaves long before the usage event
+        h.wait_until(lambda: h.gateway.limiter.spent("team") > 0)
+        spent = h.gateway.limiter.spent("team")
+        relayed = got.count(b"data: ")
+        # The prompt's estimate (its body's bytes / 4) and a token per event sent.
+        assert relayed <= spent - estimate_prompt(body) < 40
+        assert h.gateway.limiter._keys["team"].in_window == spent  # tpm alike
+
+
+def test_requests_at_once_cannot_all_start_on_what_is_left_of_a_budget(tmp_path: Path) -> None:
+    policies = {"team": {"budget_tokens": 60, "budget_period": "day"}}
+    with GatewayHarness(
+        tmp_path, {"pg-a": MockBehaviour(tokens=8)}, keys={"team": None}, policies=policies
+    ) as h:
+        gated(h)  # the engine holds every answer until the gate opens
+
+        async def twenty() -> list[httpx.Response]:
+            async with httpx.AsyncClient(timeout=60) as client:
+                sends = [
+                    client.post(
+                        h.url + "/v1/chat/completions",
+                        json=chat(max_tokens=8),
+                        headers=h.auth("team"),
+                    )
+                    for _ in range(20)
+                ]
+                tasks = [asyncio.ensure_future(s) for s in sends]
+                await asyncio.sleep(0.5)
+                open_gate(h)
+                return await asyncio.gather(*tasks)
+
+        answers = asyncio.run(twenty())
+        passed = [r for r in answers if r.status_code == 200]
+        held = [r for r in answers if r.status_code == 429]
+        # Each holds its prompt (~30 tokens by its bytes) and its max_tokens (8):
+        # two fit under 60, the rest wait for them.
+        assert 1 <= len(passed) <= 2 and len(held) == 20 - len(passed)
+        for r in held:
+            assert refused(r, "budget_exhausted") == 1
+            assert "requests in progress" in r.json()["error"]["message"]
+        assert h.gateway.limiter.spent("team") == 13 * len(passed)  # (5 + 8 each)
+        assert h.gateway.limiter._keys["team"].held == 0  # all settled
+        while post(h, "team", chat(max_tokens=8)).status_code == 200:
+            pass  # one at a time, until the budget is spent
+        assert 60 <= h.gateway.limiter.spent("team") < 60 + 13
+
+
+def test_a_request_refused_for_concurrency_does_not_use_up_the_minute(tmp_path: Path) -> None:
+    policies = {"one": {"rpm": 2}}
+    with GatewayHarness(
+        tmp_path, {"pg-a": MockBehaviour(tokens=8)}, keys={"one": 1}, policies=policies
+    ) as h:
+        gated(h)
+
+        async def two_at_once() -> list[httpx.Response]:
+            async with httpx.AsyncClient(timeout=60) as client:
+                first = asyncio.ensure_future(
+                    client.post(h.url + "/v1/chat/completions", json=chat(), headers=h.auth("one"))
+                )
+                await asyncio.sleep(0.3)
+                second = await client.post(
+                    h.url + "/v1/chat/completions", json=chat(), headers=h.auth("one")
+                )
+                open_gate(h)
+                return [await first, second]
+
+        first, second = asyncio.run(two_at_once())
+        assert first.status_code == 200
+        refused(second, "concurrency_limit_exceeded")
+        # The refused one did not count: the key still has its second request.
+        assert post(h, "one", chat()).status_code == 200
+        refused(post(h, "one", chat()), "rate_limit_exceeded")
 
 
 # -- the response cache ------------------------------------------------------------

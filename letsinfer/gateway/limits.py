@@ -15,14 +15,27 @@ Only keys that carry limits reach this module (the request path checks
   ends.
 
 Tokens are known only after a request, so a request admitted under a limit
-may end over it; the next one is refused. The counts survive a gateway
-restart: :meth:`Limiter.restore` rebuilds them from the request records
-(letsinfer.store.requests), which hold every request's tokens.
+may end over it; the next one is refused. So that many requests at once
+cannot all start on what is left of a budget, each holds an estimate of its
+tokens while it runs (its prompt at four bytes a token, plus its
+``max_tokens`` when it sets one): a key whose spent and held tokens reach its
+budget waits for its requests in progress (429 ``budget_exhausted``,
+``Retry-After: 1``). A request cut off before its engine reported its usage
+(a stream whose client left) is charged that estimate of its prompt and a
+token per event it relayed, never nothing. A request refused after it was
+admitted here (the key's concurrency, a full queue) does not count against
+the requests per minute, as the records count it after a restart.
+
+The counts survive a gateway restart: :meth:`Limiter.restore` rebuilds them
+from the request records (letsinfer.store.requests), which hold every
+request's tokens (an estimated charge is not among them: it is counted from
+zero again).
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -83,8 +96,35 @@ def budget_exhausted(key: str, budget: int, period: str, retry_after: int) -> Ga
     )
 
 
+def budget_held(key: str, budget: int, period: str, spent: int, held: int) -> GatewayError:
+    return GatewayError(
+        429,
+        f"API key '{key}' has spent {spent} of its budget of {budget} tokens this {period} "
+        f"(UTC) and its requests in progress may use the rest (about {held} tokens); "
+        "retry when one finishes.",
+        type_="insufficient_quota",
+        code="budget_exhausted",
+        headers={"retry-after": "1"},
+    )
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """What :meth:`Limiter.admit` counted for one request, settled by :meth:`Limiter.settle`."""
+
+    at: float  # its arrival, in the requests-per-minute window
+    held: int  # tokens held against the budget while it runs
+    estimate: int  # its prompt's tokens, estimated (charged if it reports none)
+
+
+def estimate_prompt(body: bytes) -> int:
+    """A request's prompt tokens before any engine counted them: about four
+    bytes a token (the JSON around the text makes it a little high)."""
+    return len(body) // 4 + 1
+
+
 class _KeyState:
-    __slots__ = ("in_window", "period_start", "requests", "spent", "tokens")
+    __slots__ = ("held", "in_window", "period_start", "requests", "spent", "tokens")
 
     def __init__(self) -> None:
         self.requests: collections.deque[float] = collections.deque()
@@ -92,6 +132,7 @@ class _KeyState:
         self.in_window = 0  # the sum of self.tokens
         self.period_start: float | None = None
         self.spent = 0  # tokens since period_start
+        self.held = 0  # estimated tokens of its requests in progress
 
 
 class Limiter:
@@ -121,8 +162,12 @@ class Limiter:
             st.period_start, st.spent = start, 0
         return end
 
-    def admit(self, key: str, limits: KeyLimits) -> None:
-        """Count a request against its key's limits, or refuse it (429)."""
+    def admit(
+        self, key: str, limits: KeyLimits, prompt: int = 0, max_tokens: int | None = None
+    ) -> Admitted:
+        """Count a request against its key's limits, or refuse it (429);
+        ``prompt``: its prompt's tokens, estimated; ``max_tokens``: the most it
+        asked for. Settle what it returns with :meth:`settle` when it ends."""
         now = self.clock()
         st = self._state(key)
         self._expire(st, now)
@@ -132,6 +177,8 @@ class Limiter:
                 raise budget_exhausted(
                     key, limits.budget, limits.period, max(1, math.ceil(end - now))
                 )
+            if st.spent + st.held >= limits.budget:
+                raise budget_held(key, limits.budget, limits.period, st.spent, st.held)
         if limits.tpm is not None and st.in_window >= limits.tpm:
             # Until enough of the window's tokens leave it to fall under the limit.
             left, wait = st.in_window, WINDOW_S
@@ -146,6 +193,22 @@ class Limiter:
                 wait = st.requests[-limits.rpm] + WINDOW_S - now
                 raise rate_limited(key, "requests", limits.rpm, max(1, math.ceil(wait)))
             st.requests.append(now)
+        held = prompt + (max_tokens or 0) if limits.budget is not None else 0
+        st.held += held
+        return Admitted(now, held, prompt)
+
+    def settle(
+        self, key: str, limits: KeyLimits, admitted: Admitted, tokens: int, counted: bool = True
+    ) -> None:
+        """A request admitted with ``admitted`` ended having used ``tokens``;
+        ``counted``: false when it was refused after its admission (it leaves
+        the requests-per-minute window)."""
+        st = self._state(key)
+        st.held = max(0, st.held - admitted.held)  # (its counts may have been rebuilt since)
+        if not counted:
+            with contextlib.suppress(ValueError):
+                st.requests.remove(admitted.at)
+        self.charge(key, limits, tokens)
 
     def charge(self, key: str, limits: KeyLimits, tokens: int) -> None:
         """A request of the key ended having used ``tokens`` (prompt + completion)."""

@@ -48,7 +48,7 @@ from letsinfer.gateway.errors import (
     unknown_model,
 )
 from letsinfer.gateway.gateway import Gateway
-from letsinfer.gateway.limits import KeyLimits
+from letsinfer.gateway.limits import Admitted, KeyLimits, estimate_prompt
 from letsinfer.gateway.stream_usage import UsageFilter
 from letsinfer.gateway.upstream import Started
 from letsinfer.store.requests import RequestRecord
@@ -242,6 +242,7 @@ class Exchange:
     """What one request did, for its access-log line and metrics."""
 
     __slots__ = (
+        "admitted",
         "arrived",
         "asked",
         "cache",
@@ -249,6 +250,7 @@ class Exchange:
         "cache_ttl",
         "done",
         "endpoint",
+        "events",
         "fallback",
         "gone",
         "key",
@@ -290,6 +292,8 @@ class Exchange:
         self.gone = False
         self.responded = False  # the status line went out
         self.limits: KeyLimits | None = None  # the key's, when it has any: charged at the end
+        self.admitted: Admitted | None = None  # what the limits counted of it
+        self.events = 0  # stream events relayed (counted for a key with limits only)
         self.cache: bytes | None = None  # hit, miss or bypass, for a key with a cache
         self.cache_key: bytes | None = None  # where to keep the answer
         self.cache_ttl = 0
@@ -419,7 +423,13 @@ class InferenceEndpoints:
         ex.served = entry.name
         ex.stream = stream = parsed.get("stream", False)
         if key.limits is not None:
-            gw.limiter.admit(key.name, key.limits)
+            asked_for = parsed.get("max_tokens") or parsed.get("max_completion_tokens")
+            ex.admitted = gw.limiter.admit(
+                key.name,
+                key.limits,
+                estimate_prompt(body),
+                asked_for if route.sampling else None,
+            )
             ex.limits = key.limits
         if key.cache is not None and await self._from_cache(
             key, entry, path, route, parsed, ex, send, cache_control
@@ -580,6 +590,8 @@ class InferenceEndpoints:
                 if usage is not None:
                     chunk = usage.feed(chunk)
                 if chunk:
+                    if ex.limits is not None:  # tokens sent, should its usage never come
+                        ex.events += chunk.count(b"data:")
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                     if ex.ttft is None:
                         ex.ttft = time.perf_counter() - ex.started
@@ -621,10 +633,16 @@ class InferenceEndpoints:
         if cached:  # an answer from the cache costs no tokens
             prompt_tokens = completion_tokens = 0
         ex.tokens = (prompt_tokens, completion_tokens)
-        if ex.limits is not None and not cached:
-            self.gw.limiter.charge(
-                ex.key, ex.limits, (prompt_tokens or 0) + (completion_tokens or 0)
-            )
+        if ex.limits is not None and ex.admitted is not None:
+            if cached:
+                used = 0
+            elif prompt_tokens is None and completion_tokens is None and ex.pg != "-":
+                # An engine ran it, but its usage never came (the client left
+                # mid-answer): the estimate, never nothing.
+                used = ex.admitted.estimate + ex.events
+            else:
+                used = (prompt_tokens or 0) + (completion_tokens or 0)
+            self.gw.limiter.settle(ex.key, ex.limits, ex.admitted, used, ex.status != 429)
         finished = self._finished
         finished.append(ex)
         if len(finished) == 1:
