@@ -337,6 +337,22 @@ def test_the_cache_answers_a_repeat_with_the_same_bytes_and_no_tokens(tmp_path: 
         assert "x-letsinfer-cache" not in post(h, "plain", ask).headers
         assert stats.requests == 6
 
+        # no-store: fresh, and not kept; the directive counts on any header line.
+        private = chat(temperature=0, content="A private question.")
+        for lines in (
+            [("cache-control", "no-store")],
+            [("cache-control", "max-age=0"), ("Cache-Control", "No-Store")],
+        ):
+            answer = httpx.post(
+                h.url + "/v1/chat/completions",
+                json=private,
+                headers=[*h.auth("cached").items(), *lines],
+            )
+            assert answer.headers["x-letsinfer-cache"] == "bypass"
+        assert stats.requests == 8
+        assert post(h, "cached", private).headers["x-letsinfer-cache"] == "miss"
+        assert stats.requests == 9
+
     rows = {r.request_id: r for r in RequestStore(tmp_path / "requests.db").find("second")}
     hit = rows["second"]
     assert hit.cached and hit.status == 200 and hit.pg is None

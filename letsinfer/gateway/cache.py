@@ -69,12 +69,12 @@ def eligible(policy: CachePolicy, stream: bool, temperature: float | None, embed
     return temperature == 0
 
 
-def no_cache(header: bytes | None) -> bool:
-    """Whether a Cache-Control request header asks for a fresh answer."""
+def directives(header: bytes | None) -> frozenset[bytes]:
+    """A Cache-Control request header's directive names, lower case (its
+    lines joined with commas, as HTTP reads repeated lines)."""
     if not header:
-        return False
-    directives = {d.strip().split(b"=", 1)[0].lower() for d in header.split(b",")}
-    return b"no-cache" in directives or b"no-store" in directives
+        return frozenset()
+    return frozenset(d.strip().split(b"=", 1)[0].lower() for d in header.split(b","))
 
 
 class ResponseCache:

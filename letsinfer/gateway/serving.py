@@ -350,8 +350,8 @@ class InferenceEndpoints:
                 given_id = value
             elif name == b"content-length":
                 declared = value
-            elif name == b"cache-control":
-                cache_control = value
+            elif name == b"cache-control":  # (every line of it: HTTP joins them)
+                cache_control = value if cache_control is None else cache_control + b"," + value
         ex = Exchange(request_id_from(given_id), task)
         unwatch: Callable[[], None] | None = None
         try:
@@ -532,7 +532,11 @@ class InferenceEndpoints:
             return False
         ex.cache_key = cache.cache_key(key.name, path, entry.name, parsed)
         ex.cache_ttl = key.cache.ttl_s
-        if cache.no_cache(cache_control):  # fresh from the engine; kept for the next one
+        asked = cache.directives(cache_control)
+        if b"no-store" in asked:  # fresh from the engine, and not kept
+            ex.cache, ex.cache_key = cache.BYPASS, None
+            return False
+        if b"no-cache" in asked:  # fresh from the engine; kept for the next one
             ex.cache = cache.BYPASS
             return False
         hit = self.gw.cache.get(ex.cache_key)
