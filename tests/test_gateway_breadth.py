@@ -529,6 +529,76 @@ def test_an_unreadable_provider_key_is_a_clean_error_that_names_no_secret(
         assert "sk-" not in r.text
 
 
+def test_a_provider_that_refuses_its_key_or_whose_key_is_gone_falls_back(
+    tmp_path: Path,
+) -> None:
+    key_file = tmp_path / "provider.key"
+    key_file.write_text("sk-revoked-by-the-provider\n")
+    key_file.chmod(0o600)
+    with (
+        Provider(key="sk-provider-secret", model="m") as provider,
+        GatewayHarness(tmp_path, {"pg-a": QUICK}) as h,
+    ):
+        add_external_model(h.store, "ext", provider.url, "m", key_file)
+        set_fallback(h.store, "ext", MODEL)
+        h.refresh()
+        h.wait_until(lambda: h.routing.ready_count("ext") == 1)
+        refused_by_provider = post(h, "alice", chat() | {"model": "ext"})
+        assert refused_by_provider.status_code == 200, refused_by_provider.text
+        assert refused_by_provider.headers["x-letsinfer-fallback"] == MODEL
+        key_file.write_bytes(b"\xff\xfe not text\n")  # a rotation gone wrong
+        unreadable = post(h, "alice", chat() | {"model": "ext"})
+        assert unreadable.status_code == 200, unreadable.text
+        assert unreadable.headers["x-letsinfer-fallback"] == MODEL
+        assert h.mocks["pg-a"].stats.requests == 2
+        set_fallback(h.store, "ext", None)
+        h.refresh()
+        # Without a fallback: a clean 502 that names no secret, never a 500.
+        r = post(h, "alice", chat() | {"model": "ext"})
+        assert r.status_code == 502 and r.json()["error"]["code"] == "provider_key_unreadable"
+
+
+def test_a_failed_fallback_answers_with_the_model_asked_for(tmp_path: Path) -> None:
+    key_file = tmp_path / "provider.key"
+    key_file.write_text("sk-provider-secret\n")
+    key_file.chmod(0o600)
+    with GatewayHarness(tmp_path, {"pg-a": QUICK}, keys={"only-mock": None}) as h:
+        # A provider that is down: nothing listens on its port.
+        add_external_model(h.store, "ext", "http://127.0.0.1:9/v1", "m", key_file)
+        set_fallback(h.store, MODEL, "ext")
+        allow(h, "only-mock", MODEL)
+        h.wait_until(lambda: h.routing.ready_count("ext") == 1)
+        h.in_loop(lambda: h.routing.withdraw(MODEL, "pg-a", "engine exited"))
+        r = post(h, "only-mock", chat())
+        assert r.status_code == 503, r.text
+        error = r.json()["error"]
+        assert error["code"] == "no_healthy_replica" and MODEL in error["message"]
+        # Nothing of the fallback the key may not use, nor of where it lives.
+        assert "ext" not in r.text and "127.0.0.1:9" not in r.text
+        assert "x-letsinfer-fallback" not in r.headers
+
+
+def test_a_fallback_to_a_removed_adapter_or_model_is_cleared(tmp_path: Path) -> None:
+    from letsinfer.store import AuthorityStore
+
+    store = AuthorityStore(tmp_path / "authority.db")
+    try:
+        store.add_service("base", "0" * 64, 0, "gguf", None)
+        store.add_service("other", "1" * 64, 0, "gguf", None)
+        store.add_adapter("tuned", "base", "2" * 64, 1, None)
+        store.add_adapter("tuned-too", "base", "3" * 64, 1, None)
+        set_fallback(store, "other", "tuned")
+        store.delete_adapter("tuned")
+        # Else whatever took the name next (an external provider...) would get its traffic.
+        assert store.get_service("other").fallback is None  # type: ignore[union-attr]
+        set_fallback(store, "other", "tuned-too")
+        store.delete_service("base")  # its adapters go with it
+        assert store.list_adapters() == []
+        assert store.get_service("other").fallback is None  # type: ignore[union-attr]
+    finally:
+        store.close()
+
+
 def test_a_bad_limit_change_is_refused_and_changes_nothing(tmp_path: Path) -> None:
     from letsinfer.authority.apikeys import set_policy
     from letsinfer.store import AuthorityStore, StoreError
@@ -571,6 +641,9 @@ def test_external_models_and_fallbacks_are_checked_before_anything_changes(
     empty = tmp_path / "empty"
     empty.write_text("\n")
     empty.chmod(0o600)
+    accented = tmp_path / "accented"
+    accented.write_text("sk-clé\n")  # no HTTP header can carry it as it is
+    accented.chmod(0o600)
     try:
         store.add_service("local", "0" * 64, 0, "gguf", None)
         url = "https://api.example.com/v1"
@@ -580,6 +653,7 @@ def test_external_models_and_fallbacks_are_checked_before_anything_changes(
             (("e", "ftp://api.example.com", "m", key), {}, "is not an http"),
             (("e", url, "m", tmp_path / "missing"), {}, "key file"),
             (("e", url, "m", empty), {}, "exactly one line"),
+            (("e", url, "m", accented), {}, "visible ASCII"),
             (("e", "http://api.example.com/v1", "m", key), {"ca_file": key}, "CA file"),
             (("e", url, "m", key), {"fallback": "nothing"}, "no such model"),
             (("e", url, "m", key), {"fallback": "e"}, "no such model"),

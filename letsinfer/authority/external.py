@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from letsinfer.authority.models import check_model_name, resolve_fallback
+from letsinfer.gateway.external import sendable
 from letsinfer.store import AuthorityStore, ServiceRecord, StoreError
 
 DEFAULT_CONCURRENCY = 64  # requests at the provider at once, unless told
@@ -60,6 +61,11 @@ def check_key_file(path: Path) -> str:
     key = text.strip()
     if not key or "\n" in key or "\r" in key:
         raise StoreError(f"key file {path} must hold exactly one line: the provider's API key")
+    if not sendable(key):
+        raise StoreError(
+            f"key file {path}: the key must be visible ASCII characters with no spaces "
+            "(it is sent in an HTTP header)"
+        )
     return str(path)
 
 

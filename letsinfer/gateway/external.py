@@ -71,15 +71,27 @@ def refused_key(model: str, status: int) -> GatewayError:
     )
 
 
+def sendable(key: str) -> bool:
+    """Whether a key can go in an Authorization header as it is: one word of
+    visible ASCII (as API keys and RFC 6750's bearer tokens are)."""
+    return bool(key) and key.isascii() and key.isprintable() and " " not in key
+
+
 def read_key(model: str, path: str) -> str:
     """The provider's key, read now (the file's path may be logged, never its text)."""
     try:
         key = Path(path).read_text().strip()
-    except OSError as exc:
-        log.error("model %s: cannot read its provider key file %s: %s", model, path, exc.strerror)
+    except (OSError, UnicodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "it is not UTF-8 text"
+        log.error("model %s: cannot read its provider key file %s: %s", model, path, why)
         raise key_unreadable(model) from exc
-    if not key or any(c in key for c in "\r\n"):
-        log.error("model %s: its provider key file %s is empty or has several lines", model, path)
+    if not sendable(key):
+        log.error(
+            "model %s: its provider key file %s is empty, has several lines, or has "
+            "characters other than visible ASCII",
+            model,
+            path,
+        )
         raise key_unreadable(model)
     return key
 

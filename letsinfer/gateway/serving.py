@@ -78,13 +78,17 @@ CLIENT_GONE = 499  # nginx's status for "the client closed the connection"
 
 # Why a model's own groups could not take a request that its fallback then gets:
 # none will serve (parked, stopped, not placed), none is ready now (or every one
-# failed before its first byte), or all stayed full past the queue's bounds.
+# failed before its first byte, an external provider's refusing the gateway's
+# key or a key file that cannot be read included), or all stayed full past the
+# queue's bounds. (A slow engine's timeout does not: it may be working.)
 FALLBACK_ON = frozenset(
     {
         "model_parked",
         "model_stopped",
         "model_not_placed",
         "no_healthy_replica",
+        "provider_refused_key",
+        "provider_key_unreadable",
         "queue_full",
         "queue_timeout",
     }
@@ -499,17 +503,30 @@ class InferenceEndpoints:
             other.name,
         )
         ex.fallback = ex.served = other.name
-        return await self.gw.upstream.start(
-            other.serves,
-            key.name,
-            path,
-            body,
-            stream=ex.stream,
-            request_id=ex.request_id,
-            prefix_hash=hint,
-            band=key.band,
-            adapter=other.name if other.base is not None else None,
-        )
+        try:
+            return await self.gw.upstream.start(
+                other.serves,
+                key.name,
+                path,
+                body,
+                stream=ex.stream,
+                request_id=ex.request_id,
+                prefix_hash=hint,
+                band=key.band,
+                adapter=other.name if other.base is not None else None,
+            )
+        except GatewayError as failed:
+            # The client hears of the model it asked for, not of one its key
+            # may not name (nor of a provider's address).
+            log.warning(
+                "request %s: the fallback %s of %s failed too: %s",
+                ex.request_id,
+                other.name,
+                entry.name,
+                failed.message,
+            )
+            ex.fallback, ex.served = None, entry.name
+            raise err from failed
 
     async def _from_cache(
         self,

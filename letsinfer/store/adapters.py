@@ -58,3 +58,6 @@ class AdapterTables:
 
     def delete_adapter(self, name: str) -> None:
         self._execute("DELETE FROM model_adapters WHERE name = ?", (name,))
+        # A model that fell back to it answers for itself again (the name
+        # must not pass its traffic to whatever takes the name next).
+        self._execute("UPDATE model_services SET fallback = NULL WHERE fallback = ?", (name,))

@@ -1073,11 +1073,16 @@ class AuthorityStore(AuditTables, AdapterTables):
     def delete_service(self, name: str) -> None:
         """The model and its placement groups (cascade), and its release history."""
         with self.transaction():
+            # A model that fell back to it, or to one of its adapters (they go
+            # with it), answers for itself again.
+            self.db.execute(
+                "UPDATE model_services SET fallback = NULL WHERE fallback = ? OR fallback IN "
+                "(SELECT name FROM model_adapters WHERE service = ?)",
+                (name, name),
+            )
             self.db.execute("DELETE FROM placement_groups WHERE service = ?", (name,))
             self.db.execute("DELETE FROM release_history WHERE service = ?", (name,))
             self.db.execute("DELETE FROM model_services WHERE name = ?", (name,))
-            # A model that fell back to it answers for itself again.
-            self.db.execute("UPDATE model_services SET fallback = NULL WHERE fallback = ?", (name,))
 
     def services_using(self, digest: str) -> list[str]:
         rows = self._rows(
