@@ -430,6 +430,108 @@ def test_an_adapter_reaches_only_the_groups_that_loaded_it_with_its_id(tmp_path:
         assert "'mock-lora' is not loaded" in gone.json()["error"]["message"]
 
 
+def _lora(path: Path, tensors: dict[str, Any]) -> Path:
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_string("general.type", "adapter")
+    writer.add_string("adapter.type", "lora")
+    writer.add_float32("adapter.lora.alpha", 1.0)
+    for name, values in tensors.items():
+        writer.add_tensor(name, values)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+# Whether llama.cpp's server starts with the adapter loaded (then leaves at
+# once: deleting a server that has just started can hang in its shutdown).
+_LOADS = """
+import os, socket, sys, xllamacpp
+free = socket.socket()
+free.bind(("127.0.0.1", 0))
+params = xllamacpp.CommonParams()
+params.model.path, params.hostnames, params.n_ctx = sys.argv[1], ["127.0.0.1"], 256
+params.port = free.getsockname()[1]
+free.close()
+params.lora_adapters = [xllamacpp.CommonAdapterLoraInfo(sys.argv[2], 0.0)]
+params.lora_init_without_apply = True
+try:
+    server = xllamacpp.Server(params)
+except Exception:
+    sys.exit(1)
+os._exit(0)
+"""
+
+
+def test_an_adapter_is_accepted_exactly_when_llama_cpp_loads_it(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    from letsinfer.authority.adapters import AdapterRefused, check_fits, read_adapter
+    from letsinfer.engines.tinymodel import write_tiny_lora, write_tiny_model
+
+    base = write_tiny_model(tmp_path / "tiny.gguf")
+    embd, vocab = 64, 366  # the tiny model's token_embd.weight, ne0 first
+
+    def zeros(*shape: int) -> Any:
+        return np.zeros(shape, np.float32)  # numpy's shape is ggml's, reversed
+
+    cases = {
+        "tiny_lora": (write_tiny_lora(tmp_path / "tiny-lora.gguf"), True),
+        # The embedding table in llama.cpp's layout (A and B flipped, as
+        # convert_lora_to_gguf.py writes it): it loads.
+        "embedding": (
+            _lora(
+                tmp_path / "embd.gguf",
+                {
+                    "token_embd.weight.lora_a": zeros(vocab, 1),
+                    "token_embd.weight.lora_b": zeros(embd, 1),
+                },
+            ),
+            True,
+        ),
+        # The same in the other matrices' layout: llama.cpp refuses it.
+        "embedding_unflipped": (
+            _lora(
+                tmp_path / "embd-unflipped.gguf",
+                {
+                    "token_embd.weight.lora_a": zeros(1, embd),
+                    "token_embd.weight.lora_b": zeros(vocab, 1),
+                },
+            ),
+            False,
+        ),
+        # Norm vectors beside the matrices (mergekit writes them): skipped, it loads.
+        "with_norm": (
+            _lora(
+                tmp_path / "norm.gguf",
+                {
+                    "output.weight.lora_a": zeros(1, embd),
+                    "output.weight.lora_b": zeros(vocab, 1),
+                    "output_norm.weight": np.ones(embd, np.float32),
+                },
+            ),
+            True,
+        ),
+        "wrong_rows": (write_tiny_lora(tmp_path / "rows.gguf", rows=vocab + 1), False),
+    }
+    for name, (adapter, fits) in cases.items():
+        command = [sys.executable, "-c", _LOADS, str(base), str(adapter)]
+        loads = subprocess.run(command, capture_output=True, timeout=120)
+        assert (loads.returncode == 0) is fits, f"{name}: llama.cpp {loads.stderr[-400:]!r}"
+        try:
+            check_fits(read_adapter(adapter), base, "tiny")
+        except AdapterRefused as refused:
+            assert not fits, f"{name}: refused, but llama.cpp loads it: {refused}"
+        else:
+            assert fits, f"{name}: accepted, but llama.cpp refuses it"
+
+
 # -- external providers and fallbacks ----------------------------------------------
 
 

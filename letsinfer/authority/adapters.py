@@ -63,8 +63,12 @@ def read_adapter(path: Path) -> AdapterShape:
     arch = _field(reader, "general.architecture")
     if not isinstance(arch, str):
         raise AdapterRefused(f"{path}: no general.architecture")
+    # The rules are llama.cpp's own (llama-adapter.cpp), so that what is
+    # accepted here loads there. Shapes are in ggml's order (ne0 first).
     halves: dict[str, dict[str, list[int]]] = {}
     for t in reader.tensors:
+        if t.name.endswith("_norm.weight"):
+            continue  # norm vectors: llama.cpp skips them, and the adapter still works
         base, _, half = t.name.rpartition(".")
         if half not in ("lora_a", "lora_b") or not base:
             raise AdapterRefused(f"{path}: tensor {t.name!r} is not a lora_a or lora_b matrix")
@@ -77,10 +81,18 @@ def read_adapter(path: Path) -> AdapterShape:
         if set(pair) != {"lora_a", "lora_b"}:
             raise AdapterRefused(f"{path}: {base} has lora_a or lora_b but not both")
         a, b = pair["lora_a"], pair["lora_b"]
-        if len(a) != 2 or len(b) != 2 or a[1] != b[0]:
+        if len(a) != 2 or len(b) != 2:
+            raise AdapterRefused(f"{path}: {base}.lora_a {a} or lora_b {b} is not a matrix")
+        if base.startswith("token_embd"):
+            # Looked up by row, not multiplied: A and B are flipped (the
+            # layout llama.cpp's convert_lora_to_gguf.py writes), the rank first in both.
+            rank, target = (a[0], b[0]), (b[1], a[1])
+        else:
+            rank, target = (a[1], b[0]), (a[0], b[1])
+        if rank[0] != rank[1]:
             raise AdapterRefused(f"{path}: {base}.lora_a {a} and lora_b {b} do not share a rank")
-        ranks.add(a[1])
-        targets[base] = (a[0], b[1])
+        ranks.add(rank[0])
+        targets[base] = target
     return AdapterShape(arch, max(ranks), targets)
 
 
