@@ -383,6 +383,23 @@ def test_the_cache_is_bounded_and_entries_expire(tmp_path: Path) -> None:
         assert post(h, "k", last).headers["x-letsinfer-cache"] == "miss"
 
 
+def test_a_new_key_under_a_revoked_keys_name_gets_none_of_its_cached_answers(
+    tmp_path: Path,
+) -> None:
+    from letsinfer.authority.apikeys import revoke_key
+
+    policies = {"team": {"cache_ttl_s": 300}}
+    with GatewayHarness(tmp_path, {"pg-a": QUICK}, keys={"team": None}, policies=policies) as h:
+        ask = chat(temperature=0, content="What did the last tenant ask?")
+        assert post(h, "team", ask).headers["x-letsinfer-cache"] == "miss"
+        assert post(h, "team", ask).headers["x-letsinfer-cache"] == "hit"
+        revoke_key(h.store, "team")
+        h.keys["team"] = create_key(h.store, "team", policy=policies["team"]).secret
+        h.refresh()
+        assert post(h, "team", ask).headers["x-letsinfer-cache"] == "miss"
+        assert h.mocks["pg-a"].stats.requests == 2
+
+
 # -- LoRA adapters by name -----------------------------------------------------------
 
 

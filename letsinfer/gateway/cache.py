@@ -10,14 +10,17 @@ these hold:
 - its temperature is 0, or the key asks for sampled answers to be cached too
   (an unset temperature is the engine's default, which samples);
 - the client did not send ``Cache-Control: no-cache`` (then the request reaches
-  the engine, and its fresh answer replaces the cached one);
+  the engine, and its fresh answer replaces the cached one) or ``no-store``
+  (the same, and the answer is not kept);
 - the answer is a 200 and fits the cache's per-entry bound.
 
-The cache key is a SHA-256 over the key's name, the endpoint, the model that
-serves (so an alias and its model share entries) and the request itself in a
-canonical form (sorted keys, no ``user``, ``stream`` or ``stream_options``):
-so the same question in other JSON spelling hits, and one API key never
-learns from the cache what another asked. Entries expire after the key's TTL
+The cache key is a SHA-256 over the API key (its digest, not its name: a name
+given to a new key once the old one is revoked starts with an empty cache),
+the endpoint, the model that serves (so an alias and its model share entries)
+and the request itself in a canonical form (sorted keys, no ``user``,
+``stream`` or ``stream_options``): so the same question in other JSON
+spelling hits, and one API key never learns from the cache what another
+asked. Entries expire after the key's TTL
 and the least recently used go first once the cache holds ``max_bytes``.
 Nothing is written to disk: a restart empties it.
 """

@@ -33,6 +33,7 @@ class KeyPolicy:
     band: int = STANDARD  # its turn in the admission queue (0 first)
     limits: KeyLimits | None = None  # None: no rate limit or budget (nothing counted)
     cache: CachePolicy | None = None  # None: its answers are never cached
+    digest: str = ""  # the key's own (its name can be given to a new key once it is revoked)
 
     def allows(self, model: str) -> bool:
         return not self.models or model in self.models
@@ -47,6 +48,7 @@ class KeyPolicy:
             BAND_NAMES.index(k.band) if k.band in BAND_NAMES else STANDARD,
             limits if limits.any else None,
             CachePolicy(k.cache_ttl_s, k.cache_sampled) if k.cache_ttl_s else None,
+            k.digest,
         )
 
 

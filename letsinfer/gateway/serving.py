@@ -547,7 +547,7 @@ class InferenceEndpoints:
         if not cache.eligible(key.cache, parsed.get("stream", False), temperature, embedding):
             ex.cache = cache.BYPASS
             return False
-        ex.cache_key = cache.cache_key(key.name, path, entry.name, parsed)
+        ex.cache_key = cache.cache_key(key.digest, path, entry.name, parsed)
         ex.cache_ttl = key.cache.ttl_s
         asked = cache.directives(cache_control)
         if b"no-store" in asked:  # fresh from the engine, and not kept
