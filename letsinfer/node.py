@@ -491,10 +491,10 @@ class MainNode:
         if nodes != self._nodes_rev:  # someone was paused, resumed, added or removed
             self.routing.set_paused_nodes(self.store.paused_node_ids())
             self._nodes_rev = nodes
-        for pg_id, adapters in self.placements.adapters.items():  # adopted engines' too
+        for pg_id in self.placements.adapters:  # adopted engines' too
             service = self.placements.services.get(pg_id)
             if service is not None:
-                self.routing.set_adapters(service, pg_id, adapters)
+                self.routing.set_adapters(service, pg_id, self.placements.adapter_names(pg_id))
 
     async def _weigh_own_engines(self) -> None:
         """This node's own engines, as a child's agent reports its own: every
@@ -546,7 +546,7 @@ class MainNode:
                     st.base_url,
                     self.settings.engine.parallel,
                     self.identity.node_id,
-                    self.placements.adapters.get(st.pg_id, ()),
+                    self.placements.adapter_names(st.pg_id),
                 )
             )
             log.info(

@@ -250,3 +250,59 @@ def test_only_partial_imports_of_dead_processes_are_cleaned(tmp_path: Path) -> N
         path.write_bytes(b"GGUF")
     assert clean_partials(tmp_path) == [dead]
     assert not dead.exists() and alive.exists() and model.exists()
+
+
+def test_an_engine_whose_adapters_changed_while_its_node_was_away_starts_afresh(
+    tmp_path: Path,
+) -> None:
+    """`adapter remove X` then `adapter add X` (another file) restarts the groups
+    it can reach; one on a node that was unreachable keeps the old file loaded
+    under the same name until its agent sees the adapters differ."""
+    import asyncio
+
+    from letsinfer.agent.placement import PlacementRunner
+    from letsinfer.contracts.placement import DesiredPlacement
+
+    stopped: list[str] = []
+
+    class Running:
+        planned = True
+
+    class Supervisor:
+        def __init__(self) -> None:
+            self.runners = {"pg-a": Running()}
+
+        async def stop(self, pg_id: str) -> None:
+            stopped.append(pg_id)
+            self.runners.pop(pg_id, None)
+
+    placements = PlacementRunner(
+        tmp_path / "models",
+        tmp_path / "run",
+        Supervisor(),  # type: ignore[arg-type]
+        "127.0.0.1",
+        lambda pg, why: None,
+    )
+    placements.generations["pg-a"] = 3
+    placements.adapters["pg-a"] = (("tuned", "1" * 64),)
+
+    def desired(adapter_digest: str) -> DesiredPlacement:
+        return DesiredPlacement(
+            "pg-a",
+            "m",
+            "0" * 64,
+            xllamacpp_cpu(),
+            "k",
+            generation=3,
+            adapters=(("tuned", adapter_digest),),
+        )
+
+    async def scenario() -> None:
+        placements.apply([desired("1" * 64)])  # what it loaded: it runs on
+        await asyncio.gather(*placements._background)
+        assert stopped == []
+        placements.apply([desired("2" * 64)])  # same name and generation, another file
+        await asyncio.gather(*placements._background)
+        assert stopped == ["pg-a"]
+
+    asyncio.run(scenario())

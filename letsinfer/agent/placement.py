@@ -52,8 +52,8 @@ class PlacementRunner:
     services: dict[str, str] = field(default_factory=dict)  # pg id -> model service
     tasks: dict[str, str] = field(default_factory=dict)  # pg id -> the task run here
     generations: dict[str, int] = field(default_factory=dict)  # pg id -> the one running
-    # pg id -> the LoRA adapters its engine was launched with, in load order
-    adapters: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # pg id -> the LoRA adapters its engine was launched with, (name, digest) in load order
+    adapters: dict[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
     # Wanted but not started, with why (reported as failed; tried again each apply).
     refused: dict[str, str] = field(default_factory=dict)
     _wanted: set[str] = field(default_factory=set)
@@ -62,6 +62,11 @@ class PlacementRunner:
     _fetching: set[str] = field(default_factory=set)
     _restarting: set[str] = field(default_factory=set)
     _latest: dict[str, DesiredPlacement] = field(default_factory=dict)
+
+    def adapter_names(self, pg_id: str) -> tuple[str, ...]:
+        """The adapters ``pg_id``'s engine loaded, by name: a request's adapter id
+        is its place here."""
+        return tuple(name for name, _ in self.adapters.get(pg_id, ()))
 
     async def adopt_running(self) -> int:
         """Adopt the engines a previous run of this node left running, those it
@@ -128,7 +133,12 @@ class PlacementRunner:
                     self._spawn(self._restart(d.pg_id, fetch))
                 continue
             if runner is not None:
-                if self.generations.get(d.pg_id, d.generation) != d.generation:
+                # A new generation, or other adapters than it loaded (changed
+                # while this node was unreachable: a name may now be another file).
+                if (
+                    self.generations.get(d.pg_id, d.generation) != d.generation
+                    or self.adapters.get(d.pg_id, d.adapters) != d.adapters
+                ):
                     self._restarting.add(d.pg_id)
                     self._spawn(self._restart(d.pg_id, fetch))
                 continue
@@ -210,7 +220,7 @@ class PlacementRunner:
             return
         model_path = artifact_path(self.model_store, d.artifact_digest)
         adapter_paths = tuple(artifact_path(self.model_store, dg) for _, dg in d.adapters)
-        self.adapters[d.pg_id] = d.adapter_names
+        self.adapters[d.pg_id] = d.adapters
 
         if d.release.engine == "vllm":
             # engines/vllm.py plans it (Ray head + vLLM serve, Ray workers); this

@@ -380,7 +380,7 @@ class AgentNode:
                     generation=self.placements.generations.get(pg_id, 0),
                     slots_free=load.slots_free,
                     queue_depth=load.queue_depth,
-                    adapters=list(self.placements.adapters.get(pg_id, ())),
+                    adapters=list(self.placements.adapter_names(pg_id)),
                 )
             )
         for pg_id, why in self.placements.refused.items():

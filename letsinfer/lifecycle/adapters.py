@@ -7,8 +7,9 @@ model's adapters as the authority lists them now, and it admits again once
 proven, before the next group does the same. A model with several groups
 keeps serving throughout; a model with one has a short gap (its clients get
 ``no_healthy_replica`` with ``Retry-After``). Stops at the first group that
-does not come back; groups on unreachable nodes are skipped and load the
-adapters when they start next.
+does not come back; groups on unreachable nodes are skipped: when such a node
+is back, its agent finds its engine's adapters (by name and file) unlike the
+model's and starts it afresh (letsinfer.agent.placement).
 """
 
 from __future__ import annotations
