@@ -222,8 +222,12 @@ class Admission:
         self._depth[service] = self._depth.get(service, 0) + 1
         waiter.timer = loop.call_later(self.limits.max_wait_s, self._expire, waiter)
         # A slot the waiters ahead cannot use (another adapter, a group they
-        # excluded) is this one's now, not after the next release.
-        self._serve(service)
+        # excluded) is this one's now, not after the next release. (One
+        # check when all are full, the usual case here.)
+        now = self.routing.clock()
+        replicas = self._replicas(service, adapter)
+        if policy.choose(replicas, now, self.policy, prefix_hash, exclude) is not None:
+            self._serve(service)
         try:
             return await waiter.future
         except asyncio.CancelledError:
