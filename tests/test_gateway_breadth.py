@@ -552,12 +552,18 @@ def test_an_adapter_is_accepted_exactly_when_llama_cpp_loads_it(tmp_path: Path) 
 # -- external providers and fallbacks ----------------------------------------------
 
 
+def provider_key(tmp_path: Path, secret: str) -> Path:
+    """A provider's key in a private file, as `model add --key-file` wants it."""
+    path = tmp_path / "provider.key"
+    path.write_text(secret + "\n")
+    path.chmod(0o600)
+    return path
+
+
 def test_a_model_without_a_group_that_can_serve_falls_back_with_a_header(
     tmp_path: Path,
 ) -> None:
-    key_file = tmp_path / "provider.key"
-    key_file.write_text("sk-provider-secret\n")
-    key_file.chmod(0o600)
+    key_file = provider_key(tmp_path, "sk-provider-secret")
     with (
         Provider(key="sk-provider-secret", model="their-model") as provider,
         GatewayHarness(
@@ -619,12 +625,10 @@ def allow(h: GatewayHarness, key: str, model: str) -> None:
     h.refresh()
 
 
-def test_an_unreadable_provider_key_is_a_clean_error_that_names_no_secret(
+def test_a_provider_key_that_fails_is_a_clean_error_naming_no_secret_or_falls_back(
     tmp_path: Path,
 ) -> None:
-    key_file = tmp_path / "provider.key"
-    key_file.write_text("sk-provider-secret\n")
-    key_file.chmod(0o600)
+    key_file = provider_key(tmp_path, "sk-provider-secret")
     with (
         Provider(key="sk-provider-secret", model="m") as provider,
         GatewayHarness(tmp_path, {"pg-a": QUICK}) as h,
@@ -646,41 +650,25 @@ def test_an_unreadable_provider_key_is_a_clean_error_that_names_no_secret(
         r = post(h, "alice", chat() | {"model": "ext"})
         assert r.status_code == 502 and r.json()["error"]["code"] == "provider_key_unreadable"
         assert "sk-" not in r.text
-
-
-def test_a_provider_that_refuses_its_key_or_whose_key_is_gone_falls_back(
-    tmp_path: Path,
-) -> None:
-    key_file = tmp_path / "provider.key"
-    key_file.write_text("sk-revoked-by-the-provider\n")
-    key_file.chmod(0o600)
-    with (
-        Provider(key="sk-provider-secret", model="m") as provider,
-        GatewayHarness(tmp_path, {"pg-a": QUICK}) as h,
-    ):
-        add_external_model(h.store, "ext", provider.url, "m", key_file)
-        set_fallback(h.store, "ext", MODEL)
-        h.refresh()
-        h.wait_until(lambda: h.routing.ready_count("ext") == 1)
-        refused_by_provider = post(h, "alice", chat() | {"model": "ext"})
-        assert refused_by_provider.status_code == 200, refused_by_provider.text
-        assert refused_by_provider.headers["x-letsinfer-fallback"] == MODEL
-        key_file.write_bytes(b"\xff\xfe not text\n")  # a rotation gone wrong
-        unreadable = post(h, "alice", chat() | {"model": "ext"})
-        assert unreadable.status_code == 200, unreadable.text
-        assert unreadable.headers["x-letsinfer-fallback"] == MODEL
-        assert h.mocks["pg-a"].stats.requests == 2
-        set_fallback(h.store, "ext", None)
-        h.refresh()
-        # Without a fallback: a clean 502 that names no secret, never a 500.
+        key_file.write_bytes(b"\xff\xfe not text\n")  # a rotation gone wrong: no 500 either
         r = post(h, "alice", chat() | {"model": "ext"})
         assert r.status_code == 502 and r.json()["error"]["code"] == "provider_key_unreadable"
 
+        # With a fallback, both are failures before the first byte: it answers.
+        set_fallback(h.store, "ext", MODEL)
+        h.refresh()
+        unreadable = post(h, "alice", chat() | {"model": "ext"})
+        assert unreadable.status_code == 200, unreadable.text
+        assert unreadable.headers["x-letsinfer-fallback"] == MODEL
+        key_file.write_text("sk-rotated\n")  # the provider refuses it
+        refused_by_provider = post(h, "alice", chat() | {"model": "ext"})
+        assert refused_by_provider.status_code == 200, refused_by_provider.text
+        assert refused_by_provider.headers["x-letsinfer-fallback"] == MODEL
+        assert h.mocks["pg-a"].stats.requests == 2
+
 
 def test_a_failed_fallback_answers_with_the_model_asked_for(tmp_path: Path) -> None:
-    key_file = tmp_path / "provider.key"
-    key_file.write_text("sk-provider-secret\n")
-    key_file.chmod(0o600)
+    key_file = provider_key(tmp_path, "sk-provider-secret")
     with GatewayHarness(tmp_path, {"pg-a": QUICK}, keys={"only-mock": None}) as h:
         # A provider that is down: nothing listens on its port.
         add_external_model(h.store, "ext", "http://127.0.0.1:9/v1", "m", key_file)
