@@ -230,31 +230,36 @@ def test_a_stream_cut_before_its_usage_is_charged_an_estimate_not_nothing(
 def test_requests_at_once_cannot_all_start_on_what_is_left_of_a_budget(tmp_path: Path) -> None:
     policies = {"team": {"budget_tokens": 60, "budget_period": "day"}}
     with GatewayHarness(
-        tmp_path, {"pg-a": MockBehaviour(tokens=8)}, keys={"team": None}, policies=policies
+        tmp_path,
+        {"pg-a": MockBehaviour(tokens=8)},
+        capacity=20,  # room for all of them: only the budget can hold them back
+        keys={"team": None},
+        policies=policies,
     ) as h:
         gated(h)  # the engine holds every answer until the gate opens
+        body = json.dumps(chat(max_tokens=8)).encode()
+        headers = {**h.auth("team"), "content-type": "application/json"}
 
         async def twenty() -> list[httpx.Response]:
             async with httpx.AsyncClient(timeout=60) as client:
-                sends = [
-                    client.post(
-                        h.url + "/v1/chat/completions",
-                        json=chat(max_tokens=8),
-                        headers=h.auth("team"),
-                    )
+                url = h.url + "/v1/chat/completions"
+                tasks = [
+                    asyncio.ensure_future(client.post(url, content=body, headers=headers))
                     for _ in range(20)
                 ]
-                tasks = [asyncio.ensure_future(s) for s in sends]
-                await asyncio.sleep(0.5)
+                # Every one is either refused or at the engine before any ends.
+                while sum(t.done() for t in tasks) + h.mocks["pg-a"].stats.in_flight < 20:
+                    await asyncio.sleep(0.01)
                 open_gate(h)
                 return await asyncio.gather(*tasks)
 
         answers = asyncio.run(twenty())
         passed = [r for r in answers if r.status_code == 200]
         held = [r for r in answers if r.status_code == 429]
-        # Each holds its prompt (~30 tokens by its bytes) and its max_tokens (8):
-        # two fit under 60, the rest wait for them.
-        assert 1 <= len(passed) <= 2 and len(held) == 20 - len(passed)
+        # Each holds its prompt's estimate and its max_tokens while it runs: as
+        # many start as fit under 60 with nothing spent yet, the rest wait.
+        each = estimate_prompt(body) + 8
+        assert len(passed) == -(-60 // each) and len(held) == 20 - len(passed)
         for r in held:
             assert refused(r, "budget_exhausted") == 1
             assert "requests in progress" in r.json()["error"]["message"]

@@ -149,6 +149,22 @@ class Admission:
             replicas = tuple(r for r in replicas if adapter in r.adapters)
         return replicas
 
+    def _choose(
+        self,
+        service: str,
+        prefix_hash: int | None,
+        exclude: frozenset[str],
+        adapter: str | None = None,
+    ) -> Replica | None:
+        """The replica the policy would give a slot on now (None: none free)."""
+        return policy.choose(
+            self._replicas(service, adapter),
+            self.routing.clock(),
+            self.policy,
+            prefix_hash,
+            exclude,
+        )
+
     def _pick(
         self,
         service: str,
@@ -156,13 +172,7 @@ class Admission:
         exclude: frozenset[str],
         adapter: str | None = None,
     ) -> Replica | None:
-        replica = policy.choose(
-            self._replicas(service, adapter),
-            self.routing.clock(),
-            self.policy,
-            prefix_hash,
-            exclude,
-        )
+        replica = self._choose(service, prefix_hash, exclude, adapter)
         if replica is not None:
             replica.in_flight += 1
         return replica
@@ -224,9 +234,7 @@ class Admission:
         # A slot the waiters ahead cannot use (another adapter, a group they
         # excluded) is this one's now, not after the next release. (One
         # check when all are full, the usual case here.)
-        now = self.routing.clock()
-        replicas = self._replicas(service, adapter)
-        if policy.choose(replicas, now, self.policy, prefix_hash, exclude) is not None:
+        if self._choose(service, prefix_hash, exclude, adapter) is not None:
             self._serve(service)
         try:
             return await waiter.future

@@ -28,12 +28,12 @@ assert len(BAND_NAMES) == BANDS
 @dataclass(frozen=True)
 class KeyPolicy:
     name: str
+    digest: str  # the key's own (its name can be given to a new key once it is revoked)
     models: frozenset[str]  # canonical names; empty means every model
     concurrency: int | None
     band: int = STANDARD  # its turn in the admission queue (0 first)
     limits: KeyLimits | None = None  # None: no rate limit or budget (nothing counted)
     cache: CachePolicy | None = None  # None: its answers are never cached
-    digest: str = ""  # the key's own (its name can be given to a new key once it is revoked)
 
     def allows(self, model: str) -> bool:
         return not self.models or model in self.models
@@ -43,12 +43,12 @@ class KeyPolicy:
         limits = KeyLimits(k.rpm, k.tpm, k.budget_tokens, k.budget_period)
         return cls(
             k.name,
+            k.digest,
             frozenset(k.models),
             k.concurrency,
             BAND_NAMES.index(k.band) if k.band in BAND_NAMES else STANDARD,
             limits if limits.any else None,
             CachePolicy(k.cache_ttl_s, k.cache_sampled) if k.cache_ttl_s else None,
-            k.digest,
         )
 
 

@@ -108,13 +108,18 @@ def budget_held(key: str, budget: int, period: str, spent: int, held: int) -> Ga
     )
 
 
-@dataclass(frozen=True)
 class Admitted:
-    """What :meth:`Limiter.admit` counted for one request, settled by :meth:`Limiter.settle`."""
+    """One request that :meth:`Limiter.admit` counted, until :meth:`Limiter.settle`."""
 
-    at: float  # its arrival, in the requests-per-minute window
-    held: int  # tokens held against the budget while it runs
-    estimate: int  # its prompt's tokens, estimated (charged if it reports none)
+    __slots__ = ("at", "estimate", "events", "held", "key", "limits")
+
+    def __init__(self, key: str, limits: KeyLimits, at: float, held: int, estimate: int) -> None:
+        self.key = key
+        self.limits = limits
+        self.at = at  # its arrival, in the requests-per-minute window
+        self.held = held  # tokens held against the budget while it runs
+        self.estimate = estimate  # its prompt's tokens, estimated (charged if it reports none)
+        self.events = 0  # stream events relayed so far (a token each, if it reports none)
 
 
 def estimate_prompt(body: bytes) -> int:
@@ -195,31 +200,25 @@ class Limiter:
             st.requests.append(now)
         held = prompt + (max_tokens or 0) if limits.budget is not None else 0
         st.held += held
-        return Admitted(now, held, prompt)
+        return Admitted(key, limits, now, held, prompt)
 
-    def settle(
-        self, key: str, limits: KeyLimits, admitted: Admitted, tokens: int, counted: bool = True
-    ) -> None:
-        """A request admitted with ``admitted`` ended having used ``tokens``;
+    def settle(self, admitted: Admitted, tokens: int, counted: bool = True) -> None:
+        """An admitted request ended having used ``tokens`` (prompt + completion);
         ``counted``: false when it was refused after its admission (it leaves
         the requests-per-minute window)."""
-        st = self._state(key)
+        st = self._state(admitted.key)
         st.held = max(0, st.held - admitted.held)  # (its counts may have been rebuilt since)
         if not counted:
             with contextlib.suppress(ValueError):
                 st.requests.remove(admitted.at)
-        self.charge(key, limits, tokens)
-
-    def charge(self, key: str, limits: KeyLimits, tokens: int) -> None:
-        """A request of the key ended having used ``tokens`` (prompt + completion)."""
         if tokens <= 0:
             return
         now = self.clock()
-        st = self._state(key)
         st.tokens.append((now, tokens))
         st.in_window += tokens
-        if limits.period is not None:
-            self._roll(st, limits.period, now)
+        period = admitted.limits.period
+        if period is not None:
+            self._roll(st, period, now)
             st.spent += tokens
 
     def spent(self, key: str) -> int:

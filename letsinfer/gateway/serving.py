@@ -48,7 +48,7 @@ from letsinfer.gateway.errors import (
     unknown_model,
 )
 from letsinfer.gateway.gateway import Gateway
-from letsinfer.gateway.limits import Admitted, KeyLimits, estimate_prompt
+from letsinfer.gateway.limits import Admitted, estimate_prompt
 from letsinfer.gateway.stream_usage import UsageFilter
 from letsinfer.gateway.upstream import Started
 from letsinfer.store.requests import RequestRecord
@@ -254,11 +254,9 @@ class Exchange:
         "cache_ttl",
         "done",
         "endpoint",
-        "events",
         "fallback",
         "gone",
         "key",
-        "limits",
         "node",
         "pg",
         "queue_s",
@@ -295,9 +293,7 @@ class Exchange:
         self.done = False
         self.gone = False
         self.responded = False  # the status line went out
-        self.limits: KeyLimits | None = None  # the key's, when it has any: charged at the end
-        self.admitted: Admitted | None = None  # what the limits counted of it
-        self.events = 0  # stream events relayed (counted for a key with limits only)
+        self.admitted: Admitted | None = None  # what its key's limits counted: charged at the end
         self.cache: bytes | None = None  # hit, miss or bypass, for a key with a cache
         self.cache_key: bytes | None = None  # where to keep the answer
         self.cache_ttl = 0
@@ -434,7 +430,6 @@ class InferenceEndpoints:
                 estimate_prompt(body),
                 asked_for if route.sampling else None,
             )
-            ex.limits = key.limits
         if key.cache is not None and await self._from_cache(
             key, entry, path, route, parsed, ex, send, cache_control
         ):
@@ -611,8 +606,8 @@ class InferenceEndpoints:
                 if usage is not None:
                     chunk = usage.feed(chunk)
                 if chunk:
-                    if ex.limits is not None:  # tokens sent, should its usage never come
-                        ex.events += chunk.count(b"data:")
+                    if ex.admitted is not None:  # tokens sent, should its usage never come
+                        ex.admitted.events += chunk.count(b"data:")
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                     if ex.ttft is None:
                         ex.ttft = time.perf_counter() - ex.started
@@ -654,16 +649,17 @@ class InferenceEndpoints:
         if cached:  # an answer from the cache costs no tokens
             prompt_tokens = completion_tokens = 0
         ex.tokens = (prompt_tokens, completion_tokens)
-        if ex.limits is not None and ex.admitted is not None:
+        admitted = ex.admitted
+        if admitted is not None:
             if cached:
                 used = 0
             elif prompt_tokens is None and completion_tokens is None and ex.pg != "-":
                 # An engine ran it, but its usage never came (the client left
                 # mid-answer): the estimate, never nothing.
-                used = ex.admitted.estimate + ex.events
+                used = admitted.estimate + admitted.events
             else:
                 used = (prompt_tokens or 0) + (completion_tokens or 0)
-            self.gw.limiter.settle(ex.key, ex.limits, ex.admitted, used, ex.status != 429)
+            self.gw.limiter.settle(admitted, used, ex.status != 429)
         finished = self._finished
         finished.append(ex)
         if len(finished) == 1:
