@@ -3,7 +3,9 @@
 It answers chat completions (plain and streamed, with usage) only when the
 request carries its API key and names its own model name, as a real provider
 would; anything else gets the provider's 401 or 404. It keeps every request's
-headers and body so a test can see exactly what the gateway sent.
+headers and body so a test can see exactly what the gateway sent. Setting
+``outage`` to a status and headers makes it answer every request with them, as
+a provider that is rate limiting or failing does.
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ class Provider:
     model: str
     tls: Tls | None = None
     seen: list[Seen] = field(default_factory=list)
+    outage: tuple[int, dict[str, str]] | None = None
     _server: ThreadingHTTPServer | None = None
 
     @property
@@ -114,7 +117,10 @@ class Provider:
                 provider.seen.append(
                     Seen(self.path, {k.lower(): v for k, v in self.headers.items()}, body)
                 )
-                if self.headers.get("authorization") != f"Bearer {provider.key}":
+                if provider.outage is not None:
+                    status, headers = provider.outage
+                    self._json(status, _error("The provider is failing.", "outage"), headers)
+                elif self.headers.get("authorization") != f"Bearer {provider.key}":
                     self._json(401, _error("Incorrect API key provided.", "invalid_api_key"))
                 elif self.path != "/v1/chat/completions":
                     self._json(404, _error("no such route", "not_found"))
@@ -125,9 +131,13 @@ class Provider:
                 else:
                     self._json(200, _completion(provider.model))
 
-            def _json(self, status: int, obj: dict[str, Any]) -> None:
+            def _json(
+                self, status: int, obj: dict[str, Any], headers: dict[str, str] | None = None
+            ) -> None:
                 data = json.dumps(obj).encode()
                 self.send_response(status)
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(data)))
                 self.end_headers()

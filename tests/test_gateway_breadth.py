@@ -208,7 +208,9 @@ def test_a_stream_cut_before_its_usage_is_charged_an_estimate_not_nothing(
 ) -> None:
     slow = MockBehaviour(tokens=40, interval_s=0.02)
     policies = {"team": {"budget_tokens": 10_000, "budget_period": "day", "tpm": 10_000}}
-    with GatewayHarness(tmp_path, {"pg-a": slow}, keys={"team": None}, policies=policies) as h:
+    with GatewayHarness(
+        tmp_path, {"pg-a": slow}, keys={"team": None}, policies=policies, records=True
+    ) as h:
         body = json.dumps(chat(stream=True)).encode()
         headers = {**h.auth("team"), "content-type": "application/json"}
         with httpx.stream(
@@ -225,6 +227,14 @@ def test_a_stream_cut_before_its_usage_is_charged_an_estimate_not_nothing(
         # The prompt's estimate (its body's bytes / 4) and a token per event sent.
         assert relayed <= spent - estimate_prompt(body) < 40
         assert h.gateway.limiter._keys["team"].in_window == spent  # tpm alike
+    # A restart counts the charge again, from the request's record.
+    with GatewayHarness(tmp_path, {"pg-a": slow}, records=True) as h:
+        assert h.gateway.limiter.spent("team") == spent
+        assert h.gateway.limiter._keys["team"].in_window == spent
+        (row,) = RequestStore(tmp_path / "requests.db", readonly=True).find(
+            r.headers["x-request-id"]
+        )
+        assert row.charged == spent and row.completion_tokens is None  # not passed off as usage
 
 
 def test_requests_at_once_cannot_all_start_on_what_is_left_of_a_budget(tmp_path: Path) -> None:
@@ -670,6 +680,52 @@ def test_a_provider_key_that_fails_is_a_clean_error_naming_no_secret_or_falls_ba
         assert refused_by_provider.status_code == 200, refused_by_provider.text
         assert refused_by_provider.headers["x-letsinfer-fallback"] == MODEL
         assert h.mocks["pg-a"].stats.requests == 2
+
+
+def test_a_providers_own_failure_is_relayed_with_its_retry_after_or_falls_back(
+    tmp_path: Path,
+) -> None:
+    key_file = provider_key(tmp_path, "sk-provider-secret")
+    with (
+        Provider(key="sk-provider-secret", model="m") as provider,
+        GatewayHarness(tmp_path, {"pg-a": QUICK}) as h,
+    ):
+        add_external_model(h.store, "ext", provider.url, "m", key_file)
+        # A provider that is down: nothing listens on its port.
+        add_external_model(h.store, "down", "http://127.0.0.1:9/v1", "m", key_file)
+        h.refresh()
+        h.wait_until(lambda: h.routing.ready_count("ext") == h.routing.ready_count("down") == 1)
+
+        # No fallback: the provider's answer is the answer, with when to come back.
+        provider.outage = (429, {"retry-after": "7"})
+        r = post(h, "alice", chat() | {"model": "ext"})
+        assert r.status_code == 429 and r.headers["retry-after"] == "7"
+        assert r.json()["error"]["code"] == "outage"
+        provider.outage = (500, {"retry-after": "soon\xe9"})  # not ASCII: not relayed
+        r = post(h, "alice", chat(stream=True) | {"model": "ext"})
+        assert r.status_code == 500 and "retry-after" not in r.headers
+        r = post(h, "alice", chat() | {"model": "down"})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "no_healthy_replica"
+        assert "down" in r.json()["error"]["message"] and "127.0.0.1" not in r.text
+
+        # With a fallback, each is a failure before the first byte: the fallback answers.
+        set_fallback(h.store, "ext", MODEL)
+        h.refresh()
+        for status in (429, 500, 502):
+            provider.outage = (status, {})
+            for stream in (False, True):
+                r = post(h, "alice", chat(stream=stream) | {"model": "ext"})
+                assert r.status_code == 200, (status, stream, r.text)
+                assert r.headers["x-letsinfer-fallback"] == MODEL
+        assert h.mocks["pg-a"].stats.requests == 6
+
+        # The fallback cannot answer either: the error is the model asked for's.
+        h.in_loop(lambda: h.routing.withdraw(MODEL, "pg-a", "engine exited"))
+        r = post(h, "alice", chat() | {"model": "ext"})
+        assert r.status_code == 502 and r.json()["error"]["code"] == "provider_failed"
+        assert "'ext'" in r.json()["error"]["message"] and MODEL not in r.text
+        provider.outage = None
+        assert post(h, "alice", chat() | {"model": "ext"}).status_code == 200
 
 
 def test_a_failed_fallback_answers_with_the_model_asked_for(tmp_path: Path) -> None:

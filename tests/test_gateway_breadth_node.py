@@ -108,6 +108,7 @@ def test_an_external_model_over_verified_tls_serves_and_its_key_stays_out_of_eve
         unverified = eventually(lambda: (r := ask(node, "ext-unverified")).status_code != 404 and r)
         assert unverified.status_code == 503, unverified.text
         assert "certificate" in unverified.json()["error"]["message"]
+        assert "127.0.0.1" not in unverified.text  # why, not where: the log has that
         assert len(provider.seen) == before, "no request (and no key) went to an unverified peer"
 
         # The only group of tiny stops: its fallback answers, and says so.

@@ -204,6 +204,7 @@ def test_request_records_and_usage_add_up_to_what_the_clients_saw(main_node) -> 
         reply.usage.completion_tokens,
     )
     assert record["ttft_ms"] > 0 and record["duration_ms"] >= record["ttft_ms"]
+    assert record["cached"] is False and record["charged_tokens"] is None  # its usage counted
     # The access log has the stream's real counts too.
     assert (
         f"request_id=stream-beta key=beta model=tiny served=tiny pg={record['placement_group']} "

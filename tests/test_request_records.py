@@ -4,6 +4,7 @@ records older than the kept days deleted, a broken disk never fatal."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from pathlib import Path
 
 from letsinfer.config import RequestSettings
@@ -42,6 +43,30 @@ def test_records_are_written_in_batches_and_old_ones_go(tmp_path: Path) -> None:
         "b": (250, sum(range(0, 500, 2))),
     }
     assert store.usage("key", since=NOW + 1) == []
+
+
+def test_a_records_file_from_before_the_cache_and_charges_gets_their_columns(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "requests.db"
+    columns = RequestRecord._fields[:-2]  # what a file of an earlier release has
+    conn = sqlite3.connect(path)
+    conn.execute(f"CREATE TABLE requests ({', '.join(columns)})")
+    conn.execute(
+        f"INSERT INTO requests VALUES ({', '.join('?' * len(columns))})", record("kept")[:-2]
+    )
+    conn.commit()
+    conn.close()
+    store = RequestStore(path)
+    cut = record("new")._replace(prompt_tokens=None, completion_tokens=None, charged=40)
+    store.insert_many([cut])
+    assert store.find("kept") == [record("kept")]  # nothing lost
+    assert store.find("new") == [cut]
+    # Limits count the charge; usage reports what the engines reported.
+    spent, recent = store.key_usage({"k": NOW - 1}, NOW - 60)["k"]
+    assert spent == 2 + 40 and sorted(recent) == [(NOW, 2, True), (NOW, 40, True)]
+    assert [(u.prompt_tokens, u.completion_tokens) for u in store.usage("key")] == [(1, 1)]
+    store.close()
 
 
 def test_a_stuck_writer_holds_a_bounded_backlog_and_counts_what_it_drops(tmp_path: Path) -> None:

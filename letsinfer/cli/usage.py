@@ -78,6 +78,10 @@ def request(ctx: CliContext, request_id: str, as_json: bool) -> None:
             "status": r.status,
             "prompt_tokens": r.prompt_tokens,
             "completion_tokens": r.completion_tokens,
+            # An answer from the cache costs nothing; a request that reported no
+            # usage (a stream its client cut) was charged this estimate instead.
+            "cached": r.cached,
+            "charged_tokens": r.charged,
             "ttft_ms": None if r.ttft_ms is None else round(r.ttft_ms, 2),
             "duration_ms": round(r.duration_ms, 2),
             "queue_ms": round(r.queue_ms, 2),

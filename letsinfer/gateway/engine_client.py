@@ -149,6 +149,7 @@ class _Response:
         "last_activity",
         "parser",
         "read_timeout",
+        "retry_after",
         "status",
         "until_eof",
     )
@@ -158,6 +159,7 @@ class _Response:
         self.parser = httptools.HttpResponseParser(self)
         self.status = 0
         self.content_type = b"application/json"
+        self.retry_after: bytes | None = None  # a provider's, relayed with its 429
         self.until_eof = True  # until a Content-Length or chunked header says otherwise
         self.complete = False
         self.read_timeout = read_timeout
@@ -173,6 +175,8 @@ class _Response:
             name == b"transfer-encoding" and b"chunked" in value.lower()
         ):
             self.until_eof = False
+        elif name == b"retry-after":
+            self.retry_after = value
 
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()

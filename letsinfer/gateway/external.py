@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,37 @@ def refused_key(model: str, status: int) -> GatewayError:
         type_="server_error",
         code="provider_refused_key",
     )
+
+
+def unreachable(exc: BaseException) -> str:
+    """A provider that could not be reached, as a client may read it: why, not
+    where (the gateway's log has its address)."""
+    if isinstance(exc.__cause__, ssl.SSLCertVerificationError):
+        return "its provider's TLS certificate did not verify (see the gateway's log)"
+    return "cannot reach its provider (see the gateway's log)"
+
+
+def failed(status: int) -> bool:
+    """A provider's answer that is a failure of its own, not of the request:
+    rate limited or a server error (503 is retried as an engine's is)."""
+    return status == 429 or status >= 500
+
+
+def provider_failed(model: str, status: int) -> GatewayError:
+    log.warning("model %s: its provider answered HTTP %d", model, status)
+    return GatewayError(
+        502,
+        f"Model '{model}' cannot answer: its provider answered HTTP {status}.",
+        type_="server_error",
+        code="provider_failed",
+    )
+
+
+def relayable(value: bytes | None) -> bytes | None:
+    """A provider's Retry-After, if it is one a client can read (seconds or a date)."""
+    if value is None or not 0 < len(value) <= 40:
+        return None
+    return value if all(32 <= c < 127 for c in value) else None
 
 
 def sendable(key: str) -> bool:

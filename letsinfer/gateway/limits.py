@@ -28,8 +28,8 @@ the requests per minute, as the records count it after a restart.
 
 The counts survive a gateway restart: :meth:`Limiter.restore` rebuilds them
 from the request records (letsinfer.store.requests), which hold every
-request's tokens (an estimated charge is not among them: it is counted from
-zero again).
+request's tokens, and the estimate a request was charged instead when it
+reported none.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def budget_held(key: str, budget: int, period: str, spent: int, held: int) -> Ga
 class Admitted:
     """One request that :meth:`Limiter.admit` counted, until :meth:`Limiter.settle`."""
 
-    __slots__ = ("at", "estimate", "events", "held", "key", "limits")
+    __slots__ = ("at", "charged", "estimate", "events", "held", "key", "limits")
 
     def __init__(self, key: str, limits: KeyLimits, at: float, held: int, estimate: int) -> None:
         self.key = key
@@ -120,6 +120,7 @@ class Admitted:
         self.held = held  # tokens held against the budget while it runs
         self.estimate = estimate  # its prompt's tokens, estimated (charged if it reports none)
         self.events = 0  # stream events relayed so far (a token each, if it reports none)
+        self.charged: int | None = None  # what it was charged, when that was an estimate
 
 
 def estimate_prompt(body: bytes) -> int:

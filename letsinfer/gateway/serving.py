@@ -78,9 +78,10 @@ CLIENT_GONE = 499  # nginx's status for "the client closed the connection"
 
 # Why a model's own groups could not take a request that its fallback then gets:
 # none will serve (parked, stopped, not placed), none is ready now (or every one
-# failed before its first byte, an external provider's refusing the gateway's
-# key or a key file that cannot be read included), or all stayed full past the
-# queue's bounds. (A slow engine's timeout does not: it may be working.)
+# failed before its first byte: an external provider's refusing the gateway's
+# key, a key file that cannot be read, or a provider's 429 or 5xx included), or
+# all stayed full past the queue's bounds. (A slow engine's timeout does not: it
+# may be working.)
 FALLBACK_ON = frozenset(
     {
         "model_parked",
@@ -89,6 +90,7 @@ FALLBACK_ON = frozenset(
         "no_healthy_replica",
         "provider_refused_key",
         "provider_key_unreadable",
+        "provider_failed",
         "queue_full",
         "queue_timeout",
     }
@@ -451,6 +453,7 @@ class InferenceEndpoints:
                     band=key.band,
                     adapter=entry.name if entry.base is not None else None,
                     failed_at=failed_at,
+                    has_fallback=entry.fallback is not None,
                 )
             except GatewayError as err:
                 if entry.fallback is None or err.code not in FALLBACK_ON:
@@ -586,6 +589,8 @@ class InferenceEndpoints:
             # (A fallback's answer is not kept: a hit would hide that it was one.)
             if ex.cache_key is not None and started.status == 200 and ex.fallback is None:
                 self.gw.cache.put(ex.cache_key, started.first, started.content_type, ex.cache_ttl)
+            if started.retry_after is not None:  # a provider's own 429 or 5xx
+                headers.append((b"retry-after", started.retry_after))
             headers.append((b"content-length", str(len(started.first)).encode()))
             await send(
                 {"type": "http.response.start", "status": started.status, "headers": headers}
@@ -656,7 +661,7 @@ class InferenceEndpoints:
             elif prompt_tokens is None and completion_tokens is None and ex.pg != "-":
                 # An engine ran it, but its usage never came (the client left
                 # mid-answer): the estimate, never nothing.
-                used = admitted.estimate + admitted.events
+                used = admitted.charged = admitted.estimate + admitted.events
             else:
                 used = (prompt_tokens or 0) + (completion_tokens or 0)
             self.gw.limiter.settle(admitted, used, ex.status != 429)
@@ -690,6 +695,7 @@ class InferenceEndpoints:
                     ex.total * 1000,
                     ex.queue_s * 1000,
                     ex.cache is cache.HIT,
+                    None if ex.admitted is None else ex.admitted.charged,
                 )
                 for ex in finished
                 if ex.key != "-"  # refused keys are counted as denials

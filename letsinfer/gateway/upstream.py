@@ -5,7 +5,9 @@ answer (the whole answer, when not streaming). Until then, a replica that
 refuses the connection, drops it, answers 503, or ends its stream before any
 data is skipped, and the request goes to another replica. A replica that is
 merely slow is not: a read timeout is a 504, because sending the same work
-elsewhere would only double the load. Once the first byte is on its way,
+elsewhere would only double the load. An external provider's 429 or 5xx is
+its answer, relayed with its ``Retry-After``, unless the model has a fallback
+to send the request to instead. Once the first byte is on its way,
 :mod:`letsinfer.gateway.serving` relays the rest and a failure becomes an error
 event in the stream.
 """
@@ -39,7 +41,15 @@ class Started:
     ``response`` is None when ``first`` is the whole body. The caller must
     call :meth:`Upstream.finish` exactly once."""
 
-    __slots__ = ("content_type", "first", "queue_s", "replica", "response", "status")
+    __slots__ = (
+        "content_type",
+        "first",
+        "queue_s",
+        "replica",
+        "response",
+        "retry_after",
+        "status",
+    )
 
     def __init__(
         self,
@@ -49,6 +59,7 @@ class Started:
         first: bytes,
         response: EngineResponse | None,
         queue_s: float,
+        retry_after: bytes | None = None,
     ) -> None:
         self.replica = replica
         self.status = status
@@ -56,6 +67,7 @@ class Started:
         self.first = first
         self.response = response
         self.queue_s = queue_s
+        self.retry_after = retry_after
 
 
 class Upstream:
@@ -80,11 +92,13 @@ class Upstream:
         band: int = STANDARD,
         adapter: str | None = None,
         failed_at: tuple[str, str] | None = None,
+        has_fallback: bool = False,
     ) -> Started:
         """``adapter``: a LoRA adapter of ``service`` to apply (only replicas that
         loaded it serve, each told its own id for it); ``failed_at``: a replica
         that already failed this request before any byte reached the client,
-        and why (the express lane's), not tried again."""
+        and why (the express lane's), not tried again; ``has_fallback``: a
+        provider's 429 or 5xx is raised as a failure for the fallback to take."""
         tried: set[str] = set()
         failures: list[str] = []
         if failed_at is not None:
@@ -109,9 +123,15 @@ class Upstream:
                 response = await self._send(replica, path, payload, headers)
                 if response.status == 503:  # engine loading or overloaded: try another
                     raise EngineError("engine answered 503", before_response=True)
-                if response.status in (401, 403) and replica.external is not None:
-                    # The provider refused its key: not the client's key at fault.
-                    raise external.refused_key(service, response.status)
+                retry_after = None
+                if replica.external is not None:
+                    if response.status in (401, 403):
+                        # The provider refused its key: not the client's key at fault.
+                        raise external.refused_key(service, response.status)
+                    if external.failed(response.status):
+                        if has_fallback:
+                            raise external.provider_failed(service, response.status)
+                        retry_after = external.relayable(response.retry_after)
                 if stream and response.status == 200:
                     first = await response.next_chunk()
                     if first is None:
@@ -119,11 +139,17 @@ class Upstream:
                     return Started(replica, 200, response.content_type, first, response, queue_s)
                 content = await response.read()
                 return Started(
-                    replica, response.status, response.content_type, content, None, queue_s
+                    replica,
+                    response.status,
+                    response.content_type,
+                    content,
+                    None,
+                    queue_s,
+                    retry_after,
                 )
             except ConnectTimeout as exc:  # never reached the engine: try another
                 self._give_back(replica, response)
-                failures.append(f"{replica.pg_id}: {exc}")
+                failures.append(f"{replica.pg_id}: {_why(replica, response, exc)}")
                 self.metrics.error("upstream_retry")
                 continue
             except EngineTimeout as exc:
@@ -132,7 +158,7 @@ class Upstream:
             except EngineError as exc:
                 # Nothing reached the client yet: another replica may answer.
                 self._give_back(replica, response)
-                failures.append(f"{replica.pg_id}: {exc}")
+                failures.append(f"{replica.pg_id}: {_why(replica, response, exc)}")
                 self.metrics.error("upstream_retry")
                 log.warning(
                     "request %s: %s failed before answering: %s", request_id, replica.pg_id, exc
@@ -178,6 +204,14 @@ class Upstream:
         """End an answer: close the engine exchange (if unfinished, the engine
         sees the connection go and frees its slot) and give the slot back."""
         self._give_back(started.replica, started.response)
+
+
+def _why(replica: Replica, response: EngineResponse | None, exc: EngineError) -> str:
+    """A failure as the client may read it: a provider's address stays in the log
+    (an answer's failure names none, a connection's does)."""
+    if replica.external is None or response is not None:
+        return str(exc)
+    return external.unreachable(exc)
 
 
 __all__ = ["Started", "Upstream", "upstream_failed"]

@@ -31,6 +31,9 @@ class RequestRecord(NamedTuple):
     duration_ms: float
     queue_ms: float
     cached: bool = False  # answered from the response cache: no tokens spent
+    # The tokens its key was charged when it reported none (a stream cut before
+    # its usage): an estimate, counted by limits instead of the two counts.
+    charged: int | None = None
 
 
 class UsageRow(NamedTuple):
@@ -46,7 +49,7 @@ UsageBy = Literal["key", "model", "node"]
 # A key's tokens in its budget period, and its last minute's requests as
 # (arrival, tokens, counted as a request): what rate limits are rebuilt from.
 KeyUsage = tuple[int, list[tuple[float, int, bool]]]
-_TOKENS = "COALESCE(prompt_tokens, 0) + COALESCE(completion_tokens, 0)"
+_TOKENS = "COALESCE(charged, COALESCE(prompt_tokens, 0) + COALESCE(completion_tokens, 0))"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS requests (
@@ -64,7 +67,8 @@ CREATE TABLE IF NOT EXISTS requests (
     ttft_ms REAL,
     duration_ms REAL NOT NULL,
     queue_ms REAL NOT NULL,
-    cached INTEGER NOT NULL DEFAULT 0
+    cached INTEGER NOT NULL DEFAULT 0,
+    charged INTEGER
 );
 CREATE INDEX IF NOT EXISTS requests_ts ON requests (ts);
 CREATE INDEX IF NOT EXISTS requests_id ON requests (request_id);
@@ -95,6 +99,8 @@ class RequestStore:
         columns = {row[1] for row in self.conn.execute("PRAGMA table_info(requests)")}
         if "cached" not in columns:  # a file written before the response cache existed
             self.conn.execute("ALTER TABLE requests ADD COLUMN cached INTEGER NOT NULL DEFAULT 0")
+        if "charged" not in columns:  # ... or before estimated charges were kept
+            self.conn.execute("ALTER TABLE requests ADD COLUMN charged INTEGER")
 
     def close(self) -> None:
         self.conn.close()
@@ -112,7 +118,7 @@ class RequestStore:
         rows = self.conn.execute(
             f"SELECT {_COLUMNS} FROM requests WHERE request_id = ? ORDER BY ts", (request_id,)
         ).fetchall()
-        return [RequestRecord(*r[:7], bool(r[7]), *r[8:14], bool(r[14])) for r in rows]
+        return [RequestRecord(*r[:7], bool(r[7]), *r[8:14], bool(r[14]), r[15]) for r in rows]
 
     def key_usage(
         self, period_starts: dict[str, float | None], window_from: float
