@@ -203,6 +203,88 @@ def test_limits_set_while_serving_count_what_the_key_already_used(tmp_path: Path
         refused(post(h, "late", chat()), "budget_exhausted")
 
 
+def test_a_limit_changed_while_requests_run_keeps_what_they_hold(tmp_path: Path) -> None:
+    policies = {"team": {"budget_tokens": 1_000, "budget_period": "day", "rpm": 3}}
+    with GatewayHarness(
+        tmp_path, {"pg-a": QUICK}, capacity=10, keys={"team": None}, policies=policies, records=True
+    ) as h:
+        assert post(h, "team", chat()).status_code == 200  # 13 tokens, booked
+        h.wait_until(lambda: h.gateway.limiter.spent("team") == 13)
+        gated(h)
+        raw = json.dumps(chat(max_tokens=400)).encode()  # each holds 400 and its prompt
+        headers = {**h.auth("team"), "content-type": "application/json"}
+        url = h.url + "/v1/chat/completions"
+
+        async def change_while_two_run() -> list[httpx.Response]:
+            async with httpx.AsyncClient(timeout=30) as client:
+                running = [
+                    asyncio.create_task(client.post(url, content=raw, headers=headers))
+                    for _ in range(2)
+                ]
+                while h.mocks["pg-a"].stats.in_flight < 2:
+                    await asyncio.sleep(0.01)
+                # An unrelated change: the key's counts are read again from the records.
+                h.store.set_key_policy("team", {"tpm": 100_000})
+                h.refresh()
+                await asyncio.sleep(0.3)
+                # Its minute still holds three requests, and its budget two estimates.
+                over_rpm = await client.post(url, content=raw, headers=headers)
+                held = 2 * (400 + estimate_prompt(raw))
+                h.store.set_key_policy("team", {"rpm": None, "budget_tokens": 13 + held})
+                h.refresh()
+                await asyncio.sleep(0.3)
+                over_budget = await client.post(url, content=raw, headers=headers)
+                open_gate(h)
+                return [over_rpm, over_budget, *await asyncio.gather(*running)]
+
+        over_rpm, over_budget, *done = asyncio.run(change_while_two_run())
+        assert [r.status_code for r in done] == [200, 200]
+        refused(over_rpm, "rate_limit_exceeded")
+        refused(over_budget, "budget_exhausted")  # 13 spent + 2 x (400 + prompt) held
+        assert "in progress" in over_budget.json()["error"]["message"]
+        h.wait_until(lambda: h.gateway.limiter.spent("team") == 39)  # each charged once
+        assert h.gateway.limiter._keys["team"].held == 0
+
+
+def test_two_limit_changes_during_one_slow_read_count_the_records_once(tmp_path: Path) -> None:
+    policies = {"team": {"budget_tokens": 1_000, "budget_period": "day"}}
+    with GatewayHarness(
+        tmp_path, {"pg-a": QUICK}, keys={"team": None}, policies=policies, records=True
+    ) as h:
+        for _ in range(3):
+            assert post(h, "team", chat()).status_code == 200
+        h.wait_until(lambda: h.gateway.limiter.spent("team") == 39)
+        assert h.records is not None
+        read = h.records._write_then_read
+
+        def slow_read(*args: Any) -> Any:  # a month of records on a busy disk
+            time.sleep(0.3)
+            return read(*args)
+
+        h.records._write_then_read = slow_read  # type: ignore[method-assign]
+        for change in ({"rpm": 100}, {"tpm": 100_000}):
+            h.store.set_key_policy("team", change)
+            h.refresh()
+            time.sleep(0.1)  # the second begins while the first still reads
+        time.sleep(1)
+        assert h.gateway.limiter.spent("team") == 39
+        assert len(h.gateway.limiter._keys["team"].requests) == 3
+
+
+def test_a_request_refused_before_its_limits_saw_it_is_not_counted_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    with GatewayHarness(
+        tmp_path, {"pg-a": QUICK}, keys={"team": None}, policies={"team": {"rpm": 3}}, records=True
+    ) as h:
+        assert [post(h, "team", {"model": MODEL}).status_code for _ in range(4)] == [400] * 4
+        assert post(h, "team", chat() | {"model": "nope"}).status_code == 404
+        assert [post(h, "team", chat()).status_code for _ in range(2)] == [200, 200]
+    with GatewayHarness(tmp_path, {"pg-a": QUICK}, records=True) as h:
+        assert post(h, "team", chat()).status_code == 200  # the third of its minute
+        refused(post(h, "team", chat()), "rate_limit_exceeded")
+
+
 def test_a_stream_cut_before_its_usage_is_charged_an_estimate_not_nothing(
     tmp_path: Path,
 ) -> None:
@@ -235,6 +317,47 @@ def test_a_stream_cut_before_its_usage_is_charged_an_estimate_not_nothing(
             r.headers["x-request-id"]
         )
         assert row.charged == spent and row.completion_tokens is None  # not passed off as usage
+
+
+def test_work_an_engine_did_is_charged_when_its_answer_is_cut_off_and_a_refusal_is_not(
+    tmp_path: Path,
+) -> None:
+    slow = MockBehaviour(tokens=200, interval_s=0.01)  # a whole answer after 2 s
+    policies = {"team": {"budget_tokens": 100_000, "budget_period": "day"}}
+    key_file = provider_key(tmp_path, "sk-provider-secret")
+    with (
+        Provider(key="sk-provider-secret", model="m") as provider,
+        GatewayHarness(
+            tmp_path, {"pg-a": slow}, keys={"team": None}, policies=policies, upstream_timeout_s=1
+        ) as h,
+    ):
+        spent = h.gateway.limiter.spent
+        raw = json.dumps(chat(max_tokens=200)).encode()
+        url, headers = (
+            h.url + "/v1/chat/completions",
+            {**h.auth("team"), "content-type": "application/json"},
+        )
+        r = httpx.post(url, content=raw, headers=headers, timeout=30)
+        assert r.json()["error"]["code"] == "upstream_timeout"
+        h.wait_until(lambda: spent("team") > 0)
+        assert spent("team") == estimate_prompt(raw)
+        # The client gives up while the engine works: charged too.
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(url, content=raw, headers=headers, timeout=0.5)
+        h.wait_until(lambda: spent("team") == 2 * estimate_prompt(raw))
+        assert h.mocks["pg-a"].stats.requests == 2
+
+        # A provider that refuses the work (429, 5xx) did none: nothing is charged.
+        add_external_model(h.store, "ext", provider.url, "m", key_file)
+        h.refresh()
+        h.wait_until(lambda: h.routing.ready_count("ext") == 1)
+        before = spent("team")
+        for status in (429, 500):
+            provider.outage = (status, {})
+            for stream in (False, True):
+                r = post(h, "team", chat(stream=stream) | {"model": "ext"})
+                assert r.status_code == status
+        assert spent("team") == before
 
 
 def test_requests_at_once_cannot_all_start_on_what_is_left_of_a_budget(tmp_path: Path) -> None:
@@ -413,6 +536,38 @@ def test_a_new_key_under_a_revoked_keys_name_gets_none_of_its_cached_answers(
         h.refresh()
         assert post(h, "team", ask).headers["x-letsinfer-cache"] == "miss"
         assert h.mocks["pg-a"].stats.requests == 2
+
+
+def test_a_model_or_adapter_replaced_under_its_name_gets_none_of_the_old_answers(
+    tmp_path: Path,
+) -> None:
+    policies = {"team": {"cache_ttl_s": 300}}
+    with GatewayHarness(tmp_path, {"pg-a": QUICK}, keys={"team": None}, policies=policies) as h:
+        h.store.add_adapter("tuned", MODEL, "1" * 64, 1, None)
+        h.refresh()
+        h.in_loop(lambda: h.routing.set_adapters(MODEL, "pg-a", ("tuned",)))
+        ask = chat(temperature=0, content="Which weights answer?")
+        for model in (MODEL, "tuned"):
+            assert post(h, "team", ask | {"model": model}).headers["x-letsinfer-cache"] == "miss"
+            assert post(h, "team", ask | {"model": model}).headers["x-letsinfer-cache"] == "hit"
+
+        h.store.delete_adapter("tuned")
+        h.store.add_adapter("tuned", MODEL, "2" * 64, 1, None)  # another file, same name
+        h.refresh()
+        got = post(h, "team", ask | {"model": "tuned"})
+        assert got.headers["x-letsinfer-cache"] == "miss"
+        h.store.delete_service(MODEL)
+        h.store.add_service(MODEL, "9" * 64, 0, "gguf", None)  # other weights, same name
+        h.refresh()
+        assert post(h, "team", ask).headers["x-letsinfer-cache"] == "miss"
+        assert h.mocks["pg-a"].stats.requests == 4
+
+        # A lone surrogate (valid JSON, no UTF-8 form) is a request like any other.
+        lone = '{"model":"mock","temperature":0,"messages":[{"role":"user","content":"\\udfff"}]}'
+        headers = h.auth("team")
+        url = h.url + "/v1/chat/completions"
+        assert httpx.post(url, content=lone, headers=headers).headers["x-letsinfer-cache"] == "miss"
+        assert httpx.post(url, content=lone, headers=headers).headers["x-letsinfer-cache"] == "hit"
 
 
 # -- LoRA adapters by name -----------------------------------------------------------
@@ -707,6 +862,17 @@ def test_a_providers_own_failure_is_relayed_with_its_retry_after_or_falls_back(
         r = post(h, "alice", chat() | {"model": "down"})
         assert r.status_code == 503 and r.json()["error"]["code"] == "no_healthy_replica"
         assert "down" in r.json()["error"]["message"] and "127.0.0.1" not in r.text
+        # A redirect is never followed (the key would go with it), nor passed on bare.
+        provider.outage = (307, {"location": "http://elsewhere.example/v1/chat/completions"})
+        r = post(h, "alice", chat() | {"model": "ext"})
+        assert r.status_code == 502 and r.json()["error"]["code"] == "provider_failed"
+        assert "elsewhere" not in r.text and "location" not in r.headers
+        # A lone surrogate is valid JSON but has no UTF-8 form: sent escaped, not a 500.
+        provider.outage = None
+        lone = '{"model":"ext","messages":[{"role":"user","content":"\\ud800"}]}'
+        r = httpx.post(h.url + "/v1/chat/completions", content=lone, headers=h.auth("alice"))
+        assert r.status_code == 200, r.text
+        assert provider.seen[-1].body["messages"][0]["content"] == "\ud800"
 
         # With a fallback, each is a failure before the first byte: the fallback answers.
         set_fallback(h.store, "ext", MODEL)
@@ -728,6 +894,39 @@ def test_a_providers_own_failure_is_relayed_with_its_retry_after_or_falls_back(
         assert post(h, "alice", chat() | {"model": "ext"}).status_code == 200
 
 
+def test_an_external_model_stops_and_starts_like_any_other(tmp_path: Path) -> None:
+    from letsinfer.authority.lifecycle import set_model_desired
+
+    key_file = provider_key(tmp_path, "sk-provider-secret")
+    with (
+        Provider(key="sk-provider-secret", model="m") as provider,
+        GatewayHarness(tmp_path, {"pg-a": QUICK}) as h,
+    ):
+        add_external_model(h.store, "ext", provider.url, "m", key_file)
+        h.refresh()
+        h.wait_until(lambda: h.routing.ready_count("ext") == 1)
+        # A paid provider run away, or a leaked key: the administrator stops it.
+        assert set_model_desired(h.store, "ext", "stopped", actor="cli").placement_groups == 1
+        h.refresh()
+        r = post(h, "alice", chat() | {"model": "ext"})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "model_stopped"
+        assert not provider.seen
+        set_fallback(h.store, "ext", MODEL)  # as for a local model, its fallback answers
+        h.refresh()
+        assert post(h, "alice", chat() | {"model": "ext"}).headers["x-letsinfer-fallback"] == MODEL
+        set_model_desired(h.store, "ext", "running", actor="cli")
+        h.refresh()
+        h.wait_until(lambda: h.routing.ready_count("ext") == 1)
+        r = post(h, "alice", chat() | {"model": "ext"})
+        assert r.status_code == 200 and "x-letsinfer-fallback" not in r.headers
+        assert len(provider.seen) == 1
+        assert [a.action for a in h.store.list_audit()][-3:] == [
+            "model.stop",
+            "model.fallback",
+            "model.start",
+        ]
+
+
 def test_a_failed_fallback_answers_with_the_model_asked_for(tmp_path: Path) -> None:
     key_file = provider_key(tmp_path, "sk-provider-secret")
     with GatewayHarness(tmp_path, {"pg-a": QUICK}, keys={"only-mock": None}) as h:
@@ -744,6 +943,23 @@ def test_a_failed_fallback_answers_with_the_model_asked_for(tmp_path: Path) -> N
         # Nothing of the fallback the key may not use, nor of where it lives.
         assert "ext" not in r.text and "127.0.0.1:9" not in r.text
         assert "x-letsinfer-fallback" not in r.headers
+
+    # A fallback provider that answers with its own failure: not for this client either.
+    with (
+        Provider(key="sk-provider-secret", model="m") as provider,
+        GatewayHarness(tmp_path / "2", {"pg-a": QUICK}, keys={"only-mock": None}) as h,
+    ):
+        add_external_model(h.store, "ext", provider.url, "m", key_file)
+        set_fallback(h.store, MODEL, "ext")
+        allow(h, "only-mock", MODEL)
+        h.wait_until(lambda: h.routing.ready_count("ext") == 1)
+        h.in_loop(lambda: h.routing.withdraw(MODEL, "pg-a", "engine exited"))
+        for status in (429, 500):
+            provider.outage = (status, {"retry-after": "7"})
+            r = post(h, "only-mock", chat())
+            assert r.status_code == 503 and r.json()["error"]["code"] == "no_healthy_replica"
+            assert "outage" not in r.text and r.headers["retry-after"] == "1"
+            assert "x-letsinfer-fallback" not in r.headers
 
 
 def test_a_fallback_to_a_removed_adapter_or_model_is_cleared(tmp_path: Path) -> None:
@@ -780,11 +996,17 @@ def test_a_bad_limit_change_is_refused_and_changes_nothing(tmp_path: Path) -> No
             ({"band": "urgent"}, "band must be one of"),
             ({"rpm": 0}, "at least 1"),
             ({"tpm": "many"}, "whole number"),
+            ({"tpm": 10**20}, "at most"),  # more than SQLite holds: no traceback
         ):
             with pytest.raises(StoreError, match=words):
                 set_policy(store, "k", change)
         with pytest.raises(StoreError, match="no active API key"):
             set_policy(store, "nobody", {"rpm": 5})
+        with pytest.raises(StoreError, match="concurrency must be between"):
+            create_key(store, "huge", concurrency=10**20)
+        with pytest.raises(StoreError, match="budget_tokens must be at most"):
+            create_key(store, "huge", policy={"budget_tokens": 10**20, "budget_period": "day"})
+        assert [k.name for k in store.list_api_keys()] == ["k"]
         assert store.list_api_keys(name="k")[-1] == before
         after = set_policy(store, "k", {"rpm": None, "budget_tokens": 9, "budget_period": "week"})
         assert (after.rpm, after.budget_tokens, after.budget_period) == (None, 9, "week")

@@ -124,6 +124,15 @@ def test_an_external_model_over_verified_tls_serves_and_its_key_stays_out_of_eve
         assert content(back) == SENTENCE
         ok(node.cli("model", "fallback", "tiny", "--clear"))
 
+        # Stopping the provider's model stops sending it requests, until started.
+        assert "model ext: stopped" in ok(node.cli("model", "stop", "ext"))
+        stopped = eventually(lambda: (r := ask(node, "ext")).status_code == 503 and r)
+        assert stopped.json()["error"]["code"] == "model_stopped"
+        assert "model ext: serving" in ok(node.cli("model", "start", "ext", "--wait"))
+        assert content(eventually(lambda: (r := ask(node, "ext")).status_code == 200 and r)) == (
+            ANSWER
+        )
+
         shown = ok(node.cli("model", "show", "ext", "--json"))
         assert json.loads(shown)["external"]["key_file"] == str(key_file)
         listed = ok(node.cli("model", "list", "--json")) + ok(node.cli("model", "show", "ext"))
@@ -206,6 +215,8 @@ def test_a_spent_budget_stays_spent_across_a_restart(node: RunningNode) -> None:
         assert after.status_code == 429 and after.json()["error"]["code"] == "budget_exhausted"
         shown = json.loads(ok(again.cli("auth", "key", "limits", "metered", "--json")))
         assert (shown["budget_tokens"], shown["band"]) == (40, "batch")
+        too_big = again.cli("auth", "key", "limits", "metered", "--rpm", str(10**20))
+        assert too_big.returncode == 2 and "the largest limit" in too_big.stderr
         ok(again.cli("auth", "key", "limits", "metered", "--budget", "off", "--rpm", "100"))
         assert content(ask(again, "tiny", key)) == SENTENCE
     finally:

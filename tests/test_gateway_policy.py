@@ -299,6 +299,31 @@ def test_a_waiter_takes_a_free_slot_that_those_ahead_of_it_cannot_use() -> None:
     asyncio.run(scenario())
 
 
+def test_a_higher_band_keeps_a_free_slot_its_key_can_use_behind_an_adapter_request() -> None:
+    async def scenario() -> None:
+        plain = replica("a", capacity=1)
+        tuned = replica("b", capacity=1, adapters=("x",))
+        adm = admission(plain, tuned, wait_s=5)
+        held = [await adm.acquire("m", "holder"), await adm.acquire("m", "holder")]
+        waits = [
+            asyncio.create_task(adm.acquire("m", "human", band=0, adapter="x")),
+            asyncio.create_task(adm.acquire("m", "human", band=0)),
+            asyncio.create_task(adm.acquire("m", "crawler", band=2)),
+        ]
+        await asyncio.sleep(0)
+        assert adm.depth("m") == 3
+        adm.release(plain if held[0] is plain else held[1])  # a slot the adapter cannot use
+        got = await asyncio.wait_for(waits[1], 1)
+        assert got is plain, "the interactive key's base request, not the batch key's"
+        assert not waits[0].done() and not waits[2].done()
+        adm.release(tuned)  # now the adapter's group: the first in line for it
+        assert await asyncio.wait_for(waits[0], 1) is tuned
+        for task in waits:
+            task.cancel()
+
+    asyncio.run(scenario())
+
+
 def test_per_key_concurrency_is_counted_and_refused_over_the_limit() -> None:
     adm = admission(replica("a"))
     adm.enter_key("k", 2)

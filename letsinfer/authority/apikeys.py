@@ -17,6 +17,7 @@ from letsinfer.store import ApiKeyRecord, AuthorityStore, StoreError
 KEY_PREFIX = "li-"
 BANDS = ("interactive", "standard", "batch")  # served in this order when every group is full
 PERIODS = ("day", "week", "month")
+MAX_LIMIT = 2**63 - 1  # the largest whole number the authority's SQLite can hold
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,8 @@ def check_policy(policy: dict[str, Any], current: ApiKeyRecord | None = None) ->
             raise StoreError(f"{field} must be a whole number")
         if value is not None and value < 1:
             raise StoreError(f"{field} must be at least 1 (or cleared)")
+        if value is not None and value > MAX_LIMIT:
+            raise StoreError(f"{field} must be at most {MAX_LIMIT} (or cleared)")
     if out.get("budget_period") is not None and out["budget_period"] not in PERIODS:
         raise StoreError(f"budget period must be one of {', '.join(PERIODS)}")
     budget = out.get("budget_tokens", current.budget_tokens if current else None)
@@ -89,8 +92,8 @@ def create_key(
     adapter). ``policy``: its band, limits and cache (see :func:`check_policy`)."""
     if not name or len(name) > 64 or not name.replace("-", "").replace("_", "").isalnum():
         raise StoreError("key name must be 1-64 letters, digits, '-' or '_'")
-    if concurrency is not None and concurrency < 1:
-        raise StoreError("concurrency must be at least 1")
+    if concurrency is not None and not 1 <= concurrency <= MAX_LIMIT:
+        raise StoreError(f"concurrency must be between 1 and {MAX_LIMIT}")
     policy = check_policy({k: v for k, v in (policy or {}).items() if v is not None})
     canonical: list[str] = []
     for model in models:

@@ -65,8 +65,12 @@ def set_model_desired(
     if desired == "running" and cluster_state(store).stopped:
         raise Refused("the cluster is stopped: `letsinfer cluster start` starts what it stopped")
     with store.transaction():
-        n = store.set_service_desired(svc.name, desired)
-        unparked = unpark(store, svc.name) if desired == "running" else []
+        if svc.is_external:  # no groups: the gateway publishes it, or not
+            n = store.set_external_desired(svc.name, desired)
+            unparked = []
+        else:
+            n = store.set_service_desired(svc.name, desired)
+            unparked = unpark(store, svc.name) if desired == "running" else []
         action = "model.start" if desired == "running" else "model.stop"
         detail = f"unparked {', '.join(unparked)}" if unparked else None
         store.append_audit(actor, action, "ok", role=role, target=svc.name, detail=detail)

@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from letsinfer.store import AuthorityStore, NodeRecord, PlacementGroupRecord
+from letsinfer.store import AuthorityStore, NodeRecord, PlacementGroupRecord, ServiceRecord
 
 # Every word a group may be shown with, most final first. "ready": the gateway
 # routes to it. Observed states an agent reports (restarting, failed, parked,
@@ -119,6 +119,15 @@ class Scene:
         return pg.state
 
     # -- models ---------------------------------------------------------------
+    def service_state(self, svc: ServiceRecord, groups: Iterable[PlacementGroupRecord]) -> str:
+        """A model's state; an external one (no groups) is serving while the
+        gateway publishes it (whether its provider answers, each request finds)."""
+        if not svc.is_external:
+            return self.model_state(groups)
+        if self.cluster_stopped:
+            return "system stopped"
+        return "stopped" if svc.external_stopped else "serving"
+
     def model_state(self, groups: Iterable[PlacementGroupRecord]) -> str:
         shown = [self.group_state(pg) for pg in groups]
         if "ready" in shown:

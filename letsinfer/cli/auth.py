@@ -12,6 +12,7 @@ import click
 from letsinfer.authority.anchor import open_authority
 from letsinfer.authority.apikeys import (
     BANDS,
+    MAX_LIMIT,
     PERIODS,
     create_key,
     policy_json,
@@ -57,6 +58,8 @@ class _Limit(click.ParamType):
             self.fail(f"{value!r} is neither a whole number nor 'off'", param, ctx)
         if number < 1:
             self.fail(f"{number} is below 1 (use 'off' to clear it)", param, ctx)
+        if number > MAX_LIMIT:
+            self.fail(f"{number} is above {MAX_LIMIT}, the largest limit", param, ctx)
         return number
 
 
@@ -131,7 +134,7 @@ def _policy(given: dict[str, Any]) -> dict[str, Any]:
 )
 @click.option(
     "--concurrency",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=MAX_LIMIT),
     help="At most this many requests at once with this key.",
 )
 @policy_options

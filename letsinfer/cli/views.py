@@ -67,7 +67,7 @@ def model_object(store: AuthorityStore, scene: Scene, svc: ServiceRecord) -> dic
         "revision": o.get("revision"),
         "commit": o.get("commit"),
         "files": o.get("files", []),
-        "state": scene.model_state(pgs),
+        "state": scene.service_state(svc, pgs),
         "ready": sum(scene.group_state(pg) == "ready" for pg in pgs),
         "total": len(pgs),
         "placement_groups": [group_object(store, scene, pg) for pg in pgs],

@@ -63,7 +63,15 @@ class _Waiter:
         self.timer: asyncio.TimerHandle | None = None
 
 
-_Band = dict[str, collections.deque[_Waiter]]  # key -> its waiters (FIFO); order = rotation
+class _Waiters(collections.deque[_Waiter]):
+    """One key's waiters in a band, first come first served; ``mixed`` once
+    they differ in what they can use (an adapter, a group they exclude), so
+    that a slot the first cannot use may go to one behind it."""
+
+    mixed = False
+
+
+_Band = dict[str, _Waiters]  # key -> its waiters; the dict's order is the rotation
 
 
 def concurrency_exceeded(key: str, limit: int) -> GatewayError:
@@ -228,7 +236,13 @@ class Admission:
         bands = self._queues.get(service)
         if bands is None:
             bands = self._queues[service] = [{} for _ in range(BANDS)]
-        bands[band].setdefault(key, collections.deque()).append(waiter)
+        waiters = bands[band].get(key)
+        if waiters is None:
+            waiters = bands[band][key] = _Waiters()
+        elif not waiters.mixed:
+            first = waiters[0]
+            waiters.mixed = first.adapter != adapter or first.exclude != exclude
+        waiters.append(waiter)
         self._depth[service] = self._depth.get(service, 0) + 1
         waiter.timer = loop.call_later(self.limits.max_wait_s, self._expire, waiter)
         # A slot the waiters ahead cannot use (another adapter, a group they
@@ -274,14 +288,11 @@ class Admission:
                     if not waiters:
                         del keys[key]
                         continue
-                    waiter = waiters[0]
-                    replica = self._pick(
-                        service, waiter.prefix_hash, waiter.exclude, waiter.adapter
-                    )
-                    if replica is None:
+                    taken = self._take_for(service, waiters)
+                    if taken is None:
                         continue
+                    waiter, replica = taken
                     progressed = True
-                    waiters.popleft()
                     self._depth[service] -= 1
                     # Served keys go to the back of the rotation.
                     del keys[key]
@@ -293,6 +304,28 @@ class Admission:
         if not any(bands):
             del self._queues[service]
             del self._depth[service]
+
+    def _take_for(self, service: str, waiters: _Waiters) -> tuple[_Waiter, Replica] | None:
+        """The key's first waiter that a free slot can serve, taken out of its
+        queue, with the slot; None when no slot is free for any of them."""
+        first = waiters[0]
+        replica = self._pick(service, first.prefix_hash, first.exclude, first.adapter)
+        if replica is not None:
+            waiters.popleft()
+            return first, replica
+        if not waiters.mixed:
+            return None
+        tried = {(first.adapter, first.exclude)}
+        for waiter in waiters:
+            kind = (waiter.adapter, waiter.exclude)
+            if kind in tried or waiter.future.done():
+                continue
+            tried.add(kind)
+            replica = self._pick(service, waiter.prefix_hash, waiter.exclude, waiter.adapter)
+            if replica is not None:
+                waiters.remove(waiter)
+                return waiter, replica
+        return None
 
     def _remove(self, waiter: _Waiter) -> None:
         bands = self._queues.get(waiter.service)

@@ -55,12 +55,15 @@ class Cached:
     expires: float
 
 
-def cache_key(key: str, endpoint: str, model: str, request: Mapping[str, Any]) -> bytes:
+def cache_key(
+    key: str, endpoint: str, model: str, identity: str, request: Mapping[str, Any]
+) -> bytes:
+    """``model``: the name it answers to; ``identity``: what answers under it
+    (letsinfer.gateway.directory.ServiceEntry.identity)."""
     canonical = {k: v for k, v in request.items() if k not in _NOT_PART}
-    canonical["model"] = model
-    text = json.dumps(
-        [key, endpoint, canonical], sort_keys=True, separators=(",", ":"), ensure_ascii=False
-    )
+    canonical["model"] = [model, identity]
+    # (ASCII: a lone surrogate, valid in JSON, has no UTF-8 form)
+    text = json.dumps([key, endpoint, canonical], sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).digest()
 
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 from letsinfer.gateway.admission import BANDS, STANDARD
 from letsinfer.gateway.cache import CachePolicy
-from letsinfer.gateway.external import ExternalModel
+from letsinfer.gateway.external import GROUP_PREFIX, ExternalModel
 from letsinfer.gateway.limits import KeyLimits
-from letsinfer.store import ApiKeyRecord, AuthorityStore
+from letsinfer.store import ApiKeyRecord, AuthorityStore, ServiceRecord
 
 log = logging.getLogger("letsinfer.gateway")
 
@@ -57,11 +57,15 @@ class ServiceEntry:
     name: str
     created: int
     aliases: tuple[str, ...]
-    groups: int = 0  # placement groups it has
+    groups: int = 0  # placement groups it has (an external model: its one)
     running: frozenset[str] = frozenset()  # those an administrator wants running
     external: ExternalModel | None = None  # a provider instead of groups
     fallback: str | None = None  # answers when no group of this one can
     base: str | None = None  # a LoRA adapter: the model whose groups serve it
+    # What answers under the name: the weights' digest (an adapter's, with its
+    # base's), or the provider's URL and model name. A name reused for other
+    # weights is another model (the response cache keys on it).
+    identity: str = ""
 
     @property
     def serves(self) -> str:
@@ -78,7 +82,22 @@ class Snapshot:
     system_stopped: bool = False  # `letsinfer cluster stop`
 
     def externals(self) -> dict[str, ExternalModel]:
-        return {s.name: s.external for s in self.services if s.external is not None}
+        """The external models to publish (not those stopped)."""
+        return {s.name: s.external for s in self.services if s.external is not None and s.running}
+
+
+def _running(service: ServiceRecord, groups: list[tuple[str, str]]) -> frozenset[str]:
+    """A model's :attr:`ServiceEntry.running`: an external model is its one
+    group (letsinfer.gateway.external), running unless stopped."""
+    if service.external:
+        return frozenset() if service.external_stopped else frozenset({GROUP_PREFIX + service.name})
+    return frozenset(pg for pg, want in groups if want == "running")
+
+
+def _identity(service: ServiceRecord) -> str:
+    """A model's :attr:`ServiceEntry.identity`."""
+    ext = service.external
+    return service.artifact_digest or (f"{ext['url']} {ext['provider_model']}" if ext else "")
 
 
 class StoreUnavailable(Exception):
@@ -123,15 +142,23 @@ class Directory:
                     s.name,
                     int(s.created_at),
                     s.aliases,
-                    len(groups.get(s.name, [])),
-                    frozenset(pg for pg, want in groups.get(s.name, []) if want == "running"),
+                    len(groups.get(s.name, [])) if not s.external else 1,
+                    _running(s, groups.get(s.name, [])),
                     ExternalModel.from_record(s.external) if s.external else None,
                     s.fallback,
+                    identity=_identity(s),
                 )
                 for s in store.list_services()
             )
+            weights = {m.name: m.identity for m in models}
             adapters = tuple(
-                ServiceEntry(a.name, int(a.created_at), (), base=a.service)
+                ServiceEntry(
+                    a.name,
+                    int(a.created_at),
+                    (),
+                    base=a.service,
+                    identity=f"{a.artifact_digest} on {weights.get(a.service, '')}",
+                )
                 for a in store.list_adapters()
             )
             services = tuple(sorted((*models, *adapters), key=lambda e: e.name))

@@ -82,8 +82,14 @@ def unreachable(exc: BaseException) -> str:
 
 def failed(status: int) -> bool:
     """A provider's answer that is a failure of its own, not of the request:
-    rate limited or a server error (503 is retried as an engine's is)."""
-    return status == 429 or status >= 500
+    rate limited, a server error (503 is retried as an engine's is), or a
+    redirect (never followed: the key would go with it)."""
+    return status == 429 or status >= 500 or redirected(status)
+
+
+def redirected(status: int) -> bool:
+    """A redirect: no client could use it as our answer (it has no Location)."""
+    return 300 <= status < 400
 
 
 def provider_failed(model: str, status: int) -> GatewayError:
@@ -136,7 +142,10 @@ def prepare(
     assert ext is not None
     data = json.loads(body)
     data["model"] = ext.provider_model
-    payload = json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
+    try:
+        payload = json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
+    except UnicodeEncodeError:  # a lone surrogate (valid JSON escape, not UTF-8): keep it escaped
+        payload = json.dumps(data, separators=(",", ":")).encode()
     if ext.key_file is not None:
         extra = (*extra, ("authorization", f"Bearer {read_key(replica.service, ext.key_file)}"))
     return payload, extra

@@ -87,8 +87,9 @@ class Gateway:
             return
         now = self.limiter.clock()
         starts = {name: self.limiter.period_start(limits, now) for name, limits in unread.items()}
-        for name in unread:  # from here on in memory; before it, in the records read now
-            self.limiter.forget(name)
+        # From here on in memory; before it, in the records read now (both in
+        # this one step of the loop: nothing ends between them).
+        generations = {name: self.limiter.recount(name, limits) for name, limits in unread.items()}
         try:
             usage = await self.records.usage_of(starts, now - WINDOW_S)
         except Exception as exc:  # a broken records file: count from now, say so
@@ -97,7 +98,7 @@ class Gateway:
         for name, (spent, recent) in usage.items():
             limits = self._counted.get(name)
             if limits is not None:
-                self.limiter.restore(name, limits, spent, recent)
+                self.limiter.restore(name, limits, spent, recent, generations[name])
 
     @classmethod
     def build(

@@ -130,15 +130,30 @@ def estimate_prompt(body: bytes) -> int:
 
 
 class _KeyState:
-    __slots__ = ("held", "in_window", "period_start", "requests", "spent", "tokens")
+    __slots__ = (
+        "generation",
+        "held",
+        "in_window",
+        "period",
+        "period_start",
+        "requests",
+        "running",
+        "spent",
+        "tokens",
+    )
 
     def __init__(self) -> None:
         self.requests: collections.deque[float] = collections.deque()
         self.tokens: collections.deque[tuple[float, int]] = collections.deque()
         self.in_window = 0  # the sum of self.tokens
+        self.period: str | None = None  # its budget's, as last set
         self.period_start: float | None = None
         self.spent = 0  # tokens since period_start
         self.held = 0  # estimated tokens of its requests in progress
+        # The arrivals of its requests in progress (how many at each): no
+        # record has them yet, so a recount from the records keeps them.
+        self.running: dict[float, int] = {}
+        self.generation = 0  # recounts begun: a read begun before the last is stale
 
 
 class Limiter:
@@ -176,6 +191,7 @@ class Limiter:
         asked for. Settle what it returns with :meth:`settle` when it ends."""
         now = self.clock()
         st = self._state(key)
+        st.period = limits.period
         self._expire(st, now)
         if limits.budget is not None and limits.period is not None:
             end = self._roll(st, limits.period, now)
@@ -201,6 +217,7 @@ class Limiter:
             st.requests.append(now)
         held = prompt + (max_tokens or 0) if limits.budget is not None else 0
         st.held += held
+        st.running[now] = st.running.get(now, 0) + 1
         return Admitted(key, limits, now, held, prompt)
 
     def settle(self, admitted: Admitted, tokens: int, counted: bool = True) -> None:
@@ -208,7 +225,10 @@ class Limiter:
         ``counted``: false when it was refused after its admission (it leaves
         the requests-per-minute window)."""
         st = self._state(admitted.key)
-        st.held = max(0, st.held - admitted.held)  # (its counts may have been rebuilt since)
+        st.held = max(0, st.held - admitted.held)  # (its key may have been forgotten since)
+        left = st.running.pop(admitted.at, 0) - 1
+        if left > 0:
+            st.running[admitted.at] = left
         if not counted:
             with contextlib.suppress(ValueError):
                 st.requests.remove(admitted.at)
@@ -217,7 +237,7 @@ class Limiter:
         now = self.clock()
         st.tokens.append((now, tokens))
         st.in_window += tokens
-        period = admitted.limits.period
+        period = st.period  # (the key's budget may have changed while it ran)
         if period is not None:
             self._roll(st, period, now)
             st.spent += tokens
@@ -227,7 +247,25 @@ class Limiter:
         return st.spent if st is not None else 0
 
     def forget(self, key: str) -> None:
+        """A key without limits now: nothing of it is counted."""
         self._keys.pop(key, None)
+
+    def recount(self, key: str, limits: KeyLimits) -> int:
+        """Begin counting a key afresh from the request records: what they hold
+        (every request that ended and was booked until now) is dropped here, to
+        be added back by :meth:`restore` with the number this returns. Its
+        requests in progress are in no record: they keep their arrivals and
+        their budget holds, and are charged here when they end."""
+        st = self._state(key)
+        st.generation += 1
+        st.period = limits.period
+        st.tokens.clear()
+        st.in_window = st.spent = 0
+        st.period_start = None
+        st.requests = collections.deque(
+            sorted(at for at, n in st.running.items() for _ in range(n))
+        )
+        return st.generation
 
     @staticmethod
     def period_start(limits: KeyLimits, now: float) -> float | None:
@@ -239,12 +277,18 @@ class Limiter:
         limits: KeyLimits,
         spent: int,
         recent: Sequence[tuple[float, int, bool]],
+        generation: int,
     ) -> None:
-        """Add what the request records say a key did before this gateway
-        counted it: ``spent`` tokens in its budget period, and its requests of
-        the last minute as (arrival time, tokens, counted as a request)."""
+        """Add what the request records say a key did before the recount
+        ``generation`` began: ``spent`` tokens in its budget period, and its
+        requests of the last minute as (arrival time, tokens, counted as a
+        request). A read begun before a later recount is dropped: the later
+        one reads all it held."""
         now = self.clock()
-        st = self._state(key)
+        st = self._keys.get(key)
+        if st is None or st.generation != generation:
+            return
+        st.period = limits.period
         if limits.period is not None:
             self._roll(st, limits.period, now)
             st.spent += spent

@@ -49,6 +49,7 @@ from letsinfer.gateway.errors import (
 )
 from letsinfer.gateway.gateway import Gateway
 from letsinfer.gateway.limits import Admitted, estimate_prompt
+from letsinfer.gateway.routing import Replica
 from letsinfer.gateway.stream_usage import UsageFilter
 from letsinfer.gateway.upstream import Started
 from letsinfer.store.requests import RequestRecord
@@ -254,6 +255,7 @@ class Exchange:
         "cache",
         "cache_key",
         "cache_ttl",
+        "cut_off",
         "done",
         "endpoint",
         "fallback",
@@ -300,6 +302,14 @@ class Exchange:
         self.cache_key: bytes | None = None  # where to keep the answer
         self.cache_ttl = 0
         self.fallback: str | None = None  # the model that answered instead
+        self.cut_off = False  # its answer ended early: a timeout, a broken stream, the client
+
+    def at_engine(self, replica: Replica | None) -> None:
+        """The replica working on the request now (None: none did any work)."""
+        if replica is None:
+            self.pg, self.node = "-", None
+        else:
+            self.pg, self.node = replica.pg_id, replica.node_id or None
 
     def client_gone(self) -> None:
         """The client left before its answer was complete: stop its request."""
@@ -366,6 +376,7 @@ class InferenceEndpoints:
             )
         except GatewayError as err:
             ex.status = err.status
+            ex.cut_off = err.code == "upstream_timeout"
             self.gw.metrics.error(err.code or "error")
             note_refusal(self.gw, scope, ex.key, err)
             ex.done = True
@@ -381,6 +392,7 @@ class InferenceEndpoints:
             if not (ex.status == 200 and ex.tail.rstrip().endswith(b"data: [DONE]")):
                 # (A client that leaves once it has [DONE] has the whole answer.)
                 ex.status = CLIENT_GONE
+                ex.cut_off = True
                 self.gw.metrics.error("client_disconnected")
         except Exception:
             log.exception("request %s failed unexpectedly", ex.request_id)
@@ -453,14 +465,13 @@ class InferenceEndpoints:
                     band=key.band,
                     adapter=entry.name if entry.base is not None else None,
                     failed_at=failed_at,
-                    has_fallback=entry.fallback is not None,
+                    fail_on_provider_error=entry.fallback is not None,
+                    at_engine=ex.at_engine,
                 )
             except GatewayError as err:
                 if entry.fallback is None or err.code not in FALLBACK_ON:
                     raise
                 started = await self._fall_back(entry, key, path, body, ex, hint, err)
-            ex.pg = started.replica.pg_id
-            ex.node = started.replica.node_id or None
             ex.queue_s = started.queue_s
             try:
                 await self._answer(started, ex, send)
@@ -512,6 +523,8 @@ class InferenceEndpoints:
                 prefix_hash=hint,
                 band=key.band,
                 adapter=other.name if other.base is not None else None,
+                fail_on_provider_error=True,  # (its error is not for this client)
+                at_engine=ex.at_engine,
             )
         except GatewayError as failed:
             # The client hears of the model it asked for, not of one its key
@@ -545,7 +558,7 @@ class InferenceEndpoints:
         if not cache.eligible(key.cache, parsed.get("stream", False), temperature, embedding):
             ex.cache = cache.BYPASS
             return False
-        ex.cache_key = cache.cache_key(key.digest, path, entry.name, parsed)
+        ex.cache_key = cache.cache_key(key.digest, path, entry.name, entry.identity, parsed)
         ex.cache_ttl = key.cache.ttl_s
         asked = cache.directives(cache_control)
         if b"no-store" in asked:  # fresh from the engine, and not kept
@@ -624,6 +637,7 @@ class InferenceEndpoints:
         except EngineError as exc:
             # Bytes already reached the client: no retry, but no silent cut either.
             ex.status = 502
+            ex.cut_off = True
             self.gw.metrics.error("upstream_stream_error")
             log.warning("request %s: stream from %s broke: %s", ex.request_id, ex.pg, exc)
             ex.done = True
@@ -658,9 +672,15 @@ class InferenceEndpoints:
         if admitted is not None:
             if cached:
                 used = 0
-            elif prompt_tokens is None and completion_tokens is None and ex.pg != "-":
-                # An engine ran it, but its usage never came (the client left
-                # mid-answer): the estimate, never nothing.
+            elif (
+                prompt_tokens is None
+                and completion_tokens is None
+                and ex.pg != "-"
+                and (ex.cut_off or ex.status == 200)
+            ):
+                # An engine worked on it, but its usage never came (the client
+                # left, a timeout, a broken stream): the estimate, never nothing.
+                # (An answer that came whole, an error, reports what it used.)
                 used = admitted.charged = admitted.estimate + admitted.events
             else:
                 used = (prompt_tokens or 0) + (completion_tokens or 0)

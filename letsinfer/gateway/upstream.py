@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 
 from letsinfer.gateway import external
 from letsinfer.gateway.adapters import with_lora
@@ -28,7 +28,7 @@ from letsinfer.gateway.engine_client import (
     EngineResponse,
     EngineTimeout,
 )
-from letsinfer.gateway.errors import upstream_failed, upstream_timeout
+from letsinfer.gateway.errors import GatewayError, upstream_failed, upstream_timeout
 from letsinfer.gateway.metrics import GatewayMetrics
 from letsinfer.gateway.routing import Replica
 
@@ -92,13 +92,16 @@ class Upstream:
         band: int = STANDARD,
         adapter: str | None = None,
         failed_at: tuple[str, str] | None = None,
-        has_fallback: bool = False,
+        fail_on_provider_error: bool = False,
+        at_engine: Callable[[Replica | None], None] | None = None,
     ) -> Started:
         """``adapter``: a LoRA adapter of ``service`` to apply (only replicas that
         loaded it serve, each told its own id for it); ``failed_at``: a replica
         that already failed this request before any byte reached the client,
-        and why (the express lane's), not tried again; ``has_fallback``: a
-        provider's 429 or 5xx is raised as a failure for the fallback to take."""
+        and why (the express lane's), not tried again;
+        ``fail_on_provider_error``: a provider's 429 or 5xx is raised (for a
+        fallback to take), not relayed; ``at_engine``: told of each replica
+        the request is sent to, and None when that one did no work on it."""
         tried: set[str] = set()
         failures: list[str] = []
         if failed_at is not None:
@@ -120,6 +123,8 @@ class Upstream:
                     payload, headers = external.prepare(replica, body, extra)
                 elif adapter is not None:
                     payload = with_lora(body, replica.adapters.index(adapter))
+                if at_engine is not None:
+                    at_engine(replica)
                 response = await self._send(replica, path, payload, headers)
                 if response.status == 503:  # engine loading or overloaded: try another
                     raise EngineError("engine answered 503", before_response=True)
@@ -129,7 +134,7 @@ class Upstream:
                         # The provider refused its key: not the client's key at fault.
                         raise external.refused_key(service, response.status)
                     if external.failed(response.status):
-                        if has_fallback:
+                        if fail_on_provider_error or external.redirected(response.status):
                             raise external.provider_failed(service, response.status)
                         retry_after = external.relayable(response.retry_after)
                 if stream and response.status == 200:
@@ -149,23 +154,29 @@ class Upstream:
                 )
             except ConnectTimeout as exc:  # never reached the engine: try another
                 self._give_back(replica, response)
+                if at_engine is not None:
+                    at_engine(None)
                 failures.append(f"{replica.pg_id}: {_why(replica, response, exc)}")
                 self.metrics.error("upstream_retry")
                 continue
-            except EngineTimeout as exc:
+            except EngineTimeout as exc:  # (the engine may have worked all along)
                 self._give_back(replica, response)
                 raise upstream_timeout(service) from exc
             except EngineError as exc:
                 # Nothing reached the client yet: another replica may answer.
                 self._give_back(replica, response)
+                if at_engine is not None:
+                    at_engine(None)
                 failures.append(f"{replica.pg_id}: {_why(replica, response, exc)}")
                 self.metrics.error("upstream_retry")
                 log.warning(
                     "request %s: %s failed before answering: %s", request_id, replica.pg_id, exc
                 )
                 continue
-            except BaseException:  # cancelled (client gone) or a bug: free the slot
+            except BaseException as exc:  # the client left, a provider refused, or a bug
                 self._give_back(replica, response)
+                if at_engine is not None and isinstance(exc, GatewayError):
+                    at_engine(None)  # the provider did no work (one that was left may have)
                 raise
 
     # The two steps a traced gateway wraps in spans (letsinfer.gateway.tracing);

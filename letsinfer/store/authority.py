@@ -175,6 +175,11 @@ class ServiceRecord:
     def is_external(self) -> bool:
         return self.external is not None
 
+    @property
+    def external_stopped(self) -> bool:
+        """An external model an administrator stopped (`model stop`)."""
+        return self.external is not None and self.external.get("desired") == "stopped"
+
 
 @dataclass(frozen=True)
 class PlacementGroupRecord:
@@ -826,6 +831,23 @@ class AuthorityStore(AuditTables, AdapterTables):
 
     def set_fallback(self, name: str, fallback: str | None) -> None:
         self.db.execute("UPDATE model_services SET fallback = ? WHERE name = ?", (fallback, name))
+
+    def set_external_desired(self, name: str, desired: str) -> int:
+        """``model stop``/``start`` of an external model (it has no groups): its
+        record says whether the gateway publishes it. 1 if it changed."""
+        svc = self.get_service(name)
+        if svc is None or svc.external is None:
+            return 0
+        external = {k: v for k, v in svc.external.items() if k != "desired"}
+        if desired != "running":
+            external["desired"] = desired
+        if external == svc.external:
+            return 0
+        self.db.execute(
+            "UPDATE model_services SET external = ? WHERE name = ?",
+            (json.dumps(external, sort_keys=True), name),
+        )
+        return 1
 
     def add_placement_group(
         self,

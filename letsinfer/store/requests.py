@@ -124,8 +124,11 @@ class RequestStore:
         self, period_starts: dict[str, float | None], window_from: float
     ) -> dict[str, KeyUsage]:
         """Per key: its tokens since its period's start (None: no budget), and
-        its requests since ``window_from``. A request refused with 429 is not
-        counted as a request (a rate limit refused it, or it never ran)."""
+        its requests since ``window_from``. Counted as requests, as the
+        gateway counts them: not one refused with 429 (a rate limit refused
+        it, or it never ran), nor one refused before its key's limits saw it
+        (a body that is not a valid request, an unknown model, too large:
+        400, 404 or 413 with no group)."""
         out: dict[str, KeyUsage] = {}
         for key, start in period_starts.items():
             spent = 0
@@ -136,10 +139,11 @@ class RequestStore:
                     (key, start),
                 ).fetchone()[0]
             recent = [
-                (ts, 0 if cached else tokens, status != 429)
-                for ts, tokens, cached, status in self.conn.execute(
-                    f"SELECT ts, {_TOKENS}, cached, status FROM requests "
-                    "WHERE key = ? AND ts >= ? ORDER BY ts",
+                (ts, 0 if cached else tokens, counted == 1)
+                for ts, tokens, cached, counted in self.conn.execute(
+                    f"SELECT ts, {_TOKENS}, cached, "
+                    "status != 429 AND NOT (pg IS NULL AND status IN (400, 404, 413)) "
+                    "FROM requests WHERE key = ? AND ts >= ? ORDER BY ts",
                     (key, window_from),
                 )
             ]
