@@ -962,6 +962,39 @@ def test_a_failed_fallback_answers_with_the_model_asked_for(tmp_path: Path) -> N
             assert "x-letsinfer-fallback" not in r.headers
 
 
+def test_an_adapter_has_a_fallback_of_its_own_and_its_errors_name_only_it(
+    tmp_path: Path,
+) -> None:
+    key_file = provider_key(tmp_path, "sk-provider-secret")
+    with (
+        Provider(key="sk-provider-secret", model="m") as provider,
+        GatewayHarness(tmp_path, {"pg-a": QUICK}, keys={"tuned-only": None}) as h,
+    ):
+        h.store.add_adapter("tuned", MODEL, "1" * 64, 1, None)
+        add_external_model(h.store, "ext", provider.url, "m", key_file)
+        set_fallback(h.store, MODEL, "ext")
+        allow(h, "tuned-only", "tuned")
+        h.in_loop(lambda: h.routing.set_adapters(MODEL, "pg-a", ("tuned",)))
+        h.wait_until(lambda: h.routing.ready_count("ext") == 1)
+        assert post(h, "tuned-only", chat() | {"model": "tuned"}).status_code == 200
+
+        h.in_loop(lambda: h.routing.withdraw(MODEL, "pg-a", "engine exited"))
+        # The base's fallback is not the adapter's: its answer would lack the tuning.
+        r = post(h, "tuned-only", chat() | {"model": "tuned"})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "no_healthy_replica"
+        assert "'tuned'" in r.text and MODEL not in r.text and "pg-a" not in r.text
+        assert r.headers["retry-after"] == "1"
+
+        assert set_fallback(h.store, "tuned", "ext").fallback == "ext"
+        h.refresh()
+        r = post(h, "tuned-only", chat() | {"model": "tuned"})
+        assert r.status_code == 200 and r.headers["x-letsinfer-fallback"] == "ext"
+        assert provider.seen[-1].body["model"] == "m" and "lora" not in provider.seen[-1].body
+        assert [a.fallback for a in h.store.list_adapters()] == ["ext"]
+        h.store.delete_service("ext")  # a name reused later must not inherit the traffic
+        assert [a.fallback for a in h.store.list_adapters()] == [None]
+
+
 def test_a_fallback_to_a_removed_adapter_or_model_is_cleared(tmp_path: Path) -> None:
     from letsinfer.store import AuthorityStore
 

@@ -173,7 +173,11 @@ def test_a_lora_adapter_is_served_by_name_by_its_base_models_engine(
     ).json()["data"]
     assert {m["id"]: m.get("parent") for m in models} == {"tiny": None, "tiny-lora": "tiny"}
     listed = json.loads(ok(node.cli("model", "adapter", "list", "tiny", "--json")))
-    assert [(a["name"], a["model"]) for a in listed] == [("tiny-lora", "tiny")]
+    assert [(a["name"], a["model"], a["fallback"]) for a in listed] == [("tiny-lora", "tiny", None)]
+    said = ok(node.cli("model", "fallback", "tiny-lora", "tiny"))  # an adapter's own
+    assert "model tiny-lora: falls back to tiny" in said
+    listed = json.loads(ok(node.cli("model", "adapter", "list", "--json")))
+    assert [a["fallback"] for a in listed] == ["tiny"]
 
     base_only = json.loads(
         ok(node.cli("auth", "key", "create", "base-only", "--model", "tiny", "--json"))

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 from letsinfer.authority.models import check_model_name, resolve_fallback
 from letsinfer.gateway.external import sendable
 from letsinfer.store import AuthorityStore, ServiceRecord, StoreError
+from letsinfer.store.adapters import AdapterRecord
 
 DEFAULT_CONCURRENCY = 64  # requests at the provider at once, unless told
 
@@ -132,22 +133,28 @@ def set_fallback(
     *,
     actor: str = "cli",
     role: str | None = None,
-) -> ServiceRecord:
-    """Set (or, with None, clear) the model that answers when this one cannot."""
+) -> ServiceRecord | AdapterRecord:
+    """Set (or, with None, clear) the model that answers when this one (a model,
+    alias or LoRA adapter) cannot."""
     svc = store.resolve_service(name)
-    if svc is None:
+    adapter = store.get_adapter(name) if svc is None else None
+    if svc is None and adapter is None:
         raise StoreError(f"no model {name!r} (see `letsinfer model list`)")
-    target = resolve_fallback(store, svc.name, fallback) if fallback is not None else None
+    canonical = svc.name if svc is not None else name
+    target = resolve_fallback(store, canonical, fallback) if fallback is not None else None
     with store.transaction():
-        store.set_fallback(svc.name, target)
+        if svc is not None:
+            store.set_fallback(canonical, target)
+        else:
+            store.set_adapter_fallback(canonical, target)
         store.append_audit(
             actor,
             "model.fallback",
             "ok",
             role=role,
-            target=svc.name,
+            target=canonical,
             detail=f"fallback {target}" if target else "no fallback",
         )
-    updated = store.get_service(svc.name)
+    updated = store.get_service(canonical) if svc is not None else store.get_adapter(canonical)
     assert updated is not None
     return updated

@@ -84,6 +84,7 @@ def list_adapters(ctx: CliContext, model_name: str | None, as_json: bool) -> Non
                 "sha256": a.artifact_digest,
                 "size": a.artifact_size,
                 "added": datetime.fromtimestamp(a.created_at, UTC).isoformat(timespec="seconds"),
+                "fallback": a.fallback,
             }
             for a in store.list_adapters(base)
         ]
@@ -94,7 +95,7 @@ def list_adapters(ctx: CliContext, model_name: str | None, as_json: bool) -> Non
         return
     emit(
         [{**r, "sha256": r["sha256"][:12], "size": f"{r['size'] / 1e6:.1f} MB"} for r in rows],
-        ["name", "model", "size", "sha256", "added"],
+        ["name", "model", "size", "sha256", "added", "fallback"],
         as_json=False,
         title="LoRA adapters",
     )

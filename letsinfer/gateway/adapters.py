@@ -33,3 +33,16 @@ def client_lora() -> GatewayError:
         param=FIELD,
         code="invalid_value",
     )
+
+
+def told_as(adapter: str, err: GatewayError) -> GatewayError:
+    """Its base model's refusal (stopped, no replica, full, ...) as a client
+    allowed only the adapter hears it: about the adapter, and nothing of the
+    base or its groups (same status, code and Retry-After)."""
+    return GatewayError(
+        err.status,
+        f"Model '{adapter}' cannot take requests right now ({err.code}).",
+        type_=err.type,
+        code=err.code,
+        headers=err.headers,
+    )

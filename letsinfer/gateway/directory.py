@@ -156,6 +156,7 @@ class Directory:
                     a.name,
                     int(a.created_at),
                     (),
+                    fallback=a.fallback,
                     base=a.service,
                     identity=f"{a.artifact_digest} on {weights.get(a.service, '')}",
                 )

@@ -469,8 +469,10 @@ class InferenceEndpoints:
                     at_engine=ex.at_engine,
                 )
             except GatewayError as err:
+                if entry.base is not None and not key.allows(entry.base):
+                    err = adapters.told_as(entry.name, err)
                 if entry.fallback is None or err.code not in FALLBACK_ON:
-                    raise
+                    raise err from None
                 started = await self._fall_back(entry, key, path, body, ex, hint, err)
             ex.queue_s = started.queue_s
             try:

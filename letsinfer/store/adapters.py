@@ -19,6 +19,7 @@ class AdapterRecord:
     artifact_size: int
     source: str | None
     created_at: float
+    fallback: str | None = None  # the model that answers when no group that loaded it can
 
 
 class AdapterTables:
@@ -56,8 +57,12 @@ class AdapterTables:
             )
         return [AdapterRecord(**r) for r in rows]
 
+    def set_adapter_fallback(self, name: str, fallback: str | None) -> None:
+        self._execute("UPDATE model_adapters SET fallback = ? WHERE name = ?", (fallback, name))
+
     def delete_adapter(self, name: str) -> None:
         self._execute("DELETE FROM model_adapters WHERE name = ?", (name,))
         # A model that fell back to it answers for itself again (the name
         # must not pass its traffic to whatever takes the name next).
         self._execute("UPDATE model_services SET fallback = NULL WHERE fallback = ?", (name,))
+        self._execute("UPDATE model_adapters SET fallback = NULL WHERE fallback = ?", (name,))

@@ -1097,11 +1097,12 @@ class AuthorityStore(AuditTables, AdapterTables):
         with self.transaction():
             # A model that fell back to it, or to one of its adapters (they go
             # with it), answers for itself again.
-            self.db.execute(
-                "UPDATE model_services SET fallback = NULL WHERE fallback = ? OR fallback IN "
-                "(SELECT name FROM model_adapters WHERE service = ?)",
-                (name, name),
-            )
+            for table in ("model_services", "model_adapters"):
+                self.db.execute(
+                    f"UPDATE {table} SET fallback = NULL WHERE fallback = ? OR fallback IN "
+                    "(SELECT name FROM model_adapters WHERE service = ?)",
+                    (name, name),
+                )
             self.db.execute("DELETE FROM placement_groups WHERE service = ?", (name,))
             self.db.execute("DELETE FROM release_history WHERE service = ?", (name,))
             self.db.execute("DELETE FROM model_services WHERE name = ?", (name,))

@@ -353,4 +353,8 @@ MIGRATIONS: list[str] = [
         UPDATE revisions SET rev = rev + 1 WHERE name = 'groups';
     END;
     """,
+    # 12: a LoRA adapter's own fallback (`model fallback ADAPTER OTHER`).
+    """
+    ALTER TABLE model_adapters ADD COLUMN fallback TEXT;
+    """,
 ]
