@@ -348,9 +348,7 @@ def test_work_an_engine_did_is_charged_when_its_answer_is_cut_off_and_a_refusal_
         assert h.mocks["pg-a"].stats.requests == 2
 
         # A provider that refuses the work (429, 5xx) did none: nothing is charged.
-        add_external_model(h.store, "ext", provider.url, "m", key_file)
-        h.refresh()
-        h.wait_until(lambda: h.routing.ready_count("ext") == 1)
+        publish_external(h, provider.url, key_file)
         before = spent("team")
         for status in (429, 500):
             provider.outage = (status, {})
@@ -722,6 +720,13 @@ def test_an_adapter_is_accepted_exactly_when_llama_cpp_loads_it(tmp_path: Path) 
 # -- external providers and fallbacks ----------------------------------------------
 
 
+def publish_external(h: GatewayHarness, url: str, key_file: Path, name: str = "ext") -> None:
+    """An external model NAME (the provider's "m" at ``url``), once the gateway serves it."""
+    add_external_model(h.store, name, url, "m", key_file)
+    h.refresh()
+    h.wait_until(lambda: h.routing.ready_count(name) == 1)
+
+
 def provider_key(tmp_path: Path, secret: str) -> Path:
     """A provider's key in a private file, as `model add --key-file` wants it."""
     path = tmp_path / "provider.key"
@@ -803,9 +808,7 @@ def test_a_provider_key_that_fails_is_a_clean_error_naming_no_secret_or_falls_ba
         Provider(key="sk-provider-secret", model="m") as provider,
         GatewayHarness(tmp_path, {"pg-a": QUICK}) as h,
     ):
-        add_external_model(h.store, "ext", provider.url, "m", key_file)
-        h.refresh()
-        h.wait_until(lambda: h.routing.ready_count("ext") == 1)
+        publish_external(h, provider.url, key_file)
         r = post(h, "alice", chat() | {"model": "ext"})
         assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == ANSWER
         streamed = post(h, "alice", chat(stream=True) | {"model": "ext"})
@@ -902,9 +905,7 @@ def test_an_external_model_stops_and_starts_like_any_other(tmp_path: Path) -> No
         Provider(key="sk-provider-secret", model="m") as provider,
         GatewayHarness(tmp_path, {"pg-a": QUICK}) as h,
     ):
-        add_external_model(h.store, "ext", provider.url, "m", key_file)
-        h.refresh()
-        h.wait_until(lambda: h.routing.ready_count("ext") == 1)
+        publish_external(h, provider.url, key_file)
         # A paid provider run away, or a leaked key: the administrator stops it.
         assert set_model_desired(h.store, "ext", "stopped", actor="cli").placement_groups == 1
         h.refresh()
