@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from letsinfer.authority.apikeys import create_key
+from letsinfer.authority.apikeys import create_key, digest
 from letsinfer.authority.external import add_external_model, set_fallback
 from letsinfer.gateway.limits import estimate_prompt, period_bounds
 from letsinfer.gateway.mock_upstream import MockBehaviour
@@ -262,13 +263,16 @@ def test_two_limit_changes_during_one_slow_read_count_the_records_once(tmp_path:
             return read(*args)
 
         h.records._write_then_read = slow_read  # type: ignore[method-assign]
-        for change in ({"rpm": 100}, {"tpm": 100_000}):
-            h.store.set_key_policy("team", change)
-            h.refresh()
-            time.sleep(0.1)  # the second begins while the first still reads
-        time.sleep(1)
-        assert h.gateway.limiter.spent("team") == 39
-        assert len(h.gateway.limiter._keys["team"].requests) == 3
+        off = {"budget_tokens": None, "rpm": None, "tpm": None}
+        on = {"budget_tokens": 1_000, "budget_period": "day"}
+        for changes in ([{"rpm": 100}, {"tpm": 100_000}], [off, on, off, on]):
+            for change in changes:
+                h.store.set_key_policy("team", change)
+                h.refresh()
+                time.sleep(0.1)  # the second begins while the first still reads
+            time.sleep(1)
+            assert h.gateway.limiter.spent("team") == 39
+            assert len(h.gateway.limiter._keys["team"].requests) == 3
 
 
 def test_a_request_refused_before_its_limits_saw_it_is_not_counted_after_a_restart(
@@ -279,7 +283,17 @@ def test_a_request_refused_before_its_limits_saw_it_is_not_counted_after_a_resta
     ) as h:
         assert [post(h, "team", {"model": MODEL}).status_code for _ in range(4)] == [400] * 4
         assert post(h, "team", chat() | {"model": "nope"}).status_code == 404
+        for _ in range(3):  # a client that leaves before its body is whole
+            with socket.create_connection(("127.0.0.1", h.port)) as sock:
+                sock.sendall(
+                    b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 500\r\n"
+                    b"authorization: Bearer " + h.keys["team"].encode() + b"\r\n\r\n{"
+                )
         assert [post(h, "team", chat()).status_code for _ in range(2)] == [200, 200]
+    left = RequestStore(tmp_path / "requests.db", readonly=True).conn.execute(
+        "SELECT COUNT(*) FROM requests WHERE status = 499 AND pg IS NULL"
+    )
+    assert left.fetchone()[0] == 3
     with GatewayHarness(tmp_path, {"pg-a": QUICK}, records=True) as h:
         assert post(h, "team", chat()).status_code == 200  # the third of its minute
         refused(post(h, "team", chat()), "rate_limit_exceeded")
@@ -356,6 +370,59 @@ def test_work_an_engine_did_is_charged_when_its_answer_is_cut_off_and_a_refusal_
                 r = post(h, "team", chat(stream=stream) | {"model": "ext"})
                 assert r.status_code == status
         assert spent("team") == before
+
+
+def test_a_fallback_whose_engine_times_out_is_charged_and_booked_where_it_ran(
+    tmp_path: Path,
+) -> None:
+    slow = MockBehaviour(tokens=200, interval_s=0.01)
+    policies = {"team": {"budget_tokens": 100_000, "budget_period": "day"}}
+    with GatewayHarness(
+        tmp_path,
+        {"pg-a": QUICK, "pg-b": slow},
+        keys={"team": None},
+        policies=policies,
+        records=True,
+        upstream_timeout_s=1,
+    ) as h:
+        h.store.add_service("big", "8" * 64, 0, "gguf", None)
+        set_fallback(h.store, MODEL, "big")
+        h.refresh()
+        h.in_loop(lambda: h.routing.forget(MODEL, "pg-b"))
+        h.publish("pg-b", service="big")
+        h.in_loop(lambda: h.routing.withdraw(MODEL, "pg-a", "engine exited"))
+        raw = json.dumps(chat(max_tokens=200)).encode()
+        headers = {**h.auth("team"), "content-type": "application/json", "x-request-id": "slow"}
+        r = httpx.post(h.url + "/v1/chat/completions", content=raw, headers=headers, timeout=30)
+        assert r.status_code == 503 and "big" not in r.text  # the model asked for's error
+        h.wait_until(lambda: h.gateway.limiter.spent("team") == estimate_prompt(raw))
+    (row,) = RequestStore(tmp_path / "requests.db", readonly=True).find("slow")
+    assert (row.model, row.pg, row.charged) == ("big", "pg-b", estimate_prompt(raw))
+
+
+def test_a_request_that_ends_as_its_keys_limits_change_is_counted(tmp_path: Path) -> None:
+    from letsinfer.gateway.serving import Exchange
+
+    policies = {"team": {"budget_tokens": 1_000, "budget_period": "day"}}
+    with GatewayHarness(
+        tmp_path, {"pg-a": QUICK}, keys={"team": None}, policies=policies, records=True
+    ) as h:
+        endpoints = h.gateway.book_now.__self__  # type: ignore[attr-defined]
+        limits = h.directory.current().keys[digest(h.keys["team"])].limits
+        assert limits is not None
+
+        def ends_in_the_turn_of_a_change() -> None:
+            ex = Exchange("same-turn", None)
+            ex.key, ex.served, ex.pg, ex.status = "team", MODEL, "pg-a", 200
+            ex.tail = b'{"usage":{"prompt_tokens":5,"completion_tokens":8}}'
+            ex.admitted = h.gateway.limiter.admit("team", limits)
+            h.store.set_key_policy("team", {"rpm": 100})
+            h.directory.refresh(force=True)  # its recount begins in this turn
+            endpoints.record(ex)  # and the request ends in it too
+
+        h.in_loop(ends_in_the_turn_of_a_change)
+        time.sleep(0.5)
+        assert h.gateway.limiter.spent("team") == 13
 
 
 def test_requests_at_once_cannot_all_start_on_what_is_left_of_a_budget(tmp_path: Path) -> None:

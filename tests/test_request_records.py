@@ -57,6 +57,8 @@ def test_a_records_file_from_before_the_cache_and_charges_gets_their_columns(
     )
     conn.commit()
     conn.close()
+    # `letsinfer request ID` before the upgraded gateway opened the file to write
+    assert RequestStore(path, readonly=True).find("kept") == [record("kept")]
     store = RequestStore(path)
     cut = record("new")._replace(prompt_tokens=None, completion_tokens=None, charged=40)
     store.insert_many([cut])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -45,6 +46,9 @@ class Gateway:
     cache: ResponseCache = field(default_factory=lambda: ResponseCache(64 << 20))
     # The limits the limiter counts for each key, and those whose past requests
     # are still to be read from the request records.
+    # Books the requests that ended in this turn of the loop now, not at its end
+    # (set by letsinfer.gateway.serving): a recount must find them in the records.
+    book_now: Callable[[], None] = lambda: None
     _counted: dict[str, KeyLimits] = field(default_factory=dict)
     _unread: dict[str, KeyLimits] = field(default_factory=dict)
     _reading: set[asyncio.Task[None]] = field(default_factory=set)
@@ -87,8 +91,9 @@ class Gateway:
             return
         now = self.limiter.clock()
         starts = {name: self.limiter.period_start(limits, now) for name, limits in unread.items()}
-        # From here on in memory; before it, in the records read now (both in
+        # From here on in memory; before it, in the records read now (all in
         # this one step of the loop: nothing ends between them).
+        self.book_now()
         generations = {name: self.limiter.recount(name, limits) for name, limits in unread.items()}
         try:
             usage = await self.records.usage_of(starts, now - WINDOW_S)

@@ -153,13 +153,15 @@ class _KeyState:
         # The arrivals of its requests in progress (how many at each): no
         # record has them yet, so a recount from the records keeps them.
         self.running: dict[float, int] = {}
-        self.generation = 0  # recounts begun: a read begun before the last is stale
+        self.generation = 0  # its last recount's number: a read begun before it is stale
 
 
 class Limiter:
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock  # wall clock: the records it restores from carry wall time
         self._keys: dict[str, _KeyState] = {}
+        self._recounts = 0  # one sequence for all keys: a key forgotten and counted again
+        # must not take up a number a read still in progress carries
 
     def _state(self, key: str) -> _KeyState:
         st = self._keys.get(key)
@@ -257,7 +259,8 @@ class Limiter:
         requests in progress are in no record: they keep their arrivals and
         their budget holds, and are charged here when they end."""
         st = self._state(key)
-        st.generation += 1
+        self._recounts += 1
+        st.generation = self._recounts
         st.period = limits.period
         st.tokens.clear()
         st.in_window = st.spent = 0

@@ -325,6 +325,7 @@ class InferenceEndpoints:
         self.gw = gw
         self.prefix_chars = gw.policy.affinity_prefix_chars if gw.policy.affinity else 0
         self._finished: list[Exchange] = []  # settled in this turn of the loop, not booked
+        gw.book_now = self._book
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Over ASGI (the gateway's own connections take letsinfer.gateway.direct)."""
@@ -376,7 +377,8 @@ class InferenceEndpoints:
             )
         except GatewayError as err:
             ex.status = err.status
-            ex.cut_off = err.code == "upstream_timeout"
+            if err.code == "upstream_timeout":  # the engine may have worked all along
+                ex.cut_off = True
             self.gw.metrics.error(err.code or "error")
             note_refusal(self.gw, scope, ex.key, err)
             ex.done = True
@@ -538,7 +540,11 @@ class InferenceEndpoints:
                 entry.name,
                 failed.message,
             )
-            ex.fallback, ex.served = None, entry.name
+            if failed.code == "upstream_timeout":
+                # Its engine worked on it: charged as cut off, and booked where it ran.
+                ex.cut_off = True
+            else:
+                ex.fallback, ex.served = None, entry.name
             raise err from failed
 
     async def _from_cache(
@@ -686,7 +692,10 @@ class InferenceEndpoints:
                 used = admitted.charged = admitted.estimate + admitted.events
             else:
                 used = (prompt_tokens or 0) + (completion_tokens or 0)
-            self.gw.limiter.settle(admitted, used, ex.status != 429)
+            # Not a request of its minute: one refused after its admission, or
+            # whose client left before any engine had it (as the records count).
+            counted = ex.status != 429 and (ex.status != CLIENT_GONE or ex.pg != "-")
+            self.gw.limiter.settle(admitted, used, counted)
         finished = self._finished
         finished.append(ex)
         if len(finished) == 1:
@@ -694,6 +703,8 @@ class InferenceEndpoints:
 
     def _book(self) -> None:
         finished, self._finished = self._finished, []
+        if not finished:  # booked early (Gateway.book_now)
+            return
         gw = self.gw
         gw.metrics.requests(
             (ex.served, ex.status, ex.total, ex.ttft, ex.key, ex.pg, *ex.tokens) for ex in finished

@@ -73,7 +73,8 @@ CREATE TABLE IF NOT EXISTS requests (
 CREATE INDEX IF NOT EXISTS requests_ts ON requests (ts);
 CREATE INDEX IF NOT EXISTS requests_id ON requests (request_id);
 """
-_COLUMNS = ", ".join(RequestRecord._fields)
+# What a column added since the first release reads as in a file without it.
+_DEFAULTS = {"cached": "0", "charged": "NULL"}
 _GROUP = {"key": "key", "model": "model", "node": "COALESCE(node, '-')"}
 
 
@@ -85,6 +86,13 @@ class RequestStore:
         if readonly:
             self.conn = sqlite3.connect(
                 f"file:{path}?mode=ro", uri=True, timeout=10.0, check_same_thread=False
+            )
+            # A file the gateway of an earlier release wrote (until it restarts
+            # and adds them): its missing columns read as their defaults.
+            have = {row[1] for row in self.conn.execute("PRAGMA table_info(requests)")}
+            self._columns = ", ".join(
+                c if c in have else f"{_DEFAULTS.get(c, 'NULL')} AS {c}"
+                for c in RequestRecord._fields
             )
             return
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -101,6 +109,7 @@ class RequestStore:
             self.conn.execute("ALTER TABLE requests ADD COLUMN cached INTEGER NOT NULL DEFAULT 0")
         if "charged" not in columns:  # ... or before estimated charges were kept
             self.conn.execute("ALTER TABLE requests ADD COLUMN charged INTEGER")
+        self._columns = ", ".join(RequestRecord._fields)
 
     def close(self) -> None:
         self.conn.close()
@@ -116,7 +125,8 @@ class RequestStore:
 
     def find(self, request_id: str) -> list[RequestRecord]:
         rows = self.conn.execute(
-            f"SELECT {_COLUMNS} FROM requests WHERE request_id = ? ORDER BY ts", (request_id,)
+            f"SELECT {self._columns} FROM requests WHERE request_id = ? ORDER BY ts",
+            (request_id,),
         ).fetchall()
         return [RequestRecord(*r[:7], bool(r[7]), *r[8:14], bool(r[14]), r[15]) for r in rows]
 
@@ -128,7 +138,8 @@ class RequestStore:
         gateway counts them: not one refused with 429 (a rate limit refused
         it, or it never ran), nor one refused before its key's limits saw it
         (a body that is not a valid request, an unknown model, too large:
-        400, 404 or 413 with no group)."""
+        400, 404 or 413 with no group), nor one whose client left before any
+        engine had it (499 with no group)."""
         out: dict[str, KeyUsage] = {}
         for key, start in period_starts.items():
             spent = 0
@@ -142,7 +153,7 @@ class RequestStore:
                 (ts, 0 if cached else tokens, counted == 1)
                 for ts, tokens, cached, counted in self.conn.execute(
                     f"SELECT ts, {_TOKENS}, cached, "
-                    "status != 429 AND NOT (pg IS NULL AND status IN (400, 404, 413)) "
+                    "status != 429 AND NOT (pg IS NULL AND status IN (400, 404, 413, 499)) "
                     "FROM requests WHERE key = ? AND ts >= ? ORDER BY ts",
                     (key, window_from),
                 )
