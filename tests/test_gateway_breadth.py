@@ -14,8 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
-from letsinfer.authority.apikeys import create_key, digest
+from letsinfer.authority.apikeys import create_key, digest, set_policy
 from letsinfer.authority.external import add_external_model, set_fallback
+from letsinfer.gateway.cache import ENTRY_OVERHEAD, ResponseCache
 from letsinfer.gateway.limits import estimate_prompt, period_bounds
 from letsinfer.gateway.mock_upstream import MockBehaviour
 from letsinfer.store.requests import RequestStore
@@ -570,12 +571,12 @@ def test_the_cache_is_bounded_and_entries_expire(tmp_path: Path) -> None:
         {"pg-a": QUICK},
         keys={"k": None},
         policies={"k": {"cache_ttl_s": 60}},
-        cache_max_bytes=4096,
+        cache_max_bytes=8192,
     ) as h:
         for i in range(40):  # more answers than the cache holds
             post(h, "k", chat(temperature=0, content=f"question {i}"))
         cache = h.gateway.cache
-        assert 0 < cache.size <= 4096 and len(cache) < 40
+        assert 0 < cache.size <= 8192 and len(cache) < 40
         last = chat(temperature=0, content="question 39")
         assert post(h, "k", last).headers["x-letsinfer-cache"] == "hit"
         assert (
@@ -584,6 +585,25 @@ def test_the_cache_is_bounded_and_entries_expire(tmp_path: Path) -> None:
         ), "the least recently used went first"
         cache.clock = lambda: time.monotonic() + 61
         assert post(h, "k", last).headers["x-letsinfer-cache"] == "miss"
+
+        # A shorter TTL, or the cache turned off and on, applies to what is kept.
+        assert post(h, "k", last).headers["x-letsinfer-cache"] == "hit"  # kept again at +61
+        cache.clock = lambda: time.monotonic() + 61 + 30
+        set_policy(h.store, "k", {"cache_ttl_s": 20})
+        h.refresh()
+        assert post(h, "k", last).headers["x-letsinfer-cache"] == "miss"  # 30 s old
+        for ttl in (None, 3600):
+            set_policy(h.store, "k", {"cache_ttl_s": ttl})
+            h.refresh()
+        cache.clock = lambda: time.monotonic() + 61 + 30 + 10
+        assert post(h, "k", last).headers["x-letsinfer-cache"] == "hit"  # 10 s old, TTL 1 h
+
+    # Empty answers (a provider's `200 {}`, say) cost their keeping: they cannot
+    # grow the cache past its bound.
+    tiny = ResponseCache(16 << 10)
+    for i in range(2000):
+        tiny.put(str(i).encode(), b"", b"application/json")
+    assert 0 < tiny.size <= 16 << 10 and len(tiny) <= (16 << 10) // ENTRY_OVERHEAD
 
 
 def test_a_new_key_under_a_revoked_keys_name_gets_none_of_its_cached_answers(
@@ -682,13 +702,41 @@ def test_an_adapter_reaches_only_the_groups_that_loaded_it_with_its_id(tmp_path:
         assert "'mock-lora' is not loaded" in gone.json()["error"]["message"]
 
 
-def _lora(path: Path, tensors: dict[str, Any]) -> Path:
+def test_a_name_taken_while_an_adapter_is_checked_is_refused_and_nothing_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from letsinfer.authority import adapters as adapter_authority
+    from letsinfer.engines.tinymodel import write_tiny_lora
+    from letsinfer.store import AuthorityStore, StoreError
+
+    store = AuthorityStore(tmp_path / "authority.db")
+    try:
+        store.add_service("base", "0" * 64, 0, "gguf", None)
+
+        def meanwhile(*_: object) -> None:  # another command adds a model by that name
+            store.add_service("clash", "1" * 64, 0, "gguf", None)
+
+        monkeypatch.setattr(adapter_authority, "check_fits", meanwhile)
+        models = tmp_path / "models"
+        lora = write_tiny_lora(tmp_path / "lora.gguf")
+        with pytest.raises(StoreError, match="model 'clash' already exists"):
+            adapter_authority.add_adapter(store, models, "base", "clash", lora)
+        assert store.list_adapters() == []
+        assert not [p for p in models.rglob("*") if p.is_file()], "its file is not kept"
+    finally:
+        store.close()
+
+
+def _lora(path: Path, tensors: dict[str, Any], alpha: float | str = 1.0) -> Path:
     import gguf
 
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_string("general.type", "adapter")
     writer.add_string("adapter.type", "lora")
-    writer.add_float32("adapter.lora.alpha", 1.0)
+    if isinstance(alpha, str):
+        writer.add_string("adapter.lora.alpha", alpha)
+    else:
+        writer.add_float32("adapter.lora.alpha", alpha)
     for name, values in tensors.items():
         writer.add_tensor(name, values)
     writer.write_header_to_file()
@@ -771,6 +819,15 @@ def test_an_adapter_is_accepted_exactly_when_llama_cpp_loads_it(tmp_path: Path) 
             True,
         ),
         "wrong_rows": (write_tiny_lora(tmp_path / "rows.gguf", rows=vocab + 1), False),
+        # Its alpha as text: llama.cpp asserts it is a float, at each start.
+        "alpha_text": (
+            _lora(
+                tmp_path / "alpha.gguf",
+                {"output.weight.lora_a": zeros(1, embd), "output.weight.lora_b": zeros(vocab, 1)},
+                alpha="one",
+            ),
+            False,
+        ),
     }
     for name, (adapter, fits) in cases.items():
         command = [sys.executable, "-c", _LOADS, str(base), str(adapter)]
@@ -782,6 +839,15 @@ def test_an_adapter_is_accepted_exactly_when_llama_cpp_loads_it(tmp_path: Path) 
             assert not fits, f"{name}: refused, but llama.cpp loads it: {refused}"
         else:
             assert fits, f"{name}: accepted, but llama.cpp refuses it"
+
+    # Whole numbers: llama.cpp loads them, then its engine crashes (SIGSEGV) at
+    # the first request that applies the adapter. Refused, whatever their shape.
+    whole = {
+        "output.weight.lora_a": np.zeros((1, embd), np.int32),
+        "output.weight.lora_b": np.zeros((vocab, 1), np.int32),
+    }
+    with pytest.raises(AdapterRefused, match="holds I32 values"):
+        read_adapter(_lora(tmp_path / "ints.gguf", whole))
 
 
 # -- external providers and fallbacks ----------------------------------------------
@@ -1098,6 +1164,9 @@ def test_a_bad_limit_change_is_refused_and_changes_nothing(tmp_path: Path) -> No
             ({"rpm": 0}, "at least 1"),
             ({"tpm": "many"}, "whole number"),
             ({"tpm": 10**20}, "at most"),  # more than SQLite holds: no traceback
+            ({"budget_period": "week"}, "give the budget too"),  # not dropped in silence
+            ({"budget_tokens": None, "budget_period": "day"}, "give the budget too"),
+            ({"cache_sampled": True}, "give its TTL too"),
         ):
             with pytest.raises(StoreError, match=words):
                 set_policy(store, "k", change)
@@ -1105,6 +1174,9 @@ def test_a_bad_limit_change_is_refused_and_changes_nothing(tmp_path: Path) -> No
             set_policy(store, "nobody", {"rpm": 5})
         with pytest.raises(StoreError, match="concurrency must be between"):
             create_key(store, "huge", concurrency=10**20)
+        for look_alike in ("k²", "ключ"):  # letters and digits, but not ASCII ones
+            with pytest.raises(StoreError, match="ASCII letters"):
+                create_key(store, look_alike)
         with pytest.raises(StoreError, match="budget_tokens must be at most"):
             create_key(store, "huge", policy={"budget_tokens": 10**20, "budget_period": "day"})
         assert [k.name for k in store.list_api_keys()] == ["k"]
@@ -1149,6 +1221,7 @@ def test_external_models_and_fallbacks_are_checked_before_anything_changes(
             (("e", url, "m", key), {"fallback": "nothing"}, "no such model"),
             (("e", url, "m", key), {"fallback": "e"}, "no such model"),
             (("local", url, "m", key), {}, "already exists"),
+            (("local\n", url, "m", key), {}, "invalid model name"),  # one log line, one name
         ):
             with pytest.raises(StoreError, match=words):
                 add_external_model(store, *args, **kwargs)

@@ -6,8 +6,11 @@ An adapter is accepted only when its GGUF says it is one (``general.type`` is
 model's, and every pair of ``<tensor>.lora_a`` / ``<tensor>.lora_b`` matrices
 fits a tensor the base model has: lora_a has the base tensor's rows, lora_b
 its columns, and they share their rank (llama.cpp refuses anything else when
-it loads the adapter, and then the whole engine fails to start). Only the
-headers are read (memory-mapped): quick even for large models.
+it loads the adapter, and then the whole engine fails to start); its
+matrices hold float or quantized values, and the header values llama.cpp
+reads have the types it asserts (else the engine crashes, at its first
+request or at each start). Only the headers are read (memory-mapped): quick
+even for large models.
 
 Adding or removing an adapter changes what the base model's engines must
 load; they pick it up when they start next (a running node restarts them one
@@ -51,6 +54,30 @@ def _reader(path: Path) -> Any:
         raise AdapterRefused(f"{path}: cannot read its GGUF header ({exc})") from exc
 
 
+# Element types llama.cpp stores but cannot multiply a float activation by:
+# an adapter made of them loads, then crashes its engine (SIGSEGV) at the
+# first request that applies it, cutting off every request on that engine.
+_NOT_MULTIPLIABLE = frozenset({"I8", "I16", "I32", "I64", "F64"})
+
+# Header values llama.cpp reads from an adapter with a type it asserts:
+# another type aborts the engine at start, each time it is started.
+_TYPED = {
+    "adapter.lora.alpha": "FLOAT32",
+    "adapter.lora.task_name": "STRING",
+    "adapter.lora.prompt_prefix": "STRING",
+}
+
+
+def _check_header_types(reader: Any, path: Path) -> None:
+    for key, want in _TYPED.items():
+        field = reader.get_field(key)
+        if field is None:
+            continue
+        got = field.types[0].name if field.types else "nothing"
+        if got != want:
+            raise AdapterRefused(f"{path}: {key} is {got}; llama.cpp reads it as {want}")
+
+
 def read_adapter(path: Path) -> AdapterShape:
     """What a LoRA adapter file declares, or AdapterRefused saying what it is not."""
     reader = _reader(path)
@@ -63,6 +90,7 @@ def read_adapter(path: Path) -> AdapterShape:
     arch = _field(reader, "general.architecture")
     if not isinstance(arch, str):
         raise AdapterRefused(f"{path}: no general.architecture")
+    _check_header_types(reader, path)
     # The rules are llama.cpp's own (llama-adapter.cpp), so that what is
     # accepted here loads there. Shapes are in ggml's order (ne0 first).
     halves: dict[str, dict[str, list[int]]] = {}
@@ -72,6 +100,12 @@ def read_adapter(path: Path) -> AdapterShape:
         base, _, half = t.name.rpartition(".")
         if half not in ("lora_a", "lora_b") or not base:
             raise AdapterRefused(f"{path}: tensor {t.name!r} is not a lora_a or lora_b matrix")
+        kind = t.tensor_type.name
+        if kind in _NOT_MULTIPLIABLE:
+            raise AdapterRefused(
+                f"{path}: tensor {t.name!r} holds {kind} values; llama.cpp applies only "
+                "float (F32, F16, BF16) or quantized ones"
+            )
         halves.setdefault(base, {})[half] = [int(n) for n in t.shape]
     if not halves:
         raise AdapterRefused(f"{path}: the adapter has no tensors")

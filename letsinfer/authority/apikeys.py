@@ -71,8 +71,15 @@ def check_policy(policy: dict[str, Any], current: ApiKeyRecord | None = None) ->
     period = out.get("budget_period", current.budget_period if current else None)
     if budget is not None and period is None:
         raise StoreError("a token budget needs its period (day, week or month)")
+    if budget is None and out.get("budget_period") is not None:
+        raise StoreError("a budget period is for a token budget: give the budget too")
     if budget is None and "budget_tokens" in out:
         out["budget_period"] = None  # no budget, no period
+    ttl = out.get("cache_ttl_s", current.cache_ttl_s if current else None)
+    if ttl is None and out.get("cache_sampled"):
+        raise StoreError("caching sampled answers is for a key with a cache: give its TTL too")
+    if ttl is None and "cache_ttl_s" in out:
+        out["cache_sampled"] = False  # no cache, nothing cached of any kind
     return out
 
 
@@ -87,11 +94,13 @@ def create_key(
     concurrency: int | None = None,
     actor: str = "cli",
     policy: dict[str, Any] | None = None,
+    role: str | None = None,
 ) -> IssuedKey:
     """Create a key; every allowlisted model must exist (name, alias or LoRA
     adapter). ``policy``: its band, limits and cache (see :func:`check_policy`)."""
-    if not name or len(name) > 64 or not name.replace("-", "").replace("_", "").isalnum():
-        raise StoreError("key name must be 1-64 letters, digits, '-' or '_'")
+    plain = name.replace("-", "").replace("_", "")
+    if not name or len(name) > 64 or not (plain.isascii() and plain.isalnum()):
+        raise StoreError("key name must be 1-64 ASCII letters, digits, '-' or '_'")
     if concurrency is not None and not 1 <= concurrency <= MAX_LIMIT:
         raise StoreError(f"concurrency must be between 1 and {MAX_LIMIT}")
     policy = check_policy({k: v for k, v in (policy or {}).items() if v is not None})
@@ -116,7 +125,12 @@ def create_key(
             policy,
         )
         store.append_audit(
-            actor, "auth.key.create", "ok", target=name, detail=policy_text(policy) or None
+            actor,
+            "auth.key.create",
+            "ok",
+            role=role,
+            target=name,
+            detail=policy_text(policy) or None,
         )
     return IssuedKey(record=record, secret=secret)
 

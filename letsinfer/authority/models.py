@@ -20,7 +20,7 @@ class ModelRefused(StoreError):
 
 
 def check_model_name(name: str) -> None:
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):  # (not match: its $ allows a newline at the end)
         raise StoreError(
             f"invalid model name {name!r}: use letters, digits and . _ : / - (at most 128)"
         )

@@ -156,6 +156,7 @@ def ops_router(
                 body.concurrency,
                 actor=actor(p),
                 policy=policy,
+                role=p.identity.role,
             )
         except StoreError as exc:
             raise HTTPException(400, str(exc)) from exc

@@ -20,9 +20,11 @@ the endpoint, the model that serves (so an alias and its model share entries)
 and the request itself in a canonical form (sorted keys, no ``user``,
 ``stream`` or ``stream_options``): so the same question in other JSON
 spelling hits, and one API key never learns from the cache what another
-asked. Entries expire after the key's TTL
-and the least recently used go first once the cache holds ``max_bytes``.
-Nothing is written to disk: a restart empties it.
+asked. An entry is served while younger than the key's TTL as it is now (a
+TTL shortened, or a cache turned off and on, applies to what is kept), and
+the least recently used go first once the cache holds ``max_bytes``, each
+entry counted with what keeping it costs beyond its bytes. Nothing is written
+to disk: a restart empties it.
 """
 
 from __future__ import annotations
@@ -48,11 +50,21 @@ class CachePolicy:
     sampled: bool = False  # cache answers sampled at a non-zero temperature too
 
 
+# What an entry costs beyond its answer's bytes (its key, the entry and the
+# table's slot, in CPython), so that many tiny answers, or empty ones, cannot
+# grow the cache past its bound.
+ENTRY_OVERHEAD = 256
+
+
 @dataclass(frozen=True)
 class Cached:
     body: bytes
     content_type: bytes
-    expires: float
+    stored: float  # the cache's clock when it was kept
+
+    @property
+    def cost(self) -> int:
+        return len(self.body) + len(self.content_type) + ENTRY_OVERHEAD
 
 
 def cache_key(
@@ -93,12 +105,13 @@ class ResponseCache:
         self.misses = 0
         self._entries: collections.OrderedDict[bytes, Cached] = collections.OrderedDict()
 
-    def get(self, key: bytes) -> Cached | None:
+    def get(self, key: bytes, ttl_s: float) -> Cached | None:
+        """The entry kept under ``key`` if younger than ``ttl_s``."""
         entry = self._entries.get(key)
         if entry is None:
             self.misses += 1
             return None
-        if entry.expires <= self.clock():
+        if entry.stored + ttl_s <= self.clock():
             self._drop(key)
             self.misses += 1
             return None
@@ -106,18 +119,19 @@ class ResponseCache:
         self.hits += 1
         return entry
 
-    def put(self, key: bytes, body: bytes, content_type: bytes, ttl_s: float) -> None:
-        if len(body) > self.max_entry:
+    def put(self, key: bytes, body: bytes, content_type: bytes) -> None:
+        entry = Cached(body, content_type, self.clock())
+        if entry.cost > self.max_entry:
             return
         if key in self._entries:
             self._drop(key)
-        self._entries[key] = Cached(body, content_type, self.clock() + ttl_s)
-        self.size += len(body)
+        self._entries[key] = entry
+        self.size += entry.cost
         while self.size > self.max_bytes:
             self._drop(next(iter(self._entries)))
 
     def _drop(self, key: bytes) -> None:
-        self.size -= len(self._entries.pop(key).body)
+        self.size -= self._entries.pop(key).cost
 
     def __len__(self) -> int:
         return len(self._entries)

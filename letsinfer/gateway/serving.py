@@ -182,7 +182,7 @@ def count_refusal(gw: Gateway, scope: Scope, err: GatewayError) -> None:
 
 
 def request_id_from(given: bytes | None) -> str:
-    if given and _SANE_REQUEST_ID.match(given):
+    if given and _SANE_REQUEST_ID.fullmatch(given):
         return given.decode()
     return f"{_ID_PREFIX}{next(_ids):016x}"  # 32 hex digits, like a UUID
 
@@ -254,7 +254,6 @@ class Exchange:
         "asked",
         "cache",
         "cache_key",
-        "cache_ttl",
         "cut_off",
         "done",
         "endpoint",
@@ -300,7 +299,6 @@ class Exchange:
         self.admitted: Admitted | None = None  # what its key's limits counted: charged at the end
         self.cache: bytes | None = None  # hit, miss or bypass, for a key with a cache
         self.cache_key: bytes | None = None  # where to keep the answer
-        self.cache_ttl = 0
         self.fallback: str | None = None  # the model that answered instead
         self.cut_off = False  # its answer ended early: a timeout, a broken stream, the client
 
@@ -567,7 +565,6 @@ class InferenceEndpoints:
             ex.cache = cache.BYPASS
             return False
         ex.cache_key = cache.cache_key(key.digest, path, entry.name, entry.identity, parsed)
-        ex.cache_ttl = key.cache.ttl_s
         asked = cache.directives(cache_control)
         if b"no-store" in asked:  # fresh from the engine, and not kept
             ex.cache, ex.cache_key = cache.BYPASS, None
@@ -575,7 +572,7 @@ class InferenceEndpoints:
         if b"no-cache" in asked:  # fresh from the engine; kept for the next one
             ex.cache = cache.BYPASS
             return False
-        hit = self.gw.cache.get(ex.cache_key)
+        hit = self.gw.cache.get(ex.cache_key, key.cache.ttl_s)
         if hit is None:
             ex.cache = cache.MISS
             return False
@@ -609,7 +606,7 @@ class InferenceEndpoints:
         if started.response is None:  # the whole answer is here
             # (A fallback's answer is not kept: a hit would hide that it was one.)
             if ex.cache_key is not None and started.status == 200 and ex.fallback is None:
-                self.gw.cache.put(ex.cache_key, started.first, started.content_type, ex.cache_ttl)
+                self.gw.cache.put(ex.cache_key, started.first, started.content_type)
             if started.retry_after is not None:  # a provider's own 429 or 5xx
                 headers.append((b"retry-after", started.retry_after))
             headers.append((b"content-length", str(len(started.first)).encode()))

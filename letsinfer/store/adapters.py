@@ -31,9 +31,14 @@ class AdapterTables:
 
         def _execute(self, sql: str, params: tuple[Any, ...] = ()) -> Any: ...
 
+        def check_name_free(self, name: str) -> None: ...
+
     def add_adapter(
         self, name: str, service: str, digest: str, size: int, source: str | None
     ) -> AdapterRecord:
+        # Again here, in the caller's write transaction: a model or adapter
+        # added meanwhile under the name (its file took a while to check) wins.
+        self.check_name_free(name)
         self._execute(
             "INSERT INTO model_adapters(name, service, artifact_digest, artifact_size, source, "
             "created_at) VALUES (?, ?, ?, ?, ?, ?)",
