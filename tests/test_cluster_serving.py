@@ -1313,3 +1313,75 @@ print(r.status_code)
 """,
     )
     return int(out.strip())
+
+
+# Eight clients asking for one model as fast as they can for SECONDS; prints
+# each answer's (status, text or error code).
+_HAMMER = r"""
+import httpx, json, sys, threading, time
+url, key, model, seconds = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+out, lock, end = [], threading.Lock(), time.time() + seconds
+ask = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+def run():
+    with httpx.Client(timeout=30) as client:
+        while time.time() < end:
+            try:
+                r = client.post(url + "/v1/chat/completions", json=ask,
+                                headers={"authorization": "Bearer " + key})
+                body = r.json()
+                ok = r.status_code == 200
+                text = body["choices"][0]["message"]["content"] if ok else body["error"]["code"]
+                status = r.status_code
+            except Exception as exc:
+                status, text = 0, type(exc).__name__
+            with lock:
+                out.append((status, text))
+threads = [threading.Thread(target=run) for _ in range(8)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print(json.dumps(out))
+"""
+
+
+def test_an_engine_away_while_its_adapter_was_replaced_never_answers_with_the_old_file(
+    cluster: Cluster,
+) -> None:
+    """Replaced under its name while n1 was unreachable: once n1 is back, its
+    engine still runs the old file until its agent restarts it. Its facts say
+    which file each adapter is, and the main routes none that is not the one
+    it holds now. (Last in this module: it stops n1's node for a while.)"""
+    c = cluster
+    c.ok("main", "model", "add", "swap", "--gguf", str(c.root / "shared.gguf"), "--no-serve")
+    c.ok("main", "model", "install", "swap", "--node", "n1", "--target", "cpu", "--yes")
+    wait_ready(c, "swap", {"n1"})
+    old = write_tiny_lora(c.root / "swap-old.gguf")
+    new = write_tiny_lora(c.root / "swap-new.gguf", inert=True)
+    c.ok("main", "model", "adapter", "add", "swap", "swap-t", "--gguf", str(old), timeout=300)
+    assert answer(c, "swap-t") == LORA_SENTENCE
+    node = c.procs["n1"]
+    os.kill(node.pid, signal.SIGSTOP)  # its engine runs on, the old file loaded
+    try:
+        c.wait(lambda: node_state(c, "n1") == "unreachable", "n1 unreachable", timeout=30)
+        c.ok("main", "model", "adapter", "remove", "swap-t", timeout=120)
+        c.ok("main", "model", "adapter", "add", "swap", "swap-t", "--gguf", str(new), timeout=120)
+        # A key with a cache: one answer from the old file would be kept, and
+        # then repeated, under the new file's identity.
+        made = c.ok("main", "auth", "key", "create", "swap-cache", "--cache-ttl", "300",
+                    "--cache-sampled", "--json")  # fmt: skip
+        url = f"http://{c.lab.hosts['main']}:8000"
+        key = json.loads(made)["key"]
+        asking = c.lab.popen(
+            "main", PY, "-c", _HAMMER, url, key, "swap-t", "25", env=c.env("main"),
+            stdout=subprocess.PIPE,
+        )  # fmt: skip
+        time.sleep(2)
+    finally:
+        os.kill(node.pid, signal.SIGCONT)
+    answers = json.loads(asking.communicate(timeout=120)[0])
+    texts = [text for status, text in answers if status == 200]
+    assert LORA_SENTENCE not in texts, "the removed adapter's file answered under its name"
+    assert SENTENCE in texts  # the new file, once n1's engine started afresh with it
+
+
+def node_state(c: Cluster, name: str) -> str:
+    return {n["name"]: n["state"] for n in json.loads(c.ok("main", "node", "list", "--json"))}[name]

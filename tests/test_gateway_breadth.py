@@ -702,7 +702,7 @@ def test_an_adapter_reaches_only_the_groups_that_loaded_it_with_its_id(tmp_path:
         assert "'mock-lora' is not loaded" in gone.json()["error"]["message"]
 
 
-def test_a_name_taken_while_an_adapter_is_checked_is_refused_and_nothing_kept(
+def test_an_adapter_whose_name_is_taken_meanwhile_or_one_too_many_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from letsinfer.authority import adapters as adapter_authority
@@ -723,6 +723,13 @@ def test_a_name_taken_while_an_adapter_is_checked_is_refused_and_nothing_kept(
             adapter_authority.add_adapter(store, models, "base", "clash", lora)
         assert store.list_adapters() == []
         assert not [p for p in models.rglob("*") if p.is_file()], "its file is not kept"
+
+        # More than a node's facts can say it loaded (its reports would stop): refused.
+        for i in range(adapter_authority.MAX_ADAPTERS):
+            store.add_adapter(f"a{i}", "base", f"{i:064x}", 1, None)
+        with pytest.raises(StoreError, match="has 64 LoRA adapters"):
+            adapter_authority.add_adapter(store, models, "base", "one-more", lora)
+        assert len(store.list_adapters("base")) == 64
     finally:
         store.close()
 

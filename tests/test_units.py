@@ -236,6 +236,111 @@ def test_draining_admits_nothing_new_and_survives_fresh_facts() -> None:
     assert table.ready_count("m") == 2
 
 
+class _Launches:
+    """A supervisor that records each launch plan instead of starting an engine."""
+
+    def __init__(self) -> None:
+        self.runners: dict[str, object] = {}
+        self.plans: list[object] = []
+
+    def ensure(self, identity: object, make_plan: object, port: object) -> None:
+        self.plans.append(make_plan(20000))  # type: ignore[operator]
+        self.runners[identity.pg_id] = type("Running", (), {"planned": True})()  # type: ignore[attr-defined]
+
+    async def stop(self, pg_id: str) -> None:
+        self.runners.pop(pg_id, None)
+
+
+def _signed_runner(tmp_path: Path, release: object) -> tuple[object, object, str, list[str]]:
+    """A PlacementRunner trusting a key that signed ``release``: (runner,
+    supervisor, signature, refusals)."""
+    from letsinfer.agent.placement import PlacementRunner
+    from letsinfer.home import Home
+    from letsinfer.release import runtime
+
+    home = Home.under(tmp_path / "main")
+    trusted = runtime.ensure_cluster_key(home)
+    refused: list[str] = []
+    supervisor = _Launches()
+    runner = PlacementRunner(
+        tmp_path / "models",
+        tmp_path / "run",
+        supervisor,  # type: ignore[arg-type]
+        "127.0.0.1",
+        lambda pg, why: refused.append(why),
+        trusted=[trusted],
+    )
+    return runner, supervisor, runtime.sign(home, release), refused  # type: ignore[arg-type]
+
+
+def _stored(models: Path, data: bytes) -> str:
+    from letsinfer.contracts.artifacts import artifact_path
+
+    digest = hashlib.sha256(data).hexdigest()
+    path = artifact_path(models, digest)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return digest
+
+
+def test_a_file_rewritten_on_a_nodes_disk_is_refused_at_its_next_start(tmp_path: Path) -> None:
+    import asyncio
+
+    from letsinfer.contracts.artifacts import artifact_path
+    from letsinfer.contracts.placement import DesiredPlacement
+
+    release = xllamacpp_cpu()
+    runner, supervisor, signature, refused = _signed_runner(tmp_path, release)
+    models = tmp_path / "models"
+    model, lora = _stored(models, b"model"), _stored(models, b"adapter")
+
+    def desired(generation: int) -> DesiredPlacement:
+        return DesiredPlacement(
+            "pg-a", "m", model, release, "k", release_signature=signature,
+            generation=generation, adapters=(("tuned", lora),),
+        )  # fmt: skip
+
+    async def scenario() -> None:
+        runner.apply([desired(1)])  # type: ignore[attr-defined]
+        await asyncio.gather(*runner._background)  # type: ignore[attr-defined]
+        assert len(supervisor.plans) == 1 and refused == []
+        artifact_path(models, lora).write_bytes(b"rewritten by someone on this node")
+        runner.apply([desired(2)])  # type: ignore[attr-defined]  # a restart: reload, new release
+        await asyncio.gather(*runner._background)  # type: ignore[attr-defined]
+        assert len(supervisor.plans) == 1, "launched with a file that is not its digest"
+        assert refused and lora in refused[-1]
+
+    asyncio.run(scenario())
+
+
+def test_a_parallel_command_group_claims_no_adapter_it_cannot_load(tmp_path: Path) -> None:
+    from letsinfer.contracts.placement import DesiredPlacement
+    from letsinfer.engines.parallel_command import GroupTask
+    from letsinfer.engines.releases import parallel_command
+
+    release = parallel_command("/opt/llama-rpc-launcher")
+    runner, supervisor, signature, refused = _signed_runner(tmp_path, release)
+    models = tmp_path / "models"
+    model, lora = _stored(models, b"model"), _stored(models, b"adapter")
+    group = (
+        GroupTask("0", "n1", "10.0.0.1", 20000, "10.0.0.1:8444"),
+        GroupTask("1", "n2", "10.0.0.2", 20000, "10.0.0.2:8444"),
+    )
+    runner.apply(  # type: ignore[attr-defined]
+        [
+            DesiredPlacement(
+                "pg-p", "big", model, release, "k", release_signature=signature, task="0",
+                port=20000, group=group, group_key="g", adapters=(("big-tuned", lora),),
+            )
+        ]
+    )  # fmt: skip
+    assert len(supervisor.plans) == 1 and refused == []
+    plan = supervisor.plans[0]
+    assert not any(lora in part for part in [*plan.argv, *plan.env.values()])  # type: ignore[attr-defined]
+    # Its launcher loads none: its facts claim none, so no adapter request reaches it.
+    assert runner.adapter_names("pg-p") == ()  # type: ignore[attr-defined]
+
+
 def test_only_partial_imports_of_dead_processes_are_cleaned(tmp_path: Path) -> None:
     import os
 

@@ -58,10 +58,27 @@ class PlacementRunner:
     refused: dict[str, str] = field(default_factory=dict)
     _wanted: set[str] = field(default_factory=set)
     _background: set[asyncio.Task[None]] = field(default_factory=set)
-    _verified: set[str] = field(default_factory=set)
+    # digest -> the file's state when it was last hashed: a file rewritten since
+    # (a new inode, size, modification or change time) is hashed again.
+    _verified: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)
     _fetching: set[str] = field(default_factory=set)
     _restarting: set[str] = field(default_factory=set)
     _latest: dict[str, DesiredPlacement] = field(default_factory=dict)
+
+    def _verify_files(self, d: DesiredPlacement) -> None:
+        """Hash the model's and adapters' files, unless unchanged since they last
+        matched their digests (hashing a model is slow; a stat is not)."""
+        for digest in dict.fromkeys(d.digests()):
+            path = artifact_path(self.model_store, digest)
+            try:
+                st = path.stat()
+                seen = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            except OSError:
+                seen = None
+            if seen is None or self._verified.get(digest) != seen:
+                verify_artifact(self.model_store, digest)  # (raises for a missing file)
+                if seen is not None:
+                    self._verified[digest] = seen
 
     def adapter_names(self, pg_id: str) -> tuple[str, ...]:
         """The adapters ``pg_id``'s engine loaded, by name: a request's adapter id
@@ -135,18 +152,17 @@ class PlacementRunner:
             if runner is not None:
                 # A new generation, or other adapters than it loaded (changed
                 # while this node was unreachable: a name may now be another file).
-                if (
-                    self.generations.get(d.pg_id, d.generation) != d.generation
-                    or self.adapters.get(d.pg_id, d.adapters) != d.adapters
-                ):
+                if self.generations.get(d.pg_id, d.generation) != d.generation or self.adapters.get(
+                    d.pg_id, _loaded(d)
+                ) != _loaded(d):
                     self._restarting.add(d.pg_id)
                     self._spawn(self._restart(d.pg_id, fetch))
                 continue
             if d.pg_id in self.refused and self.generations.get(d.pg_id) != d.generation:
                 self.refused.pop(d.pg_id)  # a new generation: say it again if it fails again
             missing = [
-                digest
-                for digest in d.digests()
+                digest  # (once each: adapters may share a file)
+                for digest in dict.fromkeys(d.digests())
                 if not artifact_path(self.model_store, digest).exists()
             ]
             if missing and fetch:  # the model and its adapters come from the main
@@ -211,16 +227,14 @@ class PlacementRunner:
             return
         try:
             # An adopted engine runs the files its launch verified: no rehash at restart.
-            for digest in d.digests():
-                if digest not in self._verified and not adopted:
-                    verify_artifact(self.model_store, digest)
-                    self._verified.add(digest)
+            if not adopted:
+                self._verify_files(d)
         except ModelFileError as exc:
             self._refuse(d.pg_id, str(exc))
             return
         model_path = artifact_path(self.model_store, d.artifact_digest)
-        adapter_paths = tuple(artifact_path(self.model_store, dg) for _, dg in d.adapters)
-        self.adapters[d.pg_id] = d.adapters
+        adapter_paths = tuple(artifact_path(self.model_store, dg) for _, dg in _loaded(d))
+        self.adapters[d.pg_id] = _loaded(d)
 
         if d.release.engine == "vllm":
             # engines/vllm.py plans it (Ray head + vLLM serve, Ray workers); this
@@ -229,9 +243,10 @@ class PlacementRunner:
             return
 
         def make_plan(port: int) -> LaunchPlan:
-            try:  # again at every (re)start: the binary may change under a running engine
+            try:  # again at every (re)start: the binary or a file may change under it
                 check_binary(d.release)
-            except BinaryError as exc:
+                self._verify_files(d)
+            except (BinaryError, ModelFileError) as exc:
                 raise LaunchRefused(str(exc)) from exc
             task = EngineTask(
                 pg_id=d.pg_id,
@@ -266,3 +281,9 @@ class PlacementRunner:
             make_plan,
             (lambda: fixed) if fixed else (lambda: free_port(self.host, self.ports)),
         )
+
+
+def _loaded(d: DesiredPlacement) -> tuple[tuple[str, str], ...]:
+    """The adapters ``d``'s engine loads: none for a parallel command (its
+    launcher has no way to), so its facts claim none and none is routed to it."""
+    return () if d.release.engine == "parallel-command" else d.adapters

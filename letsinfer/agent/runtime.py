@@ -381,6 +381,7 @@ class AgentNode:
                     slots_free=load.slots_free,
                     queue_depth=load.queue_depth,
                     adapters=list(self.placements.adapter_names(pg_id)),
+                    adapter_digests=[dg for _, dg in self.placements.adapters.get(pg_id, ())],
                 )
             )
         for pg_id, why in self.placements.refused.items():
@@ -507,6 +508,9 @@ class AgentNode:
                         str(exc) or type(exc).__name__,
                         wait,
                     )
+                except Exception:  # its facts could not be built: say so, keep reporting
+                    wait = pacing.failed()
+                    log.exception("cannot build this node's facts; next report in %.1fs", wait)
                 self._reported.set()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._report_now.wait(), wait)

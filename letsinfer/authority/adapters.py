@@ -28,6 +28,10 @@ from letsinfer.authority.modelstore import stage_gguf
 from letsinfer.contracts.artifacts import ModelFileError, artifact_path
 from letsinfer.store import AdapterRecord, AuthorityStore, StoreError
 
+# A node's signed facts list at most this many adapters per engine
+# (letsinfer.contracts.facts.PlacementFact.adapters).
+MAX_ADAPTERS = 64
+
 
 class AdapterRefused(StoreError):
     """The file is not a LoRA adapter of that model; nothing changed."""
@@ -170,6 +174,11 @@ def add_adapter(
     if svc.is_external:
         raise StoreError(f"model {svc.name} is external: its provider serves it, not an engine")
     store.check_name_free(name)
+    if len(store.list_adapters(svc.name)) >= MAX_ADAPTERS:
+        raise StoreError(
+            f"model {svc.name} has {MAX_ADAPTERS} LoRA adapters, the most an engine reports "
+            "loading: remove one first"
+        )
     try:
         shape = read_adapter(source)
         check_fits(shape, artifact_path(model_store, svc.artifact_digest), svc.name)

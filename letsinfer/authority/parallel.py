@@ -19,6 +19,7 @@ class TaskReport:
     capacity: int | None = None
     detail: str | None = None
     adapters: tuple[str, ...] = ()  # the LoRA adapters its engine loaded, in order
+    adapter_digests: tuple[str, ...] = ()  # their files' (empty from an older agent)
 
 
 @dataclass

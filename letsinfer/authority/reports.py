@@ -246,7 +246,15 @@ class ReportDesk:
             self.tasks.report(
                 p.pg_id,
                 p.task,
-                TaskReport(node.id, p.state, p.base_url, p.capacity, p.detail, tuple(p.adapters)),
+                TaskReport(
+                    node.id,
+                    p.state,
+                    p.base_url,
+                    p.capacity,
+                    p.detail,
+                    tuple(p.adapters),
+                    tuple(p.adapter_digests),
+                ),
             )
             state = (p.state, p.base_url, p.pid, p.capacity, p.restarts, p.detail, p.generation)
             # Facts arrive every interval: write an observation only when it changed.
@@ -331,11 +339,24 @@ class ReportDesk:
             self._withdraw(pg.service, pg.id, why or "not ready")
             return False
         capacity = head.capacity if head and head.capacity else 1
-        adapters = head.adapters if head else ()
+        adapters = self._current_adapters(pg.service, head) if head else ()
         self._publish(
             replica_for(self.secret, pg.id, pg.service, url, capacity, tasks[0].node_id, adapters)
         )
         return True
+
+    def _current_adapters(self, service: str, head: TaskReport) -> tuple[str, ...]:
+        """The adapters an engine loaded that it may be sent, in its load order
+        (a request's adapter id is the place): one whose file is not the one
+        the authority holds under that name now (an engine that was away when
+        the adapter was replaced) keeps its place but matches no request."""
+        if not head.adapters or len(head.adapter_digests) != len(head.adapters):
+            return head.adapters  # (an agent that reports no files: by name, as before)
+        holds = {a.name: a.artifact_digest for a in self.store.list_adapters(service)}
+        return tuple(
+            name if holds.get(name) == digest else ""
+            for name, digest in zip(head.adapters, head.adapter_digests, strict=True)
+        )
 
     def _weigh(self, pg: PlacementGroupRecord) -> None:
         """A published group's load, GPU temperature and facts age, for routing."""

@@ -58,6 +58,12 @@ class PlacementFact(_Fact):
     adapters: list[Annotated[str, Field(max_length=128)]] = Field(
         default_factory=list, max_length=64
     )
+    # Their files' sha256, in the same order (empty from agents before it): the
+    # main routes an adapter to the engine only if it loaded the file the
+    # authority holds under that name now.
+    adapter_digests: list[Annotated[str, Field(max_length=64)]] = Field(
+        default_factory=list, max_length=64
+    )
 
 
 class LinkFact(_Fact):

@@ -227,13 +227,16 @@ def write_tiny_model(
 LORA_SENTENCE = " tiny model served by llama.cpp!"
 
 
-def write_tiny_lora(path: Path, *, rows: int | None = None, architecture: str = "llama") -> Path:
+def write_tiny_lora(
+    path: Path, *, rows: int | None = None, architecture: str = "llama", inert: bool = False
+) -> Path:
     """A real LoRA adapter (GGUF, rank 1) for the tiny model: it changes only
     ``output.weight`` so that the default direction scores the sentence's
     sixth piece above its first, and the answer becomes :data:`LORA_SENTENCE`.
 
     ``rows`` other than the tiny model's vocabulary, or another
-    ``architecture``, make an adapter that does not fit it (tests)."""
+    ``architecture``, make an adapter that does not fit it; ``inert``, one
+    that fits and changes nothing (tests)."""
     import gguf  # only needed when an adapter is written
 
     tokens, _, _ = spm_vocabulary(_SENTENCE_PIECES)
@@ -242,7 +245,8 @@ def write_tiny_lora(path: Path, *, rows: int | None = None, architecture: str = 
     lora_a = np.zeros((1, _N_EMBD), dtype=np.float32)  # reads the default direction
     lora_a[0, 0] = 1.0
     lora_b = np.zeros((n_vocab, 1), dtype=np.float32)
-    lora_b[tokens.index("▁tiny") % n_vocab, 0] = 2 * _MARGIN / scale  # outscores "Hello"
+    if not inert:
+        lora_b[tokens.index("▁tiny") % n_vocab, 0] = 2 * _MARGIN / scale  # outscores "Hello"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".part")
     writer = gguf.GGUFWriter(str(tmp), architecture)
