@@ -5,9 +5,11 @@ adapters by name, external providers and fallbacks."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +138,11 @@ def test_two_keys_in_one_band_alternate_whatever_their_connections(tmp_path: Pat
 def shift(h: GatewayHarness, seconds: float) -> None:
     """Move the limiter's clock (its windows and periods) ahead."""
     h.gateway.limiter.clock = lambda: time.time() + seconds
+
+
+def recounted(h: GatewayHarness) -> None:
+    """Wait until every recount of limits from the records begun so far is done."""
+    h.wait_until(lambda: not h.gateway._reading)
 
 
 def refused(r: httpx.Response, code: str) -> int:
@@ -271,7 +278,7 @@ def test_two_limit_changes_during_one_slow_read_count_the_records_once(tmp_path:
                 h.store.set_key_policy("team", change)
                 h.refresh()
                 time.sleep(0.1)  # the second begins while the first still reads
-            time.sleep(1)
+            recounted(h)
             assert h.gateway.limiter.spent("team") == 39
             assert len(h.gateway.limiter._keys["team"].requests) == 3
 
@@ -339,13 +346,9 @@ def test_work_an_engine_did_is_charged_when_its_answer_is_cut_off_and_a_refusal_
 ) -> None:
     slow = MockBehaviour(tokens=200, interval_s=0.01)  # a whole answer after 2 s
     policies = {"team": {"budget_tokens": 100_000, "budget_period": "day"}}
-    key_file = provider_key(tmp_path, "sk-provider-secret")
-    with (
-        Provider(key="sk-provider-secret", model="m") as provider,
-        GatewayHarness(
-            tmp_path, {"pg-a": slow}, keys={"team": None}, policies=policies, upstream_timeout_s=1
-        ) as h,
-    ):
+    with beside_a_provider(
+        tmp_path, {"pg-a": slow}, keys={"team": None}, policies=policies, upstream_timeout_s=1
+    ) as (provider, h, key_file):
         spent = h.gateway.limiter.spent
         raw = json.dumps(chat(max_tokens=200)).encode()
         url, headers = (
@@ -422,7 +425,7 @@ def test_a_request_that_ends_as_its_keys_limits_change_is_counted(tmp_path: Path
             endpoints.record(ex)  # and the request ends in it too
 
         h.in_loop(ends_in_the_turn_of_a_change)
-        time.sleep(0.5)
+        recounted(h)
         assert h.gateway.limiter.spent("team") == 13
 
 
@@ -867,6 +870,19 @@ def publish_external(h: GatewayHarness, url: str, key_file: Path, name: str = "e
     h.wait_until(lambda: h.routing.ready_count(name) == 1)
 
 
+@contextlib.contextmanager
+def beside_a_provider(
+    tmp_path: Path, engines: dict[str, MockBehaviour], **harness: Any
+) -> Iterator[tuple[Provider, GatewayHarness, Path]]:
+    """A provider (its model "m", its key in a private file) and a gateway."""
+    key_file = provider_key(tmp_path, "sk-provider-secret")
+    with (
+        Provider(key="sk-provider-secret", model="m") as provider,
+        GatewayHarness(tmp_path, engines, **harness) as h,
+    ):
+        yield provider, h, key_file
+
+
 def provider_key(tmp_path: Path, secret: str) -> Path:
     """A provider's key in a private file, as `model add --key-file` wants it."""
     path = tmp_path / "provider.key"
@@ -943,11 +959,7 @@ def allow(h: GatewayHarness, key: str, model: str) -> None:
 def test_a_provider_key_that_fails_is_a_clean_error_naming_no_secret_or_falls_back(
     tmp_path: Path,
 ) -> None:
-    key_file = provider_key(tmp_path, "sk-provider-secret")
-    with (
-        Provider(key="sk-provider-secret", model="m") as provider,
-        GatewayHarness(tmp_path, {"pg-a": QUICK}) as h,
-    ):
+    with beside_a_provider(tmp_path, {"pg-a": QUICK}) as (provider, h, key_file):
         publish_external(h, provider.url, key_file)
         r = post(h, "alice", chat() | {"model": "ext"})
         assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == ANSWER
@@ -983,11 +995,7 @@ def test_a_provider_key_that_fails_is_a_clean_error_naming_no_secret_or_falls_ba
 def test_a_providers_own_failure_is_relayed_with_its_retry_after_or_falls_back(
     tmp_path: Path,
 ) -> None:
-    key_file = provider_key(tmp_path, "sk-provider-secret")
-    with (
-        Provider(key="sk-provider-secret", model="m") as provider,
-        GatewayHarness(tmp_path, {"pg-a": QUICK}) as h,
-    ):
+    with beside_a_provider(tmp_path, {"pg-a": QUICK}) as (provider, h, key_file):
         add_external_model(h.store, "ext", provider.url, "m", key_file)
         # A provider that is down: nothing listens on its port.
         add_external_model(h.store, "down", "http://127.0.0.1:9/v1", "m", key_file)
@@ -1040,11 +1048,7 @@ def test_a_providers_own_failure_is_relayed_with_its_retry_after_or_falls_back(
 def test_an_external_model_stops_and_starts_like_any_other(tmp_path: Path) -> None:
     from letsinfer.authority.lifecycle import set_model_desired
 
-    key_file = provider_key(tmp_path, "sk-provider-secret")
-    with (
-        Provider(key="sk-provider-secret", model="m") as provider,
-        GatewayHarness(tmp_path, {"pg-a": QUICK}) as h,
-    ):
+    with beside_a_provider(tmp_path, {"pg-a": QUICK}) as (provider, h, key_file):
         publish_external(h, provider.url, key_file)
         # A paid provider run away, or a leaked key: the administrator stops it.
         assert set_model_desired(h.store, "ext", "stopped", actor="cli").placement_groups == 1
@@ -1106,10 +1110,10 @@ def test_a_failed_fallback_answers_with_the_model_asked_for(tmp_path: Path) -> N
 def test_an_adapter_has_a_fallback_of_its_own_and_its_errors_name_only_it(
     tmp_path: Path,
 ) -> None:
-    key_file = provider_key(tmp_path, "sk-provider-secret")
-    with (
-        Provider(key="sk-provider-secret", model="m") as provider,
-        GatewayHarness(tmp_path, {"pg-a": QUICK}, keys={"tuned-only": None}) as h,
+    with beside_a_provider(tmp_path, {"pg-a": QUICK}, keys={"tuned-only": None}) as (
+        provider,
+        h,
+        key_file,
     ):
         h.store.add_adapter("tuned", MODEL, "1" * 64, 1, None)
         add_external_model(h.store, "ext", provider.url, "m", key_file)

@@ -152,9 +152,11 @@ class PlacementRunner:
             if runner is not None:
                 # A new generation, or other adapters than it loaded (changed
                 # while this node was unreachable: a name may now be another file).
-                if self.generations.get(d.pg_id, d.generation) != d.generation or self.adapters.get(
-                    d.pg_id, _loaded(d)
-                ) != _loaded(d):
+                loads = _loaded(d)
+                if (
+                    self.generations.get(d.pg_id, d.generation) != d.generation
+                    or self.adapters.get(d.pg_id, loads) != loads
+                ):
                     self._restarting.add(d.pg_id)
                     self._spawn(self._restart(d.pg_id, fetch))
                 continue

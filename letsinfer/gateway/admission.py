@@ -308,23 +308,18 @@ class Admission:
     def _take_for(self, service: str, waiters: _Waiters) -> tuple[_Waiter, Replica] | None:
         """The key's first waiter that a free slot can serve, taken out of its
         queue, with the slot; None when no slot is free for any of them."""
-        first = waiters[0]
-        replica = self._pick(service, first.prefix_hash, first.exclude, first.adapter)
-        if replica is not None:
-            waiters.popleft()
-            return first, replica
-        if not waiters.mixed:
-            return None
-        tried = {(first.adapter, first.exclude)}
+        tried: set[tuple[str | None, frozenset[str]]] = set()  # kinds no slot is free for
         for waiter in waiters:
             kind = (waiter.adapter, waiter.exclude)
             if kind in tried or waiter.future.done():
                 continue
-            tried.add(kind)
             replica = self._pick(service, waiter.prefix_hash, waiter.exclude, waiter.adapter)
             if replica is not None:
-                waiters.remove(waiter)
+                waiters.remove(waiter)  # (the first, unless they are mixed)
                 return waiter, replica
+            if not waiters.mixed:  # all of one kind: none behind it can use a slot either
+                return None
+            tried.add(kind)
         return None
 
     def _remove(self, waiter: _Waiter) -> None:

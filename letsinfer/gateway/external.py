@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from letsinfer.gateway import protocol
 from letsinfer.gateway.errors import GatewayError
 from letsinfer.gateway.routing import Replica, RoutingTable
 
@@ -142,10 +143,7 @@ def prepare(
     assert ext is not None
     data = json.loads(body)
     data["model"] = ext.provider_model
-    try:
-        payload = json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
-    except UnicodeEncodeError:  # a lone surrogate (valid JSON escape, not UTF-8): keep it escaped
-        payload = json.dumps(data, separators=(",", ":")).encode()
+    payload = protocol.encode(data)
     if ext.key_file is not None:
         extra = (*extra, ("authorization", f"Bearer {read_key(replica.service, ext.key_file)}"))
     return payload, extra

@@ -44,11 +44,11 @@ class Gateway:
     tracing: Tracing | None = None  # OpenTelemetry, only when configured
     limiter: Limiter = field(default_factory=Limiter)  # keys with rate limits or a budget
     cache: ResponseCache = field(default_factory=lambda: ResponseCache(64 << 20))
-    # The limits the limiter counts for each key, and those whose past requests
-    # are still to be read from the request records.
     # Books the requests that ended in this turn of the loop now, not at its end
     # (set by letsinfer.gateway.serving): a recount must find them in the records.
     book_now: Callable[[], None] = lambda: None
+    # The limits the limiter counts for each key, and those whose past requests
+    # are still to be read from the request records.
     _counted: dict[str, KeyLimits] = field(default_factory=dict)
     _unread: dict[str, KeyLimits] = field(default_factory=dict)
     _reading: set[asyncio.Task[None]] = field(default_factory=set)

@@ -111,11 +111,10 @@ def budget_held(key: str, budget: int, period: str, spent: int, held: int) -> Ga
 class Admitted:
     """One request that :meth:`Limiter.admit` counted, until :meth:`Limiter.settle`."""
 
-    __slots__ = ("at", "charged", "estimate", "events", "held", "key", "limits")
+    __slots__ = ("at", "charged", "estimate", "events", "held", "key")
 
-    def __init__(self, key: str, limits: KeyLimits, at: float, held: int, estimate: int) -> None:
+    def __init__(self, key: str, at: float, held: int, estimate: int) -> None:
         self.key = key
-        self.limits = limits
         self.at = at  # its arrival, in the requests-per-minute window
         self.held = held  # tokens held against the budget while it runs
         self.estimate = estimate  # its prompt's tokens, estimated (charged if it reports none)
@@ -220,7 +219,7 @@ class Limiter:
         held = prompt + (max_tokens or 0) if limits.budget is not None else 0
         st.held += held
         st.running[now] = st.running.get(now, 0) + 1
-        return Admitted(key, limits, now, held, prompt)
+        return Admitted(key, now, held, prompt)
 
     def settle(self, admitted: Admitted, tokens: int, counted: bool = True) -> None:
         """An admitted request ended having used ``tokens`` (prompt + completion);
@@ -290,8 +289,7 @@ class Limiter:
         now = self.clock()
         st = self._keys.get(key)
         if st is None or st.generation != generation:
-            return
-        st.period = limits.period
+            return  # (a recount sets the period it counts: that of ``limits``)
         if limits.period is not None:
             self._roll(st, limits.period, now)
             st.spent += spent

@@ -125,6 +125,16 @@ def prompt_start(request: Body, kind: Kind, limit: int) -> str:
     return "".join(parts)[:limit]
 
 
+def encode(data: dict[str, Any]) -> bytes:
+    """A request changed by the gateway, as bytes again: compact UTF-8 JSON, or
+    escaped where it holds a lone surrogate (which :func:`parse` accepts, as
+    JSON does, and UTF-8 cannot hold)."""
+    try:
+        return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
+    except UnicodeEncodeError:
+        return json.dumps(data, separators=(",", ":")).encode()
+
+
 def parse(body: bytes, route: Route) -> Body:
     if jsondepth.too_deep(body):  # before the parser recurses into it
         raise GatewayError(400, jsondepth.too_deep_message(), code="json_too_deep")

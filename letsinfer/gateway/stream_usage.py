@@ -19,6 +19,8 @@ import json
 import re
 from typing import Any
 
+from letsinfer.gateway import protocol
+
 _FIELD = b'"stream_options":{"include_usage":true},'
 _USAGE = b'"usage"'
 _EVENTS = re.compile(rb"(\r?\n\r?\n)")
@@ -32,10 +34,7 @@ def ask_for_usage(body: bytes, stream_options: dict[str, Any] | None) -> bytes:
         return body[: start + 1] + _FIELD + body[start + 1 :]
     data = json.loads(body)
     data["stream_options"] = {**stream_options, "include_usage": True}
-    try:
-        return json.dumps(data, ensure_ascii=False).encode()
-    except UnicodeEncodeError:  # a lone surrogate (as a JSON escape): kept escaped
-        return json.dumps(data).encode()
+    return protocol.encode(data)
 
 
 def wants_usage(stream_options: dict[str, Any] | None) -> bool:

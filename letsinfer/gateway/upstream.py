@@ -93,7 +93,7 @@ class Upstream:
         adapter: str | None = None,
         failed_at: tuple[str, str] | None = None,
         fail_on_provider_error: bool = False,
-        at_engine: Callable[[Replica | None], None] | None = None,
+        at_engine: Callable[[Replica | None], None] = lambda replica: None,
     ) -> Started:
         """``adapter``: a LoRA adapter of ``service`` to apply (only replicas that
         loaded it serve, each told its own id for it); ``failed_at``: a replica
@@ -123,8 +123,7 @@ class Upstream:
                     payload, headers = external.prepare(replica, body, extra)
                 elif adapter is not None:
                     payload = with_lora(body, replica.adapters.index(adapter))
-                if at_engine is not None:
-                    at_engine(replica)
+                at_engine(replica)
                 response = await self._send(replica, path, payload, headers)
                 if response.status == 503:  # engine loading or overloaded: try another
                     raise EngineError("engine answered 503", before_response=True)
@@ -152,21 +151,14 @@ class Upstream:
                     queue_s,
                     retry_after,
                 )
-            except ConnectTimeout as exc:  # never reached the engine: try another
-                self._give_back(replica, response)
-                if at_engine is not None:
-                    at_engine(None)
-                failures.append(f"{replica.pg_id}: {_why(replica, response, exc)}")
-                self.metrics.error("upstream_retry")
-                continue
-            except EngineTimeout as exc:  # (the engine may have worked all along)
-                self._give_back(replica, response)
-                raise upstream_timeout(service) from exc
             except EngineError as exc:
-                # Nothing reached the client yet: another replica may answer.
                 self._give_back(replica, response)
-                if at_engine is not None:
-                    at_engine(None)
+                if isinstance(exc, EngineTimeout) and not isinstance(exc, ConnectTimeout):
+                    # Slow, not broken (it may have worked all along): not sent elsewhere.
+                    raise upstream_timeout(service) from exc
+                # Nothing reached the client yet (a connect timeout: nor the
+                # engine): another replica may answer.
+                at_engine(None)
                 failures.append(f"{replica.pg_id}: {_why(replica, response, exc)}")
                 self.metrics.error("upstream_retry")
                 log.warning(
@@ -175,7 +167,7 @@ class Upstream:
                 continue
             except BaseException as exc:  # the client left, a provider refused, or a bug
                 self._give_back(replica, response)
-                if at_engine is not None and isinstance(exc, GatewayError):
+                if isinstance(exc, GatewayError):
                     at_engine(None)  # the provider did no work (one that was left may have)
                 raise
 
