@@ -35,6 +35,7 @@ from letsinfer.agent.placement import PlacementRunner
 from letsinfer.agent.runtime import (
     advertise_address,
     advertiser_for,
+    end_tasks,
     instance_name,
     stop_engines,
 )
@@ -374,11 +375,15 @@ class MainNode:
             )
             await adv.start()
             self.advertiser = adv
-        loop = asyncio.create_task(self._background())
-        watch = asyncio.create_task(self._watch_identity())
-        echo = asyncio.create_task(self.audit_echo.run())
-        weigh = asyncio.create_task(self._weigh_own_engines())
-        records = asyncio.create_task(self.records.run()) if self.records else None
+        loop = asyncio.create_task(self._background(), name="reconcile loop")
+        watch = asyncio.create_task(self._watch_identity(), name="identity watch")
+        echo = asyncio.create_task(self.audit_echo.run(), name="audit echo")
+        weigh = asyncio.create_task(self._weigh_own_engines(), name="engine weighing")
+        records = (
+            asyncio.create_task(self.records.run(), name="request records")
+            if self.records
+            else None
+        )
 
         async def serve_metrics() -> RunningPlane | None:
             return await start_metrics_server(self.gateway.metrics, self.settings.gateway)
@@ -390,21 +395,18 @@ class MainNode:
         try:
             yield
         finally:
-            if metrics is not None:
-                stopping = metrics
-                await self.control.run(stopping.stop)
-            for task in (loop, watch, echo, weigh, records):
-                if task is None:
-                    continue
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-            if adv is not None:
-                self.advertiser = None
-                await adv.stop()
-            await admin.stop()
-            ended = await self.control.stop(self._control_down)
-            await stop_engines(self.home, self.placements)
+            try:
+                if metrics is not None:
+                    stopping = metrics
+                    await self.control.run(stopping.stop)
+                await end_tasks([loop, watch, echo, weigh, records])
+                if adv is not None:
+                    self.advertiser = None
+                    await adv.stop()
+                await admin.stop()
+                ended = await self.control.stop(self._control_down)
+            finally:  # whatever failed above, no engine outlives the node
+                await stop_engines(self.home, self.placements)
             await self.gateway.aclose()
             if ended:
                 self.control_store.close()
@@ -422,16 +424,19 @@ class MainNode:
         rounds = 0
         while True:
             if rounds % 10 == 0:
-                if self._renew_own_certificate() and self.advertiser is not None:
-                    fingerprint = presented_fingerprint(self.home, self.identity)
-                    await self.advertiser.update_fingerprint(fingerprint)
-                self.record_own_facts()
+                try:  # a full disk or a bad certificate must not end the loop
+                    if self._renew_own_certificate() and self.advertiser is not None:
+                        fingerprint = presented_fingerprint(self.home, self.identity)
+                        await self.advertiser.update_fingerprint(fingerprint)
+                    self.record_own_facts()
+                except Exception:
+                    log.exception("renewing or recording this node's facts failed")
             rounds += 1
             await asyncio.sleep(min(interval, self.settings.gateway.key_cache_ttl_s))
-            self.directory.refresh()
-            try:
+            try:  # nor a bad row or a busy database
+                self.directory.refresh()
                 self.reconcile()
-            except Exception:  # a bad row must not stop the loop
+            except Exception:
                 log.exception("reconcile failed")
 
     # -- this node's own engines ---------------------------------------------

@@ -313,6 +313,75 @@ def test_a_file_rewritten_on_a_nodes_disk_is_refused_at_its_next_start(tmp_path:
     asyncio.run(scenario())
 
 
+def test_a_restart_under_way_when_the_node_stops_starts_no_engine(tmp_path: Path) -> None:
+    """Ctrl-C while a group restarts for a new generation: its old engine stops,
+    and no new one starts once the node has stopped its engines (that one would
+    run on after the node, serving nobody)."""
+    import asyncio
+
+    from letsinfer.contracts.placement import DesiredPlacement
+
+    release = xllamacpp_cpu()
+    runner, supervisor, signature, _ = _signed_runner(tmp_path, release)
+    model = _stored(tmp_path / "models", b"model")
+
+    def desired(generation: int) -> DesiredPlacement:
+        return DesiredPlacement(
+            "pg-a", "m", model, release, "k", release_signature=signature, generation=generation
+        )
+
+    async def scenario() -> None:
+        engine_stopping = asyncio.Event()
+
+        async def slow_stop(pg_id: str) -> None:  # an engine takes a while to stop
+            await engine_stopping.wait()
+            supervisor.runners.pop(pg_id, None)  # type: ignore[attr-defined]
+
+        async def stop_all() -> None:
+            supervisor.runners.clear()  # type: ignore[attr-defined]
+
+        supervisor.stop, supervisor.stop_all = slow_stop, stop_all  # type: ignore[attr-defined]
+        runner.apply([desired(1)])  # type: ignore[attr-defined]
+        runner.apply([desired(2)])  # type: ignore[attr-defined]  # the restart begins
+        await asyncio.sleep(0)
+        node_stopping = asyncio.create_task(runner.stop_all())  # type: ignore[attr-defined]
+        await asyncio.sleep(0)
+        engine_stopping.set()
+        await node_stopping
+        assert len(supervisor.plans) == 1, "an engine was launched after the node stopped"  # type: ignore[attr-defined]
+        assert supervisor.runners == {}  # type: ignore[attr-defined]
+        runner.apply([desired(3)])  # type: ignore[attr-defined]  # a late report changes nothing
+        assert len(supervisor.plans) == 1  # type: ignore[attr-defined]
+
+    asyncio.run(scenario())
+
+
+def test_a_background_task_that_had_failed_does_not_keep_the_engines_running(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A node's teardown cancels its loops first: one that had died of an error
+    is logged there, and the teardown goes on to stop the engines."""
+    import asyncio
+
+    from letsinfer.agent.runtime import end_tasks
+
+    async def scenario() -> list[str]:
+        async def fails() -> None:
+            raise OSError("database or disk is full")
+
+        done: list[str] = []
+        failed = asyncio.create_task(fails(), name="reconcile loop")
+        running = asyncio.create_task(asyncio.sleep(3600), name="identity watch")
+        await asyncio.sleep(0)
+        await end_tasks([failed, None, running])
+        done.append("engines stopped")
+        assert running.cancelled()
+        return done
+
+    assert asyncio.run(scenario()) == ["engines stopped"]
+    assert "reconcile loop had failed: OSError('database or disk is full')" in caplog.text
+
+
 def test_a_parallel_command_group_claims_no_adapter_it_cannot_load(tmp_path: Path) -> None:
     from letsinfer.contracts.placement import DesiredPlacement
     from letsinfer.engines.parallel_command import GroupTask

@@ -64,6 +64,8 @@ class PlacementRunner:
     _fetching: set[str] = field(default_factory=set)
     _restarting: set[str] = field(default_factory=set)
     _latest: dict[str, DesiredPlacement] = field(default_factory=dict)
+    # Set when the node ends: a restart or download finishing after that starts nothing.
+    _closed: bool = False
 
     def _verify_files(self, d: DesiredPlacement) -> None:
         """Hash the model's and adapters' files, unless unchanged since they last
@@ -122,11 +124,14 @@ class PlacementRunner:
 
     async def hand_over(self) -> int:
         """The node restarts: leave ready engines running for the next start."""
+        self._closed = True
         kept = await self.supervisor.hand_over()
         await asyncio.gather(*self._background, return_exceptions=True)
         return kept
 
     def apply(self, desired: list[DesiredPlacement], fetch: Fetch | None = None) -> None:
+        if self._closed:
+            return
         wanted = {d.pg_id: d for d in desired}
         self._wanted = set(wanted)
         self._latest = wanted
@@ -175,6 +180,7 @@ class PlacementRunner:
             self._start(d)
 
     async def stop_all(self) -> None:
+        self._closed = True
         await self.supervisor.stop_all()
         await asyncio.gather(*self._background, return_exceptions=True)
 
@@ -217,7 +223,7 @@ class PlacementRunner:
             self.on_failed(pg_id, why)
 
     def _start(self, d: DesiredPlacement, adopted: bool = False) -> None:
-        if d.pg_id not in self._wanted:  # gone while its model was downloading
+        if self._closed or d.pg_id not in self._wanted:  # gone while its model was downloading
             return
         self.tasks[d.pg_id] = d.task
         self.generations[d.pg_id] = d.generation

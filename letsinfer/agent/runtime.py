@@ -81,6 +81,19 @@ def advertiser_for(
     )
 
 
+async def end_tasks(tasks: list[asyncio.Task[Any] | None]) -> None:
+    """Cancel a node's background tasks and wait for them; one that had failed
+    is logged, not raised: what follows it (stopping the engines) must run."""
+    running = [t for t in tasks if t is not None]
+    for task in running:
+        task.cancel()
+    for task, result in zip(
+        running, await asyncio.gather(*running, return_exceptions=True), strict=True
+    ):
+        if isinstance(result, Exception):
+            log.error("%s had failed: %r", task.get_name(), result)
+
+
 async def stop_engines(home: Home, placements: PlacementRunner) -> None:
     """When the node process ends: for a restart (`service restart`), leave the
     ready engines serving for the next start to adopt; otherwise stop them."""
@@ -257,17 +270,15 @@ class AgentNode:
         try:
             yield
         finally:
-            for t in tasks:
-                t.cancel()
-            for t in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await t
-            if adv is not None:
-                self.advertiser = None
-                await adv.stop()
-            await admin.stop()
-            await stop_engines(self.home, self.placements)
-            self.audit.close()
+            try:
+                await end_tasks(list(tasks))
+                if adv is not None:
+                    self.advertiser = None
+                    await adv.stop()
+                await admin.stop()
+            finally:  # whatever failed above, no engine outlives the node
+                await stop_engines(self.home, self.placements)
+                self.audit.close()
 
     def _admin_app(self) -> Any:
         """What the CLI on this machine may ask its running child node: to pause
