@@ -51,6 +51,17 @@ def processes_using(path: Path) -> list[int]:
     return pids
 
 
+def command_lines(pids: list[int]) -> list[str]:
+    """What each of ``pids`` runs, for a failed assertion's message."""
+    lines = []
+    for pid in pids:
+        try:
+            lines.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except OSError:
+            lines.append(f"{pid}: gone")
+    return lines
+
+
 def letsinfer(
     home: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 
 from letsinfer.engines.tinymodel import SENTENCE
-from tests.nodes import free_port, letsinfer, loopback_env, processes_using
+from tests.nodes import command_lines, free_port, letsinfer, loopback_env, processes_using
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -197,4 +197,5 @@ def test_up_writing_to_a_log_keeps_the_first_key_out_of_it_and_leaves_no_pid_fil
     assert f"API key   in {key_file}" in log
     assert key_file.stat().st_mode & 0o777 == 0o600
     assert not (home / "run/node.pid").exists()
-    assert processes_using(home) == []
+    left = processes_using(home)
+    assert left == [], (command_lines(left), log)
