@@ -344,7 +344,7 @@ def test_a_restart_under_way_when_the_node_stops_starts_no_engine(tmp_path: Path
         runner.apply([desired(1)])  # type: ignore[attr-defined]
         runner.apply([desired(2)])  # type: ignore[attr-defined]  # the restart begins
         await asyncio.sleep(0)
-        node_stopping = asyncio.create_task(runner.stop_all())  # type: ignore[attr-defined]
+        node_stopping = asyncio.create_task(runner.close())  # type: ignore[attr-defined]
         await asyncio.sleep(0)
         engine_stopping.set()
         await node_stopping
@@ -352,6 +352,32 @@ def test_a_restart_under_way_when_the_node_stops_starts_no_engine(tmp_path: Path
         assert supervisor.runners == {}  # type: ignore[attr-defined]
         runner.apply([desired(3)])  # type: ignore[attr-defined]  # a late report changes nothing
         assert len(supervisor.plans) == 1  # type: ignore[attr-defined]
+
+    asyncio.run(scenario())
+
+
+def test_a_node_the_main_removed_then_took_back_runs_its_engines_again(tmp_path: Path) -> None:
+    """Removal stops a node's engines (the main routes to them no more), but the
+    agent runs on: when the main accepts its facts again, its groups start."""
+    import asyncio
+
+    from letsinfer.contracts.placement import DesiredPlacement
+
+    release = xllamacpp_cpu()
+    runner, supervisor, signature, _ = _signed_runner(tmp_path, release)
+    model = _stored(tmp_path / "models", b"model")
+    placement = DesiredPlacement("pg-a", "m", model, release, "k", release_signature=signature)
+
+    async def stop_all() -> None:
+        supervisor.runners.clear()  # type: ignore[attr-defined]
+
+    async def scenario() -> None:
+        supervisor.stop_all = stop_all  # type: ignore[attr-defined]
+        runner.apply([placement])  # type: ignore[attr-defined]
+        runner.apply([])  # type: ignore[attr-defined]  # removed
+        await runner.stop_all()  # type: ignore[attr-defined]
+        runner.apply([placement])  # type: ignore[attr-defined]  # taken back
+        assert len(supervisor.plans) == 2 and "pg-a" in supervisor.runners  # type: ignore[attr-defined]
 
     asyncio.run(scenario())
 

@@ -64,7 +64,7 @@ class PlacementRunner:
     _fetching: set[str] = field(default_factory=set)
     _restarting: set[str] = field(default_factory=set)
     _latest: dict[str, DesiredPlacement] = field(default_factory=dict)
-    # Set when the node ends: a restart or download finishing after that starts nothing.
+    # Set when the node ends: a restart, download or report after that starts nothing.
     _closed: bool = False
 
     def _verify_files(self, d: DesiredPlacement) -> None:
@@ -180,9 +180,13 @@ class PlacementRunner:
             self._start(d)
 
     async def stop_all(self) -> None:
-        self._closed = True
         await self.supervisor.stop_all()
         await asyncio.gather(*self._background, return_exceptions=True)
+
+    async def close(self) -> None:
+        """The node ends: stop every engine, and start none after."""
+        self._closed = True
+        await self.stop_all()
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)

@@ -101,7 +101,7 @@ async def stop_engines(home: Home, placements: PlacementRunner) -> None:
         kept = await placements.hand_over()
         log.info("restarting: %d engine(s) left serving for the next start to adopt", kept)
     else:
-        await placements.stop_all()
+        await placements.close()
 
 
 class LocalPause(BaseModel):
