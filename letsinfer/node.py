@@ -423,14 +423,17 @@ class MainNode:
         interval = self.settings.agent.reconcile_interval_s
         rounds = 0
         while True:
-            if rounds % 10 == 0:
-                try:  # a full disk or a bad certificate must not end the loop
+            if rounds % 10 == 0:  # (no failure here may end the loop)
+                try:
                     if self._renew_own_certificate() and self.advertiser is not None:
                         fingerprint = presented_fingerprint(self.home, self.identity)
                         await self.advertiser.update_fingerprint(fingerprint)
+                except Exception:
+                    log.exception("renewing or advertising this node's certificate failed")
+                try:
                     self.record_own_facts()
                 except Exception:
-                    log.exception("renewing or recording this node's facts failed")
+                    log.exception("recording this node's facts failed")
             rounds += 1
             await asyncio.sleep(min(interval, self.settings.gateway.key_cache_ttl_s))
             try:  # nor a bad row or a busy database

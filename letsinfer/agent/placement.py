@@ -66,6 +66,7 @@ class PlacementRunner:
     _latest: dict[str, DesiredPlacement] = field(default_factory=dict)
     # Set when the node ends: a restart, download or report after that starts nothing.
     _closed: bool = False
+    _downloads: set[asyncio.Future[None]] = field(default_factory=set)
 
     def _verify_files(self, d: DesiredPlacement) -> None:
         """Hash the model's and adapters' files, unless unchanged since they last
@@ -124,7 +125,7 @@ class PlacementRunner:
 
     async def hand_over(self) -> int:
         """The node restarts: leave ready engines running for the next start."""
-        self._closed = True
+        self._close()
         kept = await self.supervisor.hand_over()
         await asyncio.gather(*self._background, return_exceptions=True)
         return kept
@@ -175,7 +176,9 @@ class PlacementRunner:
             if missing and fetch:  # the model and its adapters come from the main
                 if not self._fetching.intersection(missing):
                     self._fetching.update(missing)
-                    self._spawn(self._fetch_then_start(d, missing, fetch))
+                    download = self._spawn(self._fetch_then_start(d, missing, fetch))
+                    self._downloads.add(download)
+                    download.add_done_callback(self._downloads.discard)
                 continue
             self._start(d)
 
@@ -185,13 +188,21 @@ class PlacementRunner:
 
     async def close(self) -> None:
         """The node ends: stop every engine, and start none after."""
-        self._closed = True
+        self._close()
         await self.stop_all()
 
-    def _spawn(self, coro: Awaitable[None]) -> None:
+    def _close(self) -> None:
+        """Start nothing from now on; stop downloading (a stalled main must not
+        hold up the node's end; the next start resumes from the partial files)."""
+        self._closed = True
+        for download in list(self._downloads):
+            download.cancel()
+
+    def _spawn(self, coro: Awaitable[None]) -> asyncio.Future[None]:
         task = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return task
 
     async def _fetch_then_start(
         self, d: DesiredPlacement, digests: list[str], fetch: Fetch

@@ -91,7 +91,7 @@ async def end_tasks(tasks: list[asyncio.Task[Any] | None]) -> None:
         running, await asyncio.gather(*running, return_exceptions=True), strict=True
     ):
         if isinstance(result, Exception):
-            log.error("%s had failed: %r", task.get_name(), result)
+            log.error("%s had failed", task.get_name(), exc_info=result)
 
 
 async def stop_engines(home: Home, placements: PlacementRunner) -> None:
@@ -253,12 +253,12 @@ class AgentNode:
         # Engines a previous run left serving, reported ready with the first facts.
         await self.placements.adopt_running()
         tasks = [
-            asyncio.create_task(self._watch_identity()),
-            asyncio.create_task(self.denials.run()),
+            asyncio.create_task(self._watch_identity(), name="identity watch"),
+            asyncio.create_task(self.denials.run(), name="denial log"),
         ]
         if self.identity.role == "child":
-            tasks.append(asyncio.create_task(self._report()))
-            tasks.append(asyncio.create_task(self._prove_links()))
+            tasks.append(asyncio.create_task(self._report(), name="facts reports"))
+            tasks.append(asyncio.create_task(self._prove_links(), name="link proofs"))
         log.info(
             "%s node %s (%s) agent on %s:%d",
             self.identity.role,
