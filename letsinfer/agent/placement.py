@@ -238,7 +238,7 @@ class PlacementRunner:
             self.on_failed(pg_id, why)
 
     def _start(self, d: DesiredPlacement, adopted: bool = False) -> None:
-        if self._closed or d.pg_id not in self._wanted:  # gone while its model was downloading
+        if self._closed or d.pg_id not in self._wanted:  # the node ended, or the group went
             return
         self.tasks[d.pg_id] = d.task
         self.generations[d.pg_id] = d.generation
