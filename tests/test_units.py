@@ -250,6 +250,9 @@ class _Launches:
     async def stop(self, pg_id: str) -> None:
         self.runners.pop(pg_id, None)
 
+    async def stop_all(self) -> None:
+        self.runners.clear()
+
 
 def _signed_runner(tmp_path: Path, release: object) -> tuple[object, object, str, list[str]]:
     """A PlacementRunner trusting a key that signed ``release``: (runner,
@@ -337,10 +340,7 @@ def test_a_restart_under_way_when_the_node_stops_starts_no_engine(tmp_path: Path
             await engine_stopping.wait()
             supervisor.runners.pop(pg_id, None)  # type: ignore[attr-defined]
 
-        async def stop_all() -> None:
-            supervisor.runners.clear()  # type: ignore[attr-defined]
-
-        supervisor.stop, supervisor.stop_all = slow_stop, stop_all  # type: ignore[attr-defined]
+        supervisor.stop = slow_stop  # type: ignore[attr-defined]
         runner.apply([desired(1)])  # type: ignore[attr-defined]
         runner.apply([desired(2)])  # type: ignore[attr-defined]  # the restart begins
         await asyncio.sleep(0)
@@ -374,10 +374,6 @@ def test_a_node_ends_without_waiting_for_a_download_its_main_stalled(tmp_path: P
             fetching.set()
             await asyncio.Event().wait()  # the main sends nothing more
 
-        async def stop_all() -> None:
-            supervisor.runners.clear()  # type: ignore[attr-defined]
-
-        supervisor.stop_all = stop_all  # type: ignore[attr-defined]
         runner.apply([placement], fetch=stalled)  # type: ignore[attr-defined]
         await fetching.wait()
         await asyncio.wait_for(runner.close(), timeout=10)  # type: ignore[attr-defined]
@@ -398,11 +394,7 @@ def test_a_node_the_main_removed_then_took_back_runs_its_engines_again(tmp_path:
     model = _stored(tmp_path / "models", b"model")
     placement = DesiredPlacement("pg-a", "m", model, release, "k", release_signature=signature)
 
-    async def stop_all() -> None:
-        supervisor.runners.clear()  # type: ignore[attr-defined]
-
     async def scenario() -> None:
-        supervisor.stop_all = stop_all  # type: ignore[attr-defined]
         runner.apply([placement])  # type: ignore[attr-defined]
         runner.apply([])  # type: ignore[attr-defined]  # removed
         await runner.stop_all()  # type: ignore[attr-defined]

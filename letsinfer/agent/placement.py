@@ -61,12 +61,12 @@ class PlacementRunner:
     # digest -> the file's state when it was last hashed: a file rewritten since
     # (a new inode, size, modification or change time) is hashed again.
     _verified: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)
-    _fetching: set[str] = field(default_factory=set)
+    _fetching: dict[str, asyncio.Future[None]] = field(default_factory=dict)  # digest: its download
     _restarting: set[str] = field(default_factory=set)
     _latest: dict[str, DesiredPlacement] = field(default_factory=dict)
-    # Set when the node ends: a restart, download or report after that starts nothing.
+    # Set when the node ends: no apply after it (a late report, a restart's second
+    # half) starts anything; downloads are cancelled then.
     _closed: bool = False
-    _downloads: set[asyncio.Future[None]] = field(default_factory=set)
 
     def _verify_files(self, d: DesiredPlacement) -> None:
         """Hash the model's and adapters' files, unless unchanged since they last
@@ -174,11 +174,9 @@ class PlacementRunner:
                 if not artifact_path(self.model_store, digest).exists()
             ]
             if missing and fetch:  # the model and its adapters come from the main
-                if not self._fetching.intersection(missing):
-                    self._fetching.update(missing)
+                if not any(digest in self._fetching for digest in missing):
                     download = self._spawn(self._fetch_then_start(d, missing, fetch))
-                    self._downloads.add(download)
-                    download.add_done_callback(self._downloads.discard)
+                    self._fetching.update(dict.fromkeys(missing, download))
                 continue
             self._start(d)
 
@@ -195,7 +193,7 @@ class PlacementRunner:
         """Start nothing from now on; stop downloading (a stalled main must not
         hold up the node's end; the next start resumes from the partial files)."""
         self._closed = True
-        for download in list(self._downloads):
+        for download in set(self._fetching.values()):
             download.cancel()
 
     def _spawn(self, coro: Awaitable[None]) -> asyncio.Future[None]:
@@ -217,7 +215,8 @@ class PlacementRunner:
                     self._refuse(d.pg_id, f"{what} download failed: {exc}")
                     return
         finally:
-            self._fetching.difference_update(digests)
+            for digest in digests:
+                self._fetching.pop(digest, None)
         self._start(d)
 
     async def _restart(self, pg_id: str, fetch: Fetch | None) -> None:
@@ -238,7 +237,7 @@ class PlacementRunner:
             self.on_failed(pg_id, why)
 
     def _start(self, d: DesiredPlacement, adopted: bool = False) -> None:
-        if self._closed or d.pg_id not in self._wanted:  # the node ended, or the group went
+        if d.pg_id not in self._wanted:  # gone while its model was downloading
             return
         self.tasks[d.pg_id] = d.task
         self.generations[d.pg_id] = d.generation

@@ -14,7 +14,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -81,7 +81,7 @@ def advertiser_for(
     )
 
 
-async def end_tasks(tasks: list[asyncio.Task[Any] | None]) -> None:
+async def end_tasks(tasks: Iterable[asyncio.Task[Any] | None]) -> None:
     """Cancel a node's background tasks and wait for them; one that had failed
     is logged, not raised: what follows it (stopping the engines) must run."""
     running = [t for t in tasks if t is not None]
@@ -271,7 +271,7 @@ class AgentNode:
             yield
         finally:
             try:
-                await end_tasks(list(tasks))
+                await end_tasks(tasks)
                 if adv is not None:
                     self.advertiser = None
                     await adv.stop()
