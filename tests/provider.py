@@ -94,6 +94,7 @@ class Provider:
     tls: Tls | None = None
     seen: list[Seen] = field(default_factory=list)
     outage: tuple[int, dict[str, str]] | None = None
+    usage: bool = True  # whether whole answers say what they used (not all providers do)
     _server: ThreadingHTTPServer | None = None
 
     @property
@@ -129,7 +130,10 @@ class Provider:
                 elif body.get("stream"):
                     self._stream(body)
                 else:
-                    self._json(200, _completion(provider.model))
+                    answer = _completion(provider.model)
+                    if not provider.usage:
+                        del answer["usage"]
+                    self._json(200, answer)
 
             def _json(
                 self, status: int, obj: dict[str, Any], headers: dict[str, str] | None = None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.utils
 import json
 import socket
 import time
@@ -18,6 +19,7 @@ import pytest
 
 from letsinfer.authority.apikeys import create_key, digest, set_policy
 from letsinfer.authority.external import add_external_model, set_fallback
+from letsinfer.authority.lifecycle import set_model_desired
 from letsinfer.gateway.cache import ENTRY_OVERHEAD, ResponseCache
 from letsinfer.gateway.limits import estimate_prompt, period_bounds
 from letsinfer.gateway.mock_upstream import MockBehaviour
@@ -132,6 +134,62 @@ def test_two_keys_in_one_band_alternate_whatever_their_connections(tmp_path: Pat
         assert keys[7:] == ["many"] * 9
 
 
+def test_a_full_queue_makes_room_for_a_higher_band_and_for_a_key_with_fewer_waiting(
+    tmp_path: Path,
+) -> None:
+    with GatewayHarness(
+        tmp_path,
+        {"pg-a": QUICK},
+        capacity=1,
+        keys={"crawler": None, "human": None, "many": None, "few": None},
+        policies={"crawler": {"band": "batch"}, "human": {"band": "interactive"}},
+        queue_max_waiting=4,
+    ) as h:
+        gated(h)
+        adm = h.gateway.admission
+
+        async def scenario() -> dict[str, httpx.Response]:
+            async with httpx.AsyncClient(timeout=60) as client:
+                sent: dict[str, asyncio.Future[httpx.Response]] = {}
+
+                async def send(key: str, rid: str) -> None:
+                    """One more request; back once it is answered, waiting or at the engine."""
+                    sent[rid] = asyncio.ensure_future(
+                        client.post(
+                            h.url + "/v1/chat/completions",
+                            json=chat(),
+                            headers={**h.auth(key), "x-request-id": rid},
+                        )
+                    )
+                    at_engine = h.mocks["pg-a"].stats.in_flight
+                    while sum(f.done() for f in sent.values()) + adm.depth() + at_engine < len(
+                        sent
+                    ):
+                        await asyncio.sleep(0.01)
+                        at_engine = h.mocks["pg-a"].stats.in_flight
+
+                for i in range(5):  # one at the engine, and a queue full of one batch key
+                    await send("crawler", f"batch-{i}")
+                await send("human", "human")  # takes the newest batch waiter's place
+                await send("crawler", "batch-5")  # no place: it outranks nobody
+                for i in range(3):  # a higher band than batch: each takes a batch place
+                    await send("many", f"many-{i}")
+                for i in range(2):  # one band: a key with two more waiting gives way
+                    await send("few", f"few-{i}")
+                open_gate(h)
+                return {rid: await f for rid, f in sent.items()}
+
+        answers = asyncio.run(scenario())
+        refused_ = sorted(rid for rid, r in answers.items() if r.status_code != 200)
+        for rid in refused_:
+            assert refused(answers[rid], "queue_full") >= 1
+        # The human took batch-4's place, "many" took the other batch keys'
+        # places, newest first, and "few" one of its three: then many had two
+        # and few one, and neither outranked the other.
+        assert refused_ == [f"batch-{i}" for i in range(1, 6)] + ["few-1", "many-2"]
+        assert arrivals(h) == ["batch-0", "human", "many-0", "few-0", "many-1"]
+
+
 # -- rate limits and budgets ------------------------------------------------------
 
 
@@ -213,7 +271,7 @@ def test_limits_set_while_serving_count_what_the_key_already_used(tmp_path: Path
 
 
 def test_a_limit_changed_while_requests_run_keeps_what_they_hold(tmp_path: Path) -> None:
-    policies = {"team": {"budget_tokens": 1_000, "budget_period": "day", "rpm": 3}}
+    policies = {"team": {"budget_tokens": 10_000, "budget_period": "day", "rpm": 3}}
     with GatewayHarness(
         tmp_path, {"pg-a": QUICK}, capacity=10, keys={"team": None}, policies=policies, records=True
     ) as h:
@@ -459,17 +517,79 @@ def test_requests_at_once_cannot_all_start_on_what_is_left_of_a_budget(tmp_path:
         passed = [r for r in answers if r.status_code == 200]
         held = [r for r in answers if r.status_code == 429]
         # Each holds its prompt's estimate and its max_tokens while it runs: as
-        # many start as fit under 60 with nothing spent yet, the rest wait.
+        # many start as fit in 60 with nothing spent yet, the rest wait.
         each = estimate_prompt(body) + 8
-        assert len(passed) == -(-60 // each) and len(held) == 20 - len(passed)
+        assert len(passed) == 60 // each and len(held) == 20 - len(passed)
         for r in held:
             assert refused(r, "budget_exhausted") == 1
             assert "requests in progress" in r.json()["error"]["message"]
         assert h.gateway.limiter.spent("team") == 13 * len(passed)  # (5 + 8 each)
         assert h.gateway.limiter._keys["team"].held == 0  # all settled
-        while post(h, "team", chat(max_tokens=8)).status_code == 200:
-            pass  # one at a time, until the budget is spent
-        assert 60 <= h.gateway.limiter.spent("team") < 60 + 13
+        while (last := post(h, "team", chat(max_tokens=8))).status_code == 200:
+            pass  # one at a time, while one more fits
+        # Requests that say how much they may write never pass the budget.
+        assert 60 - each < h.gateway.limiter.spent("team") <= 60
+        assert refused(last, "budget_exhausted") > 60  # nothing in progress: the period's end
+        left = 60 - h.gateway.limiter.spent("team")
+        assert f"has about {left} left of its budget of 60" in last.json()["error"]["message"]
+
+
+def test_a_request_that_may_write_more_than_the_budget_has_left_is_refused(
+    tmp_path: Path,
+) -> None:
+    policies = {"team": {"budget_tokens": 1000, "budget_period": "day"}}
+    with GatewayHarness(
+        tmp_path, {"pg-a": MockBehaviour(tokens=8)}, keys={"team": None}, policies=policies
+    ) as h:
+        # However a request says how much the model may write (llama.cpp reads
+        # n_predict first, a provider max_completion_tokens or max_tokens), the
+        # largest counts; one that may write more than is left never starts.
+        for more in (
+            {"max_tokens": 5000},
+            {"max_tokens": 1, "max_completion_tokens": 5000},
+            {"max_tokens": 1, "n_predict": 5000},
+        ):
+            r = post(h, "team", chat(stream=True) | more)
+            assert refused(r, "budget_exhausted") > 60, more  # nothing held: the period's end
+            assert "has about 1000 left of its budget" in r.json()["error"]["message"]
+        assert h.mocks["pg-a"].stats.requests == 0
+        # One that fits starts and holds what it may write while it runs.
+        gated(h)
+
+        async def held_while_running() -> int:
+            async with httpx.AsyncClient(timeout=60) as client:
+                task = asyncio.ensure_future(
+                    client.post(
+                        h.url + "/v1/chat/completions",
+                        json=chat() | {"max_tokens": 1, "n_predict": 700},
+                        headers=h.auth("team"),
+                    )
+                )
+                while h.mocks["pg-a"].stats.in_flight < 1:
+                    await asyncio.sleep(0.01)
+                held = h.in_loop(lambda: h.gateway.limiter._keys["team"].held)
+                open_gate(h)
+                assert (await task).status_code == 200
+                return held
+
+        assert asyncio.run(held_while_running()) >= 700
+
+
+def test_a_providers_whole_answer_without_usage_is_charged_for_its_size(tmp_path: Path) -> None:
+    policies = {"team": {"budget_tokens": 100_000, "budget_period": "day"}}
+    with beside_a_provider(tmp_path, {"pg-a": QUICK}, keys={"team": None}, policies=policies) as (
+        provider,
+        h,
+        key_file,
+    ):
+        publish_external(h, provider.url, key_file)
+        provider.usage = False  # (some providers never say)
+        r = post(h, "team", chat() | {"model": "ext"})
+        assert r.status_code == 200 and "usage" not in r.json()
+        h.wait_until(lambda: h.gateway.limiter.spent("team") > 0)
+        body = json.dumps(chat() | {"model": "ext"}, separators=(",", ":")).encode()
+        # Its prompt's estimate and its answer at four bytes a token, not the prompt alone.
+        assert h.gateway.limiter.spent("team") >= estimate_prompt(body) + len(r.content) // 4 - 2
 
 
 def test_a_request_refused_for_concurrency_does_not_use_up_the_minute(tmp_path: Path) -> None:
@@ -609,6 +729,35 @@ def test_the_cache_is_bounded_and_entries_expire(tmp_path: Path) -> None:
     assert 0 < tiny.size <= 16 << 10 and len(tiny) <= (16 << 10) // ENTRY_OVERHEAD
 
 
+def test_a_stopped_model_or_cluster_gets_nothing_from_the_cache(tmp_path: Path) -> None:
+    policies = {"evals": {"cache_ttl_s": 3600}}
+    with beside_a_provider(tmp_path, {"pg-a": QUICK}, keys={"evals": None}, policies=policies) as (
+        provider,
+        h,
+        key_file,
+    ):
+        publish_external(h, provider.url, key_file)
+        ask = chat(temperature=0, content="q") | {"model": "ext"}
+        assert post(h, "evals", ask).headers["x-letsinfer-cache"] == "miss"
+        assert post(h, "evals", ask).headers["x-letsinfer-cache"] == "hit"
+        # An administrator stops the provider (a leaked key, a runaway bill):
+        # its answers stop too, the cached ones included.
+        set_model_desired(h.store, "ext", "stopped", actor="cli")
+        h.refresh()
+        r = post(h, "evals", ask)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "model_stopped"
+        set_model_desired(h.store, "ext", "running", actor="cli")
+        h.refresh()
+        h.wait_until(lambda: h.routing.ready_count("ext") == 1)
+        assert post(h, "evals", ask).headers["x-letsinfer-cache"] == "hit"
+        # And a stopped cluster serves nothing.
+        h.store.set_cluster_stop({"at": time.time(), "groups": []})
+        h.refresh()
+        r = post(h, "evals", ask)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "system_stopped", r.text
+        assert len(provider.seen) == 1
+
+
 def test_a_new_key_under_a_revoked_keys_name_gets_none_of_its_cached_answers(
     tmp_path: Path,
 ) -> None:
@@ -685,8 +834,15 @@ def test_an_adapter_reaches_only_the_groups_that_loaded_it_with_its_id(tmp_path:
         # Allowlists apply to the adapter on its own.
         denied = post(h, "base-only", chat() | {"model": "mock-lora"})
         assert denied.status_code == 404 and denied.json()["error"]["code"] == "model_not_found"
-        assert post(h, "lora-only", chat() | {"model": "mock-lora"}).status_code == 200
+        tuned = post(h, "lora-only", chat() | {"model": "mock-lora"})
+        assert tuned.status_code == 200 and tuned.json()["model"] == "mock-lora"
         assert post(h, "lora-only", chat()).status_code == 404
+        # ...and a key that may not use the base is not told its name.
+        for listing in (
+            httpx.get(h.url + "/v1/models", headers=h.auth("lora-only")).json()["data"],
+            [httpx.get(h.url + "/v1/models/mock-lora", headers=h.auth("lora-only")).json()],
+        ):
+            assert [m["id"] for m in listing] == ["mock-lora"] and "parent" not in listing[0]
         # A client cannot pick adapters by id past its allowlist.
         forged = post(h, "base-only", chat() | {"lora": [{"id": 1, "scale": 1.0}]})
         assert forged.status_code == 400 and forged.json()["error"]["param"] == "lora"
@@ -965,6 +1121,9 @@ def test_a_provider_key_that_fails_is_a_clean_error_naming_no_secret_or_falls_ba
         assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == ANSWER
         streamed = post(h, "alice", chat(stream=True) | {"model": "ext"})
         assert streamed.status_code == 200 and "[DONE]" in streamed.text
+        # Answers name the model the client knows, not the provider's.
+        events = [json.loads(e[6:]) for e in streamed.text.split("\n\n") if e[6:7] == "{"]
+        assert r.json()["model"] == "ext" and {e["model"] for e in events} == {"ext"}
 
         key_file.write_text("sk-rotated\n")  # read per request: rotation needs no restart
         r = post(h, "alice", chat() | {"model": "ext"})
@@ -1007,6 +1166,24 @@ def test_a_providers_own_failure_is_relayed_with_its_retry_after_or_falls_back(
         r = post(h, "alice", chat() | {"model": "ext"})
         assert r.status_code == 429 and r.headers["retry-after"] == "7"
         assert r.json()["error"]["code"] == "outage"
+        # Brought within 1 s to a day, an HTTP date as the seconds until it, and
+        # anything else (or nothing) 5 s: a 429 always says when, and never
+        # invites a retry at once.
+        soon = email.utils.formatdate(time.time() + 120, usegmt=True)
+        for sent, relayed in [
+            ("0", "1"),
+            ("99999999999999", "86400"),
+            ("-5", "5"),
+            ("1.5", "5"),
+            ("x", "5"),
+            (soon, {"119", "120", "121"}),
+        ]:
+            provider.outage = (429, {"retry-after": sent})
+            r = post(h, "alice", chat() | {"model": "ext"})
+            got = r.headers.get("retry-after")
+            assert r.status_code == 429 and (
+                got in relayed if isinstance(relayed, set) else got == relayed
+            ), (sent, got)
         provider.outage = (500, {"retry-after": "soon\xe9"})  # not ASCII: not relayed
         r = post(h, "alice", chat(stream=True) | {"model": "ext"})
         assert r.status_code == 500 and "retry-after" not in r.headers
@@ -1018,6 +1195,12 @@ def test_a_providers_own_failure_is_relayed_with_its_retry_after_or_falls_back(
         r = post(h, "alice", chat() | {"model": "ext"})
         assert r.status_code == 502 and r.json()["error"]["code"] == "provider_failed"
         assert "elsewhere" not in r.text and "location" not in r.headers
+        # Nor is a provider's "no such model" or "no such route": it is set up
+        # wrong, and the model the client asked for is listed as serving.
+        for status in (404, 405, 410):
+            provider.outage = (status, {})
+            r = post(h, "alice", chat() | {"model": "ext"})
+            assert r.status_code == 502 and r.json()["error"]["code"] == "provider_failed"
         # A lone surrogate is valid JSON but has no UTF-8 form: sent escaped, not a 500.
         provider.outage = None
         lone = '{"model":"ext","messages":[{"role":"user","content":"\\ud800"}]}'
@@ -1028,13 +1211,13 @@ def test_a_providers_own_failure_is_relayed_with_its_retry_after_or_falls_back(
         # With a fallback, each is a failure before the first byte: the fallback answers.
         set_fallback(h.store, "ext", MODEL)
         h.refresh()
-        for status in (429, 500, 502):
+        for status in (429, 500, 502, 404):
             provider.outage = (status, {})
             for stream in (False, True):
                 r = post(h, "alice", chat(stream=stream) | {"model": "ext"})
                 assert r.status_code == 200, (status, stream, r.text)
                 assert r.headers["x-letsinfer-fallback"] == MODEL
-        assert h.mocks["pg-a"].stats.requests == 6
+        assert h.mocks["pg-a"].stats.requests == 8
 
         # The fallback cannot answer either: the error is the model asked for's.
         h.in_loop(lambda: h.routing.withdraw(MODEL, "pg-a", "engine exited"))

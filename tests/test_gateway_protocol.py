@@ -48,6 +48,8 @@ def test_an_accepted_body_reads_the_same(body: str) -> None:
         (b'{"model":"m",' + MESSAGES.encode() + b',"temperature":NaN}', "'temperature'"),
         (b'{"model":"m","messages":[{"role":"robot","content":"x"}]}', "'messages.0.role'"),
         (b'{"model":"m",' + MESSAGES.encode() + b',"n":2}', "'n'"),
+        (b'{"model":"m",' + MESSAGES.encode() + b',"n_cmpl":4}', "'n_cmpl'"),  # llama.cpp's n
+        (b'{"model":"m",' + MESSAGES.encode() + b',"n_predict":-2}', "'n_predict'"),
         (b"\xff\xfe{}", "The request body is not valid JSON"),
     ],
 )
@@ -56,3 +58,40 @@ def test_a_refused_body_is_named_precisely(body: bytes, message: str) -> None:
         protocol.parse(body, protocol.CHAT)
     assert refused.value.status == 400
     assert message in refused.value.message
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    ['"one"', '["one"]', "[1, 2, 3]", "[[1, 2, 3]]", "[]"],
+)
+def test_a_completion_of_one_prompt_is_accepted(prompt: str) -> None:
+    body = ('{"model":"m","prompt":' + prompt + "}").encode()
+    assert protocol.parse(body, protocol.COMPLETION)["prompt"] == json.loads(prompt)
+
+
+@pytest.mark.parametrize("prompt", ['["one", "two"]', "[[1], [2], [3]]"])
+def test_a_completion_of_several_prompts_is_refused(prompt: str) -> None:
+    # llama.cpp answers each, under one usage that counts one: every count
+    # (records, limits, budgets) would see a fraction of the work.
+    body = ('{"model":"m","prompt":' + prompt + "}").encode()
+    with pytest.raises(GatewayError) as refused:
+        protocol.parse(body, protocol.COMPLETION)
+    assert refused.value.status == 400 and refused.value.param == "prompt"
+    count = len(json.loads(prompt))
+    assert f"it holds {count} prompts" in refused.value.message
+
+
+@pytest.mark.parametrize(
+    ("fields", "limit"),
+    [
+        ("", None),
+        (',"max_tokens":5', 5),
+        (',"max_tokens":1,"max_completion_tokens":900', 900),  # a provider may read either
+        (',"max_tokens":1,"n_predict":700', 700),  # llama.cpp reads n_predict first
+        (',"max_tokens":50,"n_predict":-1', None),  # llama.cpp: no limit at all
+        (',"max_tokens":null', None),
+    ],
+)
+def test_the_most_a_request_lets_the_model_write(fields: str, limit: int | None) -> None:
+    body = ('{"model":"m",' + MESSAGES + fields + "}").encode()
+    assert protocol.completion_limit(protocol.parse(body, protocol.CHAT)) == limit

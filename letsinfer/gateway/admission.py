@@ -10,8 +10,9 @@ queue. As slots free, waiters are served by their key's priority band first
 no waiter of a higher one can use it) and, within a band, round-robin across
 API keys: one key cannot take a band by opening many connections, and a busy
 key cannot starve the others. Past the queue bound or the wait limit the
-answer is 429 with Retry-After; when the model has no usable replica at all,
-503.
+answer is 429 with Retry-After (a full queue makes room for a request that
+outranks its newest waiter: a higher band, or a key with fewer waiting);
+when the model has no usable replica at all, 503.
 
 A request for a LoRA adapter waits in its base model's queue, for a replica
 that has loaded the adapter.
@@ -41,7 +42,17 @@ STANDARD = 1
 
 
 class _Waiter:
-    __slots__ = ("adapter", "band", "exclude", "future", "key", "prefix_hash", "service", "timer")
+    __slots__ = (
+        "adapter",
+        "band",
+        "exclude",
+        "future",
+        "key",
+        "prefix_hash",
+        "service",
+        "since",
+        "timer",
+    )
 
     def __init__(
         self,
@@ -60,6 +71,7 @@ class _Waiter:
         self.future = future
         self.band = band
         self.adapter = adapter
+        self.since = future.get_loop().time()
         self.timer: asyncio.TimerHandle | None = None
 
 
@@ -229,7 +241,7 @@ class Admission:
             if adapter is not None and self._any_usable(service, exclude, None):
                 raise adapter_not_loaded(adapter, service)
             raise self.unavailable(service, failures)
-        if self.depth() >= self.limits.max_waiting:
+        if self.depth() >= self.limits.max_waiting and not self._make_room(band, key):
             raise queue_full(service, self.retry_after)
         loop = asyncio.get_running_loop()
         waiter = _Waiter(service, key, prefix_hash, exclude, loop.create_future(), band, adapter)
@@ -321,6 +333,37 @@ class Admission:
                 return None
             tried.add(kind)
         return None
+
+    def _make_room(self, band: int, key: str) -> bool:
+        """The queue is full: the newest waiter a request of ``key`` in ``band``
+        outranks gives up its place (429 ``queue_full``, or its fallback), so
+        that neither a lower band nor another key of the same band can lock it
+        out by filling the queue. It outranks the waiters of lower bands and,
+        in its own band, those of a key with at least two more waiting than
+        it has (less would only trade places). False: it outranks none."""
+        for lower in range(BANDS - 1, band - 1, -1):
+            counts: dict[str, int] = {}
+            for bands in self._queues.values():
+                for k, waiters in bands[lower].items():
+                    counts[k] = counts.get(k, 0) + len(waiters)
+            if not counts:
+                continue
+            most = max(counts, key=counts.__getitem__)
+            if lower == band and counts[most] < counts.get(key, 0) + 2:
+                return False
+            newest = max(
+                (
+                    bands[lower][most][-1]
+                    for bands in self._queues.values()
+                    if bands[lower].get(most)
+                ),
+                key=lambda w: w.since,
+            )
+            self._remove(newest)
+            if not newest.future.done():
+                newest.future.set_exception(queue_full(newest.service, self.retry_after))
+            return True
+        return False
 
     def _remove(self, waiter: _Waiter) -> None:
         bands = self._queues.get(waiter.service)

@@ -13,7 +13,7 @@ from starlette.types import Receive, Scope, Send
 
 from letsinfer.gateway.availability import MEANT_TO_SERVE
 from letsinfer.gateway.direct import protocol_mixin
-from letsinfer.gateway.directory import ServiceEntry, StoreUnavailable
+from letsinfer.gateway.directory import KeyPolicy, ServiceEntry, StoreUnavailable
 from letsinfer.gateway.errors import GatewayError, internal_error, unknown_model
 from letsinfer.gateway.gateway import Gateway
 from letsinfer.gateway.serving import (
@@ -85,7 +85,7 @@ def create_app(
             1 for r in gw.routing.replicas(entry.base) if not r.paused and entry.name in r.adapters
         )
 
-    def model_card(entry: ServiceEntry) -> dict[str, object]:
+    def model_card(entry: ServiceEntry, policy: KeyPolicy) -> dict[str, object]:
         card: dict[str, object] = {
             "id": entry.name,
             "object": "model",
@@ -94,7 +94,9 @@ def create_app(
             "aliases": list(entry.aliases),
             "ready_replicas": ready(entry),
         }
-        if entry.base is not None:  # a LoRA adapter of this model
+        # A LoRA adapter of this model; named only to a key that may use it
+        # (an adapter-only key's errors never name it either).
+        if entry.base is not None and policy.allows(entry.base):
             card["parent"] = entry.base
         return card
 
@@ -106,7 +108,9 @@ def create_app(
             note_refusal(gw, request.scope, "-", err)
             count_refusal(gw, request.scope, err)
             return err.response()
-        data = [model_card(s) for s in gw.directory.current().services if policy.allows(s.name)]
+        data = [
+            model_card(s, policy) for s in gw.directory.current().services if policy.allows(s.name)
+        ]
         return JSONResponse({"object": "list", "data": data})
 
     @app.get("/v1/models/{model:path}")
@@ -123,7 +127,7 @@ def create_app(
                 raise unknown_model(model)
         except GatewayError as err:
             return err.response()
-        return JSONResponse(model_card(entry))
+        return JSONResponse(model_card(entry, policy))
 
     @app.get("/health")
     async def health(request: Request) -> Response:

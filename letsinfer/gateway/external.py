@@ -17,9 +17,12 @@ off.
 
 from __future__ import annotations
 
+import email.utils
 import json
 import logging
+import math
 import ssl
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,14 +86,18 @@ def unreachable(exc: BaseException) -> str:
 
 def failed(status: int) -> bool:
     """A provider's answer that is a failure of its own, not of the request:
-    rate limited, a server error (503 is retried as an engine's is), or a
-    redirect (never followed: the key would go with it)."""
-    return status == 429 or status >= 500 or redirected(status)
+    rate limited, a server error (503 is retried as an engine's is), or one
+    that says it is set up wrong (:func:`misconfigured`)."""
+    return status == 429 or status >= 500 or misconfigured(status)
 
 
-def redirected(status: int) -> bool:
-    """A redirect: no client could use it as our answer (it has no Location)."""
-    return 300 <= status < 400
+def misconfigured(status: int) -> bool:
+    """An answer no client could use as ours, since it is about how the model
+    is set up: a redirect (never followed: the key would go with it; the
+    client gets no Location), or no such route or model at the provider (404,
+    405, 410: a wrong URL or provider model, or one it retired), which told
+    as it is would say that a model ``/v1/models`` lists does not exist."""
+    return 300 <= status < 400 or status in (404, 405, 410)
 
 
 def provider_failed(model: str, status: int) -> GatewayError:
@@ -103,11 +110,37 @@ def provider_failed(model: str, status: int) -> GatewayError:
     )
 
 
-def relayable(value: bytes | None) -> bytes | None:
-    """A provider's Retry-After, if it is one a client can read (seconds or a date)."""
-    if value is None or not 0 < len(value) <= 40:
+# A provider's Retry-After is relayed within these (seconds): never an
+# invitation to retry at once, never a wait of more than a day; and a 429
+# without one a client can use gets the default (every 429 says when).
+RETRY_AFTER_RANGE = (1, 86_400)
+RETRY_AFTER_DEFAULT = b"5"
+
+
+def retry_after(status: int, value: bytes | None) -> bytes | None:
+    """What a provider's relayed failure tells the client of when to retry:
+    its Retry-After as whole seconds (from seconds or an HTTP date), else
+    for a 429 the default."""
+    seconds = _seconds(value)
+    return seconds if seconds is not None or status != 429 else RETRY_AFTER_DEFAULT
+
+
+def _seconds(value: bytes | None) -> bytes | None:
+    if value is None or not 0 < len(value) <= 40 or not value.isascii():
         return None
-    return value if all(32 <= c < 127 for c in value) else None
+    text = value.decode().strip()
+    if text.isdigit():
+        seconds = float(text)
+    else:
+        try:
+            when = email.utils.parsedate_to_datetime(text)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:  # (an HTTP date is GMT; a zone-less one is not one)
+            return None
+        seconds = when.timestamp() - time.time()
+    low, high = RETRY_AFTER_RANGE
+    return str(int(min(max(math.ceil(seconds), low), high))).encode()
 
 
 def sendable(key: str) -> bool:

@@ -17,12 +17,17 @@ Only keys that carry limits reach this module (the request path checks
 Tokens are known only after a request, so a request admitted under a limit
 may end over it; the next one is refused. So that many requests at once
 cannot all start on what is left of a budget, each holds an estimate of its
-tokens while it runs (its prompt at four bytes a token, plus its
-``max_tokens`` when it sets one): a key whose spent and held tokens reach its
-budget waits for its requests in progress (429 ``budget_exhausted``,
-``Retry-After: 1``). A request cut off before its engine reported its usage
-(a stream whose client left) is charged that estimate of its prompt and a
-token per event it relayed, never nothing. A request refused after it was
+tokens while it runs (its prompt at four bytes a token, plus the most it
+lets the model write, when it sets that: ``max_tokens``,
+``max_completion_tokens`` or llama.cpp's ``n_predict``, whichever is
+largest): a key whose spent and held tokens reach its budget waits for its
+requests in progress (429 ``budget_exhausted``, ``Retry-After: 1``), and a
+request that sets how much it may write, with an estimate more than what is
+left, is refused the same way (one that sets none may pass the budget by what
+it writes). A request whose engine never reported its usage (a stream whose client
+left, a timeout, a provider that sends none) is charged that estimate of its
+prompt and a token per event it relayed (a whole answer: four bytes a
+token), never nothing. A request refused after it was
 admitted here (the key's concurrency, a full queue) does not count against
 the requests per minute, as the records count it after a restart.
 
@@ -105,6 +110,21 @@ def budget_held(key: str, budget: int, period: str, spent: int, held: int) -> Ga
         type_="insufficient_quota",
         code="budget_exhausted",
         headers={"retry-after": "1"},
+    )
+
+
+def budget_short(
+    key: str, budget: int, period: str, asks: int, left: int, held: int, retry_after: int
+) -> GatewayError:
+    held_by = f", its requests in progress holding about {held} more" if held else ""
+    return GatewayError(
+        429,
+        f"This request may use about {asks} tokens (its prompt, and the most it lets the "
+        f"model write), and API key '{key}' has about {left} left of its budget of "
+        f"{budget} tokens this {period} (UTC){held_by}; ask for fewer tokens or retry later.",
+        type_="insufficient_quota",
+        code="budget_exhausted",
+        headers={"retry-after": str(retry_after)},
     )
 
 
@@ -202,6 +222,15 @@ class Limiter:
                 )
             if st.spent + st.held >= limits.budget:
                 raise budget_held(key, limits.budget, limits.period, st.spent, st.held)
+            # A request that says how much it may write must fit in what is
+            # left; one that does not may pass the budget by what it writes.
+            asks = prompt + max_tokens if max_tokens is not None else 0
+            if st.spent + st.held + asks > limits.budget:
+                left = limits.budget - st.spent - st.held
+                retry_after = 1 if st.held else max(1, math.ceil(end - now))
+                raise budget_short(
+                    key, limits.budget, limits.period, asks, left, st.held, retry_after
+                )
         if limits.tpm is not None and st.in_window >= limits.tpm:
             # Until enough of the window's tokens leave it to fall under the limit.
             left, wait = st.in_window, WINDOW_S

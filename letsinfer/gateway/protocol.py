@@ -48,7 +48,10 @@ class _Sampling(Request):
     max_completion_tokens: NotRequired[Annotated[int, Field(ge=1)] | None]
     temperature: NotRequired[Annotated[float, Field(ge=0, le=2)] | None]
     top_p: NotRequired[Annotated[float, Field(ge=0, le=1)] | None]
-    n: NotRequired[Annotated[int, Field(ge=1, le=1)] | None]  # llama.cpp returns one choice
+    # One answer per request: its usage, which every count relies on, covers one.
+    n: NotRequired[Annotated[int, Field(ge=1, le=1)] | None]
+    n_cmpl: NotRequired[Annotated[int, Field(ge=1, le=1)] | None]  # llama.cpp's own n
+    n_predict: NotRequired[Annotated[int, Field(ge=-1)] | None]  # llama.cpp's max_tokens
     stop: NotRequired[str | list[str] | None]
     seed: NotRequired[int | None]
     stream_options: NotRequired[dict[str, Any] | None]
@@ -125,6 +128,39 @@ def prompt_start(request: Body, kind: Kind, limit: int) -> str:
     return "".join(parts)[:limit]
 
 
+def completion_limit(request: Body) -> int | None:
+    """The most completion tokens a request lets its engine make; None when it
+    sets no limit. llama.cpp reads ``n_predict`` (-1: none), then
+    ``max_completion_tokens``, then ``max_tokens``, and a provider either of
+    the last two, so the largest one given counts."""
+    if request.get("n_predict") == -1:
+        return None
+    given = [
+        v
+        for v in (
+            request.get("max_tokens"),
+            request.get("max_completion_tokens"),
+            request.get("n_predict"),
+        )
+        if v is not None
+    ]
+    return max(given) if given else None
+
+
+def _one_prompt(request: Body) -> None:
+    """A completion request's prompt is one prompt: a list of them gets as
+    many answers under one usage, which would count as one."""
+    prompt = request["prompt"]
+    if isinstance(prompt, list) and len(prompt) > 1 and isinstance(prompt[0], str | list):
+        raise GatewayError(
+            400,
+            f"Invalid value for 'prompt': it holds {len(prompt)} prompts; letsinfer answers "
+            "one prompt per request, so send each as a request of its own.",
+            param="prompt",
+            code="invalid_value",
+        )
+
+
 def encode(data: dict[str, Any]) -> bytes:
     """A request changed by the gateway, as bytes again: compact UTF-8 JSON, or
     escaped where it holds a lone surrogate (which :func:`parse` accepts, as
@@ -138,7 +174,13 @@ def encode(data: dict[str, Any]) -> bytes:
 def parse(body: bytes, route: Route) -> Body:
     if jsondepth.too_deep(body):  # before the parser recurses into it
         raise GatewayError(400, jsondepth.too_deep_message(), code="json_too_deep")
-    schema = route.schema
+    request = _validate(body, route.schema)
+    if route.kind == "completion":
+        _one_prompt(request)
+    return request
+
+
+def _validate(body: bytes, schema: TypeAdapter[Any]) -> Body:
     try:  # pydantic's own JSON parser: half the cost of json.loads, then validate
         return schema.validate_json(body)  # type: ignore[no-any-return]
     except ValidationError:

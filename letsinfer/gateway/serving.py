@@ -227,6 +227,26 @@ async def read_body(receive: Receive, declared: bytes | None, limit: int) -> byt
     return b"".join(parts)
 
 
+def answers_as(entry: ServiceEntry) -> bytes | None:
+    """The model name its answers carry, when the engine's would be another:
+    an adapter's (the engine names its base, which a key allowed only the
+    adapter is never told), an external model's (the provider names its own
+    model). None: the engine's name is the model's."""
+    if entry.base is None and entry.external is None:
+        return None
+    return json.dumps(entry.name).encode()
+
+
+# The answer's (or a stream event's) "model" field, outside any string.
+_MODEL_FIELD = re.compile(rb'(?<!\\)"model"(\s*:\s*)"(?:[^"\\]|\\.)*"')
+
+
+def renamed(answer: bytes, name: bytes) -> bytes:
+    """``answer`` (whole, or whole stream events) with its model named ``name``
+    (a JSON string)."""
+    return _MODEL_FIELD.sub(lambda m: b'"model"' + m[1] + name, answer)
+
+
 _PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s*(\d+)')
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
 
@@ -263,6 +283,7 @@ class Exchange:
         "node",
         "pg",
         "queue_s",
+        "renamed",
         "request_id",
         "responded",
         "served",
@@ -301,6 +322,9 @@ class Exchange:
         self.cache_key: bytes | None = None  # where to keep the answer
         self.fallback: str | None = None  # the model that answered instead
         self.cut_off = False  # its answer ended early: a timeout, a broken stream, the client
+        # The name its answer gives as its model, when not the engine's own
+        # (an adapter's, or an external model's instead of the provider's).
+        self.renamed: bytes | None = None
 
     def at_engine(self, replica: Replica | None) -> None:
         """The replica working on the request now (None: none did any work)."""
@@ -435,17 +459,19 @@ class InferenceEndpoints:
                 )
             raise unknown_model(parsed["model"])
         ex.served = entry.name
+        ex.renamed = answers_as(entry)
         ex.stream = stream = parsed.get("stream", False)
         if key.limits is not None:
-            asked_for = parsed.get("max_tokens") or parsed.get("max_completion_tokens")
             ex.admitted = gw.limiter.admit(
                 key.name,
                 key.limits,
                 estimate_prompt(body),
-                asked_for if route.sampling else None,
+                protocol.completion_limit(parsed) if route.sampling else None,
             )
-        if key.cache is not None and await self._from_cache(
-            key, entry, path, route, parsed, ex, send, cache_control
+        if (
+            key.cache is not None
+            and not self._stopped(entry)
+            and await self._from_cache(key, entry, path, route, parsed, ex, send, cache_control)
         ):
             return
         if stream and route.sampling:
@@ -482,6 +508,15 @@ class InferenceEndpoints:
         finally:
             gw.admission.leave_key(key.name)
 
+    def _stopped(self, entry: ServiceEntry) -> bool:
+        """Stopped by an administrator (the cluster, the model, or an adapter's
+        base): nothing answers under its name, not even the cache."""
+        snapshot = self.gw.directory.current()
+        serves = snapshot.names.get(entry.serves)
+        return snapshot.system_stopped or (
+            serves is not None and serves.groups > 0 and not serves.running
+        )
+
     def prefix_hint(self, parsed: protocol.Body, route: protocol.Route) -> int | None:
         """The request's prompt-prefix hash for cache-aware routing (None: off or short)."""
         if not self.prefix_chars:
@@ -514,6 +549,7 @@ class InferenceEndpoints:
             other.name,
         )
         ex.fallback = ex.served = other.name
+        ex.renamed = answers_as(other)
         try:
             return await self.gw.upstream.start(
                 other.serves,
@@ -604,19 +640,22 @@ class InferenceEndpoints:
         ex.status = started.status
         ex.responded = True
         if started.response is None:  # the whole answer is here
+            answer = started.first
+            if ex.renamed is not None:
+                answer = renamed(answer, ex.renamed)
             # (A fallback's answer is not kept: a hit would hide that it was one.)
             if ex.cache_key is not None and started.status == 200 and ex.fallback is None:
-                self.gw.cache.put(ex.cache_key, started.first, started.content_type)
+                self.gw.cache.put(ex.cache_key, answer, started.content_type)
             if started.retry_after is not None:  # a provider's own 429 or 5xx
                 headers.append((b"retry-after", started.retry_after))
-            headers.append((b"content-length", str(len(started.first)).encode()))
+            headers.append((b"content-length", str(len(answer)).encode()))
             await send(
                 {"type": "http.response.start", "status": started.status, "headers": headers}
             )
             ex.ttft = time.perf_counter() - ex.started
-            ex.tail = started.first
+            ex.tail = answer
             ex.done = True
-            await send({"type": "http.response.body", "body": started.first})
+            await send({"type": "http.response.body", "body": answer})
             return
         headers.append((b"cache-control", b"no-cache"))
         await send({"type": "http.response.start", "status": 200, "headers": headers})
@@ -627,7 +666,9 @@ class InferenceEndpoints:
         try:
             while chunk is not None:
                 if usage is not None:
-                    chunk = usage.feed(chunk)
+                    chunk = usage.feed(chunk)  # (whole events)
+                if chunk and ex.renamed is not None:
+                    chunk = renamed(chunk, ex.renamed)
                 if chunk:
                     if ex.admitted is not None:  # tokens sent, should its usage never come
                         ex.admitted.events += chunk.count(b"data:")
@@ -638,6 +679,8 @@ class InferenceEndpoints:
                     ex.tail = last = chunk  # what the client has last, should it leave
                 chunk = await response.next_chunk()
             if usage is not None and (rest := usage.flush()):
+                if ex.renamed is not None:
+                    rest = renamed(rest, ex.renamed)
                 await send({"type": "http.response.body", "body": rest, "more_body": True})
         except EngineError as exc:
             # Bytes already reached the client: no retry, but no silent cut either.
@@ -684,9 +727,12 @@ class InferenceEndpoints:
                 and (ex.cut_off or ex.status == 200)
             ):
                 # An engine worked on it, but its usage never came (the client
-                # left, a timeout, a broken stream): the estimate, never nothing.
-                # (An answer that came whole, an error, reports what it used.)
-                used = admitted.charged = admitted.estimate + admitted.events
+                # left, a timeout, a broken stream, a provider that sends none):
+                # the estimate, never nothing: the prompt's, and a token per
+                # event relayed or four bytes of a whole answer. (An error
+                # that came whole reports what it used.)
+                made = admitted.events if ex.stream else len(ex.tail) // 4
+                used = admitted.charged = admitted.estimate + made
             else:
                 used = (prompt_tokens or 0) + (completion_tokens or 0)
             # Not a request of its minute: one refused after its admission, or

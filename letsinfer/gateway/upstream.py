@@ -133,9 +133,9 @@ class Upstream:
                         # The provider refused its key: not the client's key at fault.
                         raise external.refused_key(service, response.status)
                     if external.failed(response.status):
-                        if fail_on_provider_error or external.redirected(response.status):
+                        if fail_on_provider_error or external.misconfigured(response.status):
                             raise external.provider_failed(service, response.status)
-                        retry_after = external.relayable(response.retry_after)
+                        retry_after = external.retry_after(response.status, response.retry_after)
                 if stream and response.status == 200:
                     first = await response.next_chunk()
                     if first is None:
