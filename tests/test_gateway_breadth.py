@@ -1413,14 +1413,15 @@ def test_external_models_and_fallbacks_are_checked_before_anything_changes(
             (("e", url, "m", accented), {}, "visible ASCII"),
             (("e", "http://api.example.com/v1", "m", key), {"ca_file": key}, "CA file"),
             (("e", url, "m", key), {"fallback": "nothing"}, "no such model"),
-            (("e", url, "m", key), {"fallback": "e"}, "no such model"),
+            (("e", url, "m", key), {"fallback": "e"}, "its own fallback"),
             (("local", url, "m", key), {}, "already exists"),
             (("local\n", url, "m", key), {}, "invalid model name"),  # one log line, one name
         ):
             with pytest.raises(StoreError, match=words):
                 add_external_model(store, *args, **kwargs)
         assert [s.name for s in store.list_services()] == ["local"]
-        assert store.list_audit() == []
+        # Each refusal is audited, and changed nothing else.
+        assert [(r.action, r.outcome) for r in store.list_audit()] == [("model.add", "denied")] * 11
         with pytest.raises(StoreError, match="its own fallback"):
             set_fallback(store, "local", "local")
         assert store.get_service("local").fallback is None  # type: ignore[union-attr]

@@ -14,9 +14,9 @@ import ssl
 import stat
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
-from letsinfer.authority.models import check_model_name, resolve_fallback
+from letsinfer.authority.models import check_model_name, refusals_audited, resolve_fallback
 from letsinfer.gateway.external import sendable
 from letsinfer.store import AuthorityStore, ServiceRecord, StoreError
 from letsinfer.store.adapters import AdapterRecord
@@ -25,19 +25,35 @@ DEFAULT_CONCURRENCY = 64  # requests at the provider at once, unless told
 
 
 def check_url(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise StoreError(f"{url!r} is not an http(s) URL (such as https://api.example.com/v1)")
-    if parts.username or parts.password or parts.query or parts.fragment:
-        raise StoreError(
-            f"{url!r}: give the provider's API base only (no user, query or fragment); "
-            "its key goes in --key-file"
-        )
+    """The provider's API base, its scheme and host in lower case (as the
+    gateway and the CLI compare them) and no trailing slash."""
     try:
+        parts = urlsplit(url)
         parts.port  # noqa: B018  (raises on a bad port)
     except ValueError as exc:
-        raise StoreError(f"{url!r}: {exc}") from exc
-    return url.rstrip("/")
+        raise StoreError(f"{_shown(url)!r}: {exc}") from exc
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise StoreError(
+            f"{_shown(url)!r} is not an http(s) URL (such as https://api.example.com/v1)"
+        )
+    if parts.username or parts.password or parts.query or parts.fragment:
+        raise StoreError(
+            f"{_shown(url)!r}: give the provider's API base only (no user, query or fragment); "
+            "its key goes in --key-file"
+        )
+    return urlunsplit((parts.scheme, parts.netloc.lower(), parts.path, "", "")).rstrip("/")
+
+
+def _shown(url: str) -> str:
+    """A refused URL as a message (and the audit chain) may show it: without
+    a user, password, query or fragment, which may hold a secret."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url.split("@")[-1].split("?")[0].split("#")[0]
+    host = parts.netloc.rpartition("@")[2]
+    hidden = "…" if parts.query or parts.fragment else ""
+    return urlunsplit((parts.scheme, host, parts.path, "", "")) + hidden
 
 
 def check_key_file(path: Path) -> str:
@@ -50,10 +66,13 @@ def check_key_file(path: Path) -> str:
         raise StoreError(f"key file {path}: {exc.strerror}") from exc
     if not stat.S_ISREG(st.st_mode):
         raise StoreError(f"key file {path} is not a regular file")
+    private = f"make it private first (chmod 600 {path}, or 640 with the letsinfer group)"
     if st.st_mode & stat.S_IROTH:
+        raise StoreError(f"key file {path} can be read by every user of this machine; {private}")
+    if st.st_mode & (stat.S_IWOTH | stat.S_IWGRP):
+        who = "every user of this machine" if st.st_mode & stat.S_IWOTH else "its group"
         raise StoreError(
-            f"key file {path} can be read by every user of this machine; "
-            f"make it private first (chmod 600 {path}, or 640 with the letsinfer group)"
+            f"key file {path} can be written by {who}, who could swap in their own key; {private}"
         )
     try:
         text = path.read_text()
@@ -92,26 +111,29 @@ def add_external_model(
     fallback: str | None = None,
     actor: str = "cli",
 ) -> ServiceRecord:
-    """Record an external model (audited); every check happens before anything changes."""
-    check_model_name(name)
-    for alias in aliases:
-        check_model_name(alias)
-    for taken in (name, *aliases):
-        store.check_name_free(taken)
-    if not provider_model or len(provider_model) > 256 or not provider_model.isprintable():
-        raise StoreError("--provider-model must be the provider's model name (1-256 characters)")
-    if concurrency is not None and not 1 <= concurrency <= 4096:
-        raise StoreError("--concurrency must be between 1 and 4096")
-    external: dict[str, Any] = {
-        "url": check_url(url),
-        "provider_model": provider_model,
-        "key_file": check_key_file(key_file) if key_file is not None else None,
-        "ca_file": check_ca_file(ca_file) if ca_file is not None else None,
-        "concurrency": concurrency or DEFAULT_CONCURRENCY,
-    }
-    if external["ca_file"] and not external["url"].startswith("https://"):
-        raise StoreError("--ca-file is for an https URL")
-    target = resolve_fallback(store, name, fallback) if fallback is not None else None
+    """Record an external model (audited); every check happens before anything
+    changes, and a refusal is audited and changes nothing else."""
+    with refusals_audited(store, actor, "model.add", name):
+        check_model_name(name)
+        for alias in aliases:
+            check_model_name(alias)
+        store.check_new_names(name, aliases)
+        if not provider_model or len(provider_model) > 256 or not provider_model.isprintable():
+            raise StoreError(
+                "--provider-model must be the provider's model name (1-256 characters)"
+            )
+        if concurrency is not None and not 1 <= concurrency <= 4096:
+            raise StoreError("--concurrency must be between 1 and 4096")
+        external: dict[str, Any] = {
+            "url": check_url(url),
+            "provider_model": provider_model,
+            "key_file": check_key_file(key_file) if key_file is not None else None,
+            "ca_file": check_ca_file(ca_file) if ca_file is not None else None,
+            "concurrency": concurrency or DEFAULT_CONCURRENCY,
+        }
+        if external["ca_file"] and urlsplit(external["url"]).scheme != "https":
+            raise StoreError("--ca-file is for an https URL")
+        target = resolve_fallback(store, name, fallback, aliases) if fallback is not None else None
     with store.transaction():
         svc = store.add_service(
             name, "", 0, "external", external["url"], aliases, external=external, fallback=target
@@ -136,12 +158,13 @@ def set_fallback(
 ) -> ServiceRecord | AdapterRecord:
     """Set (or, with None, clear) the model that answers when this one (a model,
     alias or LoRA adapter) cannot."""
-    svc = store.resolve_service(name)
-    adapter = store.get_adapter(name) if svc is None else None
-    if svc is None and adapter is None:
-        raise StoreError(f"no model {name!r} (see `letsinfer model list`)")
-    canonical = svc.name if svc is not None else name
-    target = resolve_fallback(store, canonical, fallback) if fallback is not None else None
+    with refusals_audited(store, actor, "model.fallback", name, role=role):
+        svc = store.resolve_service(name)
+        adapter = store.get_adapter(name) if svc is None else None
+        if svc is None and adapter is None:
+            raise StoreError(f"no model {name!r} (see `letsinfer model list`)")
+        canonical = svc.name if svc is not None else name
+        target = resolve_fallback(store, canonical, fallback) if fallback is not None else None
     with store.transaction():
         if svc is not None:
             store.set_fallback(canonical, target)
@@ -158,3 +181,27 @@ def set_fallback(
     updated = store.get_service(canonical) if svc is not None else store.get_adapter(canonical)
     assert updated is not None
     return updated
+
+
+def fallback_notes(store: AuthorityStore, name: str) -> list[str]:
+    """What an operator may not expect of NAME's fallback (a model, alias or
+    adapter): accepted, but worth a line when it is set."""
+    svc = store.resolve_service(name)
+    adapter = store.get_adapter(name) if svc is None else None
+    record = svc or adapter
+    if record is None or not record.fallback:
+        return []
+    canonical, target = (svc.name if svc is not None else name), record.fallback
+    notes = []
+    other = store.get_service(target) or store.get_adapter(target)
+    if other is not None and other.fallback == canonical:
+        notes.append(
+            f"{target} falls back to {canonical} in turn: a request goes at most one hop, "
+            "so it never loops"
+        )
+    if adapter is not None and target == adapter.service:
+        notes.append(
+            f"{target} is the base model of adapter {canonical}: its fallback answers "
+            "without the adapter"
+        )
+    return notes

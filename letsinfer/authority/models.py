@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +28,28 @@ def check_model_name(name: str) -> None:
         )
 
 
-def resolve_fallback(store: AuthorityStore, name: str, fallback: str) -> str:
-    """The canonical name of a fallback: a model (or alias) or a LoRA adapter."""
+@contextlib.contextmanager
+def refusals_audited(
+    store: AuthorityStore, actor: str, action: str, name: str, *, role: str | None = None
+) -> Iterator[None]:
+    """A refusal (StoreError) within: one "denied" record, then the error as it was."""
+    try:
+        yield
+    except StoreError as exc:
+        target = name if _NAME.fullmatch(name) else None  # a refused name is in the detail
+        store.append_audit(
+            actor, action, "denied", role=role, target=target, detail=str(exc)[:1000]
+        )
+        raise
+
+
+def resolve_fallback(
+    store: AuthorityStore, name: str, fallback: str, aliases: tuple[str, ...] = ()
+) -> str:
+    """The canonical name of a fallback: a model (or alias) or a LoRA adapter.
+    ``aliases``: those of a model being added (not recorded yet)."""
+    if fallback == name or fallback in aliases:
+        raise StoreError(f"model {name} cannot be its own fallback")
     svc = store.resolve_service(fallback)
     target = svc.name if svc is not None else None
     if target is None and store.get_adapter(fallback) is not None:
@@ -61,13 +83,13 @@ def add_gguf_model(
     were. ``known_good``: letsinfer wrote the file itself (the tiny model), so
     no trial engine runs. ``origin`` (from ``model pull``) says where the file
     came from: repository, commit and the sha256 the hub published for each file."""
-    check_model_name(name)
-    for alias in aliases:
-        check_model_name(alias)
-    for taken in (name, *aliases):
-        store.check_name_free(taken)
-    if fallback is not None:
-        fallback = resolve_fallback(store, name, fallback)
+    with refusals_audited(store, actor, "model.add", name):
+        check_model_name(name)
+        for alias in aliases:
+            check_model_name(alias)
+        store.check_new_names(name, aliases)
+        if fallback is not None:
+            fallback = resolve_fallback(store, name, fallback, aliases)
     staged = stage_gguf(model_store, source)
     try:
         if not known_good:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import click
 
@@ -86,7 +87,7 @@ def add_external(
         f"added model [bold]{svc.name}[/bold]: {ext['provider_model']} at {ext['url']}",
         highlight=False,
     )
-    if ext["url"].startswith("http://") and ext["key_file"]:
+    if urlsplit(ext["url"]).scheme == "http" and ext["key_file"]:
         console.print(
             "[yellow]warning[/yellow]: the provider's key travels unencrypted over http://"
         )

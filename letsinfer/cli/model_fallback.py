@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from letsinfer.authority.anchor import open_authority
-from letsinfer.authority.external import set_fallback
+from letsinfer.authority.external import fallback_notes, set_fallback
 from letsinfer.cli.model import model
 from letsinfer.cli.output import console
 from letsinfer.cli.scope import CliContext, scoped
@@ -26,9 +26,12 @@ def fallback(ctx: CliContext, name: str, other: str | None, clear: bool) -> None
     store = open_authority(ctx.home)
     try:
         svc = set_fallback(store, name, None if clear else other)
+        notes = fallback_notes(store, svc.name)
     finally:
         store.close()
     if svc.fallback:
         console.print(f"model {svc.name}: falls back to {svc.fallback}", highlight=False)
     else:
         console.print(f"model {svc.name}: no fallback", highlight=False)
+    for note in notes:
+        console.print(f"[dim]note[/dim]: {note}", highlight=False)

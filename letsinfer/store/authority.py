@@ -779,8 +779,7 @@ class AuthorityStore(AuditTables, AdapterTables):
         external: dict[str, Any] | None = None,
         fallback: str | None = None,
     ) -> ServiceRecord:
-        for taken in (name, *aliases):
-            self.check_name_free(taken)
+        self.check_new_names(name, aliases)
         self.db["model_services"].insert(
             {
                 "name": name,
@@ -814,6 +813,21 @@ class AuthorityStore(AuditTables, AdapterTables):
 
     def list_services(self) -> list[ServiceRecord]:
         return [_service(r) for r in self._rows("SELECT * FROM model_services ORDER BY name")]
+
+    def check_new_names(self, name: str, aliases: tuple[str, ...] = ()) -> None:
+        """A new model's name and aliases: each given once, none the model's
+        own name, and none taken by another model, alias or adapter."""
+        seen: set[str] = set()
+        for alias in aliases:
+            if alias == name:
+                raise StoreError(
+                    f"alias {alias!r} is the model's own name: clients can already use it"
+                )
+            if alias in seen:
+                raise StoreError(f"alias {alias!r} is given twice")
+            seen.add(alias)
+        for taken in (name, *aliases):
+            self.check_name_free(taken)
 
     def check_name_free(self, name: str) -> None:
         """Models, their aliases and LoRA adapters share one namespace: the
