@@ -64,8 +64,10 @@ def list_models(ctx: CliContext, as_json: bool) -> None:
         {
             **r,
             "aliases": ", ".join(r["aliases"]),
-            "sha256": brief(r["sha256"], 12),
-            "size": f"{r['size'] / 1e6:.1f} MB",
+            "sha256": brief(r["sha256"], 12) if not r["external"] else "-",
+            # An external model has no file and no placement groups: its state
+            # is the gateway's (serving while it publishes it), its size none.
+            "size": f"{r['size'] / 1e6:.1f} MB" if not r["external"] else "-",
             "from": (
                 r["external"]["url"]
                 if r["external"]
@@ -73,7 +75,7 @@ def list_models(ctx: CliContext, as_json: bool) -> None:
                 if r["repo"]
                 else "file"
             ),
-            "ready": f"{r['ready']}/{r['total']}",
+            "ready": f"{r['ready']}/{r['total']}" if not r["external"] else "external",
         }
         for r in rows
     ]
@@ -246,6 +248,7 @@ def install(
     group whose tasks span the nodes)."""
     assert ctx.identity is not None
     settings = config.load(ctx.home.config_file)
+    refuse_adapter_name(ctx, name, "install")
     store = open_authority(ctx.home)
     try:
         if parallel:
@@ -496,6 +499,32 @@ def _confirm_replacing(
     raise click.ClickException(refusal)
 
 
+def adapter_refusal(store: AuthorityStore, name: str) -> str | None:
+    """What NAME is when it names no model but a LoRA adapter (clients ask for
+    adapters by name, so operators do too); None otherwise."""
+    if store.resolve_service(name) is not None:
+        return None
+    found = store.get_adapter(name)
+    if found is None:
+        return None
+    return (
+        f"{name!r} is a LoRA adapter of model {found.service!r}, not a model; "
+        f"see `letsinfer model adapter list {found.service}`"
+    )
+
+
+def refuse_adapter_name(ctx: CliContext, name: str, verb: str) -> None:
+    """Refuse `model VERB ADAPTER` saying what the name is (the authority would
+    only say there is no such model)."""
+    store = read_store(ctx.home)
+    try:
+        why = adapter_refusal(store, name)
+    finally:
+        store.close()
+    if why is not None:
+        raise click.ClickException(f"{why} (`letsinfer model {verb}` takes its base model)")
+
+
 # How long `model stop` waits for engines to be gone: a child's agent reports
 # it with its next facts, an engine stops within seconds of SIGTERM.
 STOP_WAIT_S = 60.0
@@ -505,6 +534,7 @@ def _set_desired(ctx: CliContext, name: str, desired: str) -> str:
     """Ask for it (the running node, else the authority directly); the model's
     canonical name."""
     verb = "start" if desired == "running" else "stop"
+    refuse_adapter_name(ctx, name, verb)
     answer = ask_node(ctx.home, "POST", f"/v1/ops/models/{segment(name)}/{verb}")
     if answer is None:  # no node runs here: write the authority directly
         store = open_authority(ctx.home)
@@ -585,6 +615,7 @@ def start(ctx: CliContext, name: str, wait: bool) -> None:
 def resume(ctx: CliContext, name: str) -> None:
     """Resume placement groups paused by a lost data link (an explicit step), once
     every link they need is proven again; also starts stopped groups."""
+    refuse_adapter_name(ctx, name, "resume")
     answer = ask_node(ctx.home, "POST", f"/v1/ops/models/{segment(name)}/resume")
     if answer is None:
         store = open_authority(ctx.home)
@@ -612,7 +643,7 @@ def show(ctx: CliContext, name: str, as_json: bool) -> None:
     try:
         svc = store.resolve_service(name)
         if svc is None:
-            raise StoreError(f"no model {name!r}")
+            raise StoreError(adapter_refusal(store, name) or f"no model {name!r}")
         info = model_object(store, read_scene(ctx, store), svc)
     finally:
         store.close()
