@@ -217,24 +217,19 @@ def limits(ctx: CliContext, name: str, as_json: bool, **given: Any) -> None:
     and tokens of the last minute, tokens of the budget's period) are rebuilt
     from the request records whenever its limits change."""
     change = _policy(given)
+    store = read_store(ctx.home)
+    try:
+        found = store.list_api_keys(name=name)
+    finally:
+        store.close()
+    missing = f"no active API key named {name!r}"
     if not change:
-        store = open_authority(ctx.home)
-        try:
-            found = store.list_api_keys(name=name)
-        finally:
-            store.close()
         if not found:
-            raise click.ClickException(f"no active API key named {name!r}")
+            raise click.ClickException(missing)
         answer = {"name": name, **policy_json(found[-1])}
     else:
-        store = read_store(ctx.home)
-        try:
-            found = store.list_api_keys(name=name)
-        finally:
-            store.close()
         if not found:
-            missing = StoreError(f"no active API key named {name!r}")
-            _refuse(ctx.home, "auth.key.limits", name, missing)
+            _refuse(ctx.home, "auth.key.limits", name, StoreError(missing))
         _check(ctx.home, "auth.key.limits", name, change, found[-1])
         path = f"/v1/ops/keys/{segment(name)}/limits"
         answer = ask_node(ctx.home, "POST", path, json=change)  # type: ignore[assignment]
