@@ -291,3 +291,22 @@ def test_a_fallback_loop_and_an_adapters_own_base_are_accepted_with_a_note(
     assert code == 0 and "note" not in out, (out, err)
     for name in ("tiny", "tuned"):
         assert cli(home, "model", "fallback", name, "--clear")[0] == 0
+
+
+def test_an_external_model_has_no_release_to_roll_back_and_a_model_is_no_adapter(
+    store: AuthorityStore, tmp_path: Path
+) -> None:
+    from types import SimpleNamespace
+
+    from letsinfer.authority.adapters import remove_adapter
+    from letsinfer.lifecycle.rollout import RolloutRefused, rollback_changes, upgrade_changes
+
+    add_external_model(store, "ext", URL, "m", private_key(tmp_path))
+    serving = SimpleNamespace(store=store)  # (refused before anything else is read)
+    with pytest.raises(RolloutRefused, match=r"ext is external .* no engine release"):
+        rollback_changes(serving, "ext", None, [])  # type: ignore[arg-type]
+    with pytest.raises(RolloutRefused, match="ext is external"):
+        upgrade_changes(serving, "ext", "any-release", [])  # type: ignore[arg-type]
+    with pytest.raises(StoreError, match=r"'local' is a model, not a LoRA adapter .*model remove"):
+        remove_adapter(store, tmp_path / "models", "local")
+    assert [s.name for s in store.list_services()] == ["ext", "local"]

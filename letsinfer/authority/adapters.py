@@ -218,6 +218,11 @@ def remove_adapter(
     """Forget an adapter (audited); its file goes when nothing else uses it."""
     adapter = store.get_adapter(name)
     if adapter is None:
+        if store.resolve_service(name) is not None:
+            raise StoreError(
+                f"{name!r} is a model, not a LoRA adapter (`letsinfer model remove {name}` "
+                "removes a model)"
+            )
         raise StoreError(f"no LoRA adapter {name!r} (see `letsinfer model adapter list`)")
     with store.transaction():
         store.delete_adapter(name)

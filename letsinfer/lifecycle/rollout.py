@@ -304,6 +304,11 @@ def _model(store: AuthorityStore, name: str) -> str:
     svc = store.resolve_service(name)
     if svc is None:
         raise RolloutRefused(f"no model {name!r}", 404)
+    if svc.external:
+        raise RolloutRefused(
+            f"model {svc.name} is external (a provider): it runs no engine release to "
+            "upgrade or roll back"
+        )
     return svc.name
 
 
