@@ -4,17 +4,26 @@ and what they accept with a note."""
 
 from __future__ import annotations
 
+import asyncio
+import datetime as dt
 import json
 import stat
 from collections.abc import Iterator
 from pathlib import Path
 
 import certifi
+import httpx
 import pytest
+from starlette.types import Receive, Scope, Send
 
 from letsinfer.authority.external import add_external_model, check_url, set_fallback
+from letsinfer.control.ops import ops_router
+from letsinfer.control.typed_app import typed_app
 from letsinfer.home import Home
+from letsinfer.identity import NodeIdentity
 from letsinfer.store import AuthorityStore, StoreError
+from letsinfer.trust.peer import Peer
+from letsinfer.trust.pki import CertIdentity
 from tests.nodes import letsinfer
 
 URL = "http://127.0.0.1:9/v1"  # a closed port: nothing here sends a request
@@ -310,3 +319,38 @@ def test_an_external_model_has_no_release_to_roll_back_and_a_model_is_no_adapter
     with pytest.raises(StoreError, match=r"'local' is a model, not a LoRA adapter .*model remove"):
         remove_adapter(store, tmp_path / "models", "local")
     assert [s.name for s in store.list_services()] == ["ext", "local"]
+
+
+@pytest.mark.parametrize("role", ["viewer", "operator"])
+def test_only_an_administrator_may_change_a_fallback_over_the_node(
+    store: AuthorityStore, tmp_path: Path, role: str
+) -> None:
+    # A fallback may send requests to a provider outside: a paired controller
+    # of a lesser role is refused, audited, and changes nothing.
+    add_external_model(store, "ext", URL, "m", private_key(tmp_path))
+    app = typed_app("test ops")
+    app.include_router(ops_router(store, NodeIdentity(node_id="n-main", name="main", role="main")))
+
+    def change(who: str) -> httpx.Response:
+        identity = CertIdentity("controller", "c-1", who, "0" * 64, 1, dt.datetime.now(dt.UTC))
+
+        async def gate(scope: Scope, receive: Receive, send: Send) -> None:
+            # (What the control plane's mutual-TLS gate puts there from the certificate.)
+            scope.setdefault("state", {})["peer"] = Peer(identity, "10.0.0.9")
+            await app(scope, receive, send)
+
+        async def post() -> httpx.Response:
+            transport = httpx.ASGITransport(app=gate)
+            async with httpx.AsyncClient(transport=transport, base_url="http://node") as client:
+                return await client.post("/v1/ops/models/local/fallback", json={"fallback": "ext"})
+
+        return asyncio.run(post())
+
+    refused = change(role)
+    assert refused.status_code == 403 and "needs the administrator role" in refused.text
+    assert store.get_service("local").fallback is None  # type: ignore[union-attr]
+    denied = [(r.action, r.role) for r in store.list_audit() if r.outcome == "denied"]
+    assert denied == [("/v1/ops/models/local/fallback", role)]
+    done = change("administrator")
+    assert done.status_code == 200 and done.json()["fallback"] == "ext"
+    assert store.get_service("local").fallback == "ext"  # type: ignore[union-attr]

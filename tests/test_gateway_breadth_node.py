@@ -111,18 +111,28 @@ def test_an_external_model_over_verified_tls_serves_and_its_key_stays_out_of_eve
         assert "127.0.0.1" not in unverified.text  # why, not where: the log has that
         assert len(provider.seen) == before, "no request (and no key) went to an unverified peer"
 
-        # The only group of tiny stops: its fallback answers, and says so.
-        ok(node.cli("model", "fallback", "tiny", "ext"))
+        # The only group of tiny stops: its fallback answers, and says so, from
+        # the moment `model fallback` returns (the node applies it before).
         ok(node.cli("model", "stop", "tiny"))
-        fell = eventually(lambda: (r := ask(node, "tiny")).status_code == 200 and r)
-        assert fell.headers["x-letsinfer-fallback"] == "ext" and content(fell) == ANSWER
+        assert eventually(lambda: ask(node, "tiny").status_code == 503)
+        ok(node.cli("model", "fallback", "tiny", "ext"))
+        fell = ask(node, "tiny")
+        assert fell.status_code == 200 and fell.headers["x-letsinfer-fallback"] == "ext"
+        assert content(fell) == ANSWER and fell.json()["model"] == "ext"
         assert provider.seen[-1].body["model"] == "prov-m"
-        ok(node.cli("model", "start", "tiny"))
-        back = eventually(
-            lambda: "x-letsinfer-fallback" not in (r := ask(node, "tiny")).headers and r
-        )
-        assert content(back) == SENTENCE
         ok(node.cli("model", "fallback", "tiny", "--clear"))
+        assert ask(node, "tiny").json()["error"]["code"] == "model_stopped"
+        wrong = node.cli("model", "fallback", "tiny", "nosuch")
+        assert wrong.returncode == 1 and "'nosuch': no such model" in wrong.stderr
+        denied = [
+            r
+            for r in json.loads(ok(node.cli("audit", "list", "--json")))
+            if r["action"] == "model.fallback" and r["outcome"] == "denied"
+        ]
+        assert len(denied) == 1 and "nosuch" in denied[0]["detail"]
+        ok(node.cli("model", "start", "tiny"))
+        back = eventually(lambda: (r := ask(node, "tiny")).status_code == 200 and r)
+        assert "x-letsinfer-fallback" not in back.headers and content(back) == SENTENCE
 
         # Stopping the provider's model stops sending it requests, until started.
         assert "model ext: stopped" in ok(node.cli("model", "stop", "ext"))

@@ -6,6 +6,7 @@ import click
 
 from letsinfer.authority.anchor import open_authority
 from letsinfer.authority.external import fallback_notes, set_fallback
+from letsinfer.cli.local import ask_node, segment
 from letsinfer.cli.model import model
 from letsinfer.cli.output import console
 from letsinfer.cli.scope import CliContext, scoped
@@ -23,15 +24,23 @@ def fallback(ctx: CliContext, name: str, other: str | None, clear: bool) -> None
     The key's allowlist applies to NAME, the model asked for."""
     if (other is None) == (not clear):
         raise click.UsageError("give the fallback model, or --clear")
-    store = open_authority(ctx.home)
-    try:
-        svc = set_fallback(store, name, None if clear else other)
-        notes = fallback_notes(store, svc.name)
-    finally:
-        store.close()
-    if svc.fallback:
-        console.print(f"model {svc.name}: falls back to {svc.fallback}", highlight=False)
-    else:
-        console.print(f"model {svc.name}: no fallback", highlight=False)
-    for note in notes:
+    target = None if clear else other
+    # With the node running its gateway uses the change before this returns.
+    answer = ask_node(
+        ctx.home, "POST", f"/v1/ops/models/{segment(name)}/fallback", json={"fallback": target}
+    )
+    if answer is None:  # no node runs here: write the authority directly
+        store = open_authority(ctx.home)
+        try:
+            svc = set_fallback(store, name, target)
+            answer = {
+                "model": svc.name,
+                "fallback": svc.fallback,
+                "notes": fallback_notes(store, svc.name),
+            }
+        finally:
+            store.close()
+    said = f"falls back to {answer['fallback']}" if answer["fallback"] else "no fallback"
+    console.print(f"model {answer['model']}: {said}", highlight=False)
+    for note in answer["notes"]:
         console.print(f"[dim]note[/dim]: {note}", highlight=False)

@@ -3,8 +3,8 @@ for a paired controller (mutual TLS, role from its certificate) and for a local
 administrator (the admin unix socket, peer credentials). Nothing runs commands.
 
 Roles: viewer reads state; operator adds lifecycle (pause, resume, model
-start/stop); administrator adds keys (and, through the CLI on the main,
-controllers, nodes and settings).
+start/stop); administrator adds keys and fallbacks (and, through the CLI on
+the main, controllers, nodes and settings).
 """
 
 from collections.abc import Awaitable, Callable
@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from letsinfer import __version__
 from letsinfer.authority import controllers, lifecycle
 from letsinfer.authority.apikeys import create_key, policy_json, revoke_key, set_policy
+from letsinfer.authority.external import fallback_notes, set_fallback
 from letsinfer.authority.links import ResumeRefused, resume_model
 from letsinfer.identity import NodeIdentity
 from letsinfer.storage import refetch
@@ -44,6 +45,13 @@ class KeyCreate(KeyPolicyChange):
     name: str
     models: list[str] = Field(default_factory=list)
     concurrency: int | None = Field(None, ge=1)
+
+
+class FallbackChange(BaseModel):
+    """The model that answers when another cannot; null: none."""
+
+    model_config = ConfigDict(extra="forbid")
+    fallback: str | None
 
 
 def actor_of(store: AuthorityStore, p: Peer) -> str:
@@ -140,6 +148,19 @@ def ops_router(
     ) -> dict[str, Any]:
         answer = await set_desired(name, "running", p)
         return {**answer, "downloads": refetch.downloads(store, answer["model"])}
+
+    @router.post("/v1/ops/models/{name:path}/fallback")
+    async def model_fallback(
+        name: str, body: FallbackChange, p: Annotated[Peer, Depends(need("administrator"))]
+    ) -> dict[str, Any]:
+        # An administrator's: a fallback may send requests to a provider outside.
+        try:
+            svc = set_fallback(store, name, body.fallback, actor=actor(p), role=p.identity.role)
+        except StoreError as exc:
+            status = 404 if str(exc).startswith("no model") else 400
+            raise HTTPException(status, f"{exc}. Nothing changed.") from exc
+        await on_change()  # the gateway uses it before this answers
+        return {"model": svc.name, "fallback": svc.fallback, "notes": fallback_notes(store, name)}
 
     @router.post("/v1/ops/keys")
     async def key_create(
