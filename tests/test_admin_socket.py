@@ -75,10 +75,15 @@ def test_keys_made_and_revoked_through_the_running_node_apply_at_once(
     again = main_node.cli("auth", "key", "revoke", "via-socket")
     assert again.returncode == 1 and "no active API key named 'via-socket'" in again.stderr
     records = json.loads(main_node.cli("audit", "list", "--json").stdout)
-    mine = [(r["actor"], r["role"], r["action"]) for r in records if r["target"] == "via-socket"]
+    mine = [
+        (r["actor"], r["role"], r["action"], r["outcome"])
+        for r in records
+        if r["target"] == "via-socket"
+    ]
     assert mine == [
-        ("local:root", "administrator", "auth.key.create"),
-        ("local:root", "administrator", "auth.key.revoke"),
+        ("local:root", "administrator", "auth.key.create", "ok"),
+        ("local:root", "administrator", "auth.key.revoke", "ok"),
+        ("local:root", "administrator", "auth.key.revoke", "denied"),  # every refusal too
     ]
 
 

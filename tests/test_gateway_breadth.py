@@ -1375,6 +1375,15 @@ def test_a_bad_limit_change_is_refused_and_changes_nothing(tmp_path: Path) -> No
             create_key(store, "huge", policy={"budget_tokens": 10**20, "budget_period": "day"})
         assert [k.name for k in store.list_api_keys()] == ["k"]
         assert store.list_api_keys(name="k")[-1] == before
+        # Each refusal is in the audit chain (a name that is none only in its detail).
+        denied = [(r.action, r.target) for r in store.list_audit() if r.outcome == "denied"]
+        assert denied == [("auth.key.limits", "k")] * 8 + [
+            ("auth.key.limits", "nobody"),
+            ("auth.key.create", "huge"),
+            ("auth.key.create", None),
+            ("auth.key.create", None),
+            ("auth.key.create", "huge"),
+        ]
         after = set_policy(store, "k", {"rpm": None, "budget_tokens": 9, "budget_period": "week"})
         assert (after.rpm, after.budget_tokens, after.budget_period) == (None, 9, "week")
         cleared = set_policy(store, "k", {"budget_tokens": None})

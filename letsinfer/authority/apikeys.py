@@ -12,6 +12,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from letsinfer.authority.refusals import audited
 from letsinfer.store import ApiKeyRecord, AuthorityStore, StoreError
 
 KEY_PREFIX = "li-"
@@ -97,9 +98,28 @@ def create_key(
     role: str | None = None,
 ) -> IssuedKey:
     """Create a key; every allowlisted model must exist (name, alias or LoRA
-    adapter). ``policy``: its band, limits and cache (see :func:`check_policy`)."""
+    adapter). ``policy``: its band, limits and cache (see :func:`check_policy`).
+    A refusal is audited and changes nothing else."""
+    with audited(store, actor, "auth.key.create", _target(name), role=role):
+        return _create_key(store, name, models, concurrency, actor, policy, role)
+
+
+def _target(name: str) -> str | None:
+    """A key's name as an audit record's target: None when it is no valid name."""
     plain = name.replace("-", "").replace("_", "")
-    if not name or len(name) > 64 or not (plain.isascii() and plain.isalnum()):
+    return name if name and len(name) <= 64 and plain.isascii() and plain.isalnum() else None
+
+
+def _create_key(
+    store: AuthorityStore,
+    name: str,
+    models: tuple[str, ...],
+    concurrency: int | None,
+    actor: str,
+    policy: dict[str, Any] | None,
+    role: str | None,
+) -> IssuedKey:
+    if _target(name) is None:
         raise StoreError("key name must be 1-64 ASCII letters, digits, '-' or '_'")
     if concurrency is not None and not 1 <= concurrency <= MAX_LIMIT:
         raise StoreError(f"concurrency must be between 1 and {MAX_LIMIT}")
@@ -149,11 +169,13 @@ def set_policy(
 ) -> ApiKeyRecord:
     """`auth key limits`: change an active key's band, limits or cache, with its
     audit record, in one transaction. The gateway applies it at its next
-    directory refresh (at once when asked through the running node)."""
-    current = store.list_api_keys(name=name)
-    if not current:
-        raise StoreError(f"no active API key named {name!r}")
-    change = check_policy(policy, current[-1])
+    directory refresh (at once when asked through the running node). A refusal
+    is audited and changes nothing else."""
+    with audited(store, actor, "auth.key.limits", _target(name), role=role):
+        current = store.list_api_keys(name=name)
+        if not current:
+            raise StoreError(f"no active API key named {name!r}")
+        change = check_policy(policy, current[-1])
     with store.transaction():
         store.set_key_policy(name, change)
         store.append_audit(
@@ -165,8 +187,9 @@ def set_policy(
 def revoke_key(
     store: AuthorityStore, name: str, actor: str = "cli", role: str | None = None
 ) -> None:
-    """Revoke an active key, with its audit record, in one transaction."""
-    with store.transaction():
+    """Revoke an active key, with its audit record, in one transaction (a
+    refusal is audited once it has rolled back)."""
+    with audited(store, actor, "auth.key.revoke", _target(name), role=role), store.transaction():
         if not store.revoke_api_key(name):
             raise StoreError(f"no active API key named {name!r}")
         store.append_audit(actor, "auth.key.revoke", "ok", role=role, target=name)

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from letsinfer.authority.models import check_model_name, refusals_audited, resolve_fallback
+from letsinfer.authority.models import audit_target, check_model_name, resolve_fallback
+from letsinfer.authority.refusals import audited
 from letsinfer.gateway.external import sendable
 from letsinfer.store import AuthorityStore, ServiceRecord, StoreError
 from letsinfer.store.adapters import AdapterRecord
@@ -113,7 +114,7 @@ def add_external_model(
 ) -> ServiceRecord:
     """Record an external model (audited); every check happens before anything
     changes, and a refusal is audited and changes nothing else."""
-    with refusals_audited(store, actor, "model.add", name):
+    with audited(store, actor, "model.add", audit_target(name)):
         check_model_name(name)
         for alias in aliases:
             check_model_name(alias)
@@ -158,7 +159,7 @@ def set_fallback(
 ) -> ServiceRecord | AdapterRecord:
     """Set (or, with None, clear) the model that answers when this one (a model,
     alias or LoRA adapter) cannot."""
-    with refusals_audited(store, actor, "model.fallback", name, role=role):
+    with audited(store, actor, "model.fallback", audit_target(name), role=role):
         svc = store.resolve_service(name)
         adapter = store.get_adapter(name) if svc is None else None
         if svc is None and adapter is None:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import re
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from letsinfer.authority.modelstore import stage_gguf
+from letsinfer.authority.refusals import audited
 from letsinfer.engines.releases import Release
 from letsinfer.lifecycle.door import Door, DoorRefused, prove_model_file
 from letsinfer.store import AuthorityStore, PlacementGroupRecord, ServiceRecord, StoreError
@@ -28,19 +27,9 @@ def check_model_name(name: str) -> None:
         )
 
 
-@contextlib.contextmanager
-def refusals_audited(
-    store: AuthorityStore, actor: str, action: str, name: str, *, role: str | None = None
-) -> Iterator[None]:
-    """A refusal (StoreError) within: one "denied" record, then the error as it was."""
-    try:
-        yield
-    except StoreError as exc:
-        target = name if _NAME.fullmatch(name) else None  # a refused name is in the detail
-        store.append_audit(
-            actor, action, "denied", role=role, target=target, detail=str(exc)[:1000]
-        )
-        raise
+def audit_target(name: str) -> str | None:
+    """``name`` as an audit record's target: None when it is no valid name."""
+    return name if _NAME.fullmatch(name) else None
 
 
 def resolve_fallback(
@@ -83,7 +72,7 @@ def add_gguf_model(
     were. ``known_good``: letsinfer wrote the file itself (the tiny model), so
     no trial engine runs. ``origin`` (from ``model pull``) says where the file
     came from: repository, commit and the sha256 the hub published for each file."""
-    with refusals_audited(store, actor, "model.add", name):
+    with audited(store, actor, "model.add", audit_target(name)):
         check_model_name(name)
         for alias in aliases:
             check_model_name(alias)

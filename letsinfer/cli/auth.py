@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 
@@ -14,7 +14,6 @@ from letsinfer.authority.apikeys import (
     BANDS,
     MAX_LIMIT,
     PERIODS,
-    check_policy,
     create_key,
     policy_json,
     revoke_key,
@@ -24,9 +23,6 @@ from letsinfer.cli import cli
 from letsinfer.cli.local import ask_node, segment
 from letsinfer.cli.output import console, emit
 from letsinfer.cli.scope import CliContext, scoped
-from letsinfer.cli.shown import read_store
-from letsinfer.home import Home
-from letsinfer.store import ApiKeyRecord, AuthorityStore, StoreError
 
 
 @cli.group()
@@ -129,36 +125,6 @@ def _policy(given: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _deny(store: AuthorityStore, action: str, name: str, exc: StoreError) -> NoReturn:
-    """A refused key change: a denial record in the audit chain (as every
-    refusal gets), then the refusal itself. ``store``: opened with its anchor."""
-    store.append_audit("cli", action, "denied", target=name[:200], detail=str(exc)[:1000])
-    raise click.ClickException(f"{exc}. Nothing changed.") from exc
-
-
-def _refuse(home: Home, action: str, name: str, exc: StoreError) -> NoReturn:
-    store = open_authority(home)
-    try:
-        _deny(store, action, name, exc)
-    finally:
-        store.close()
-
-
-def _check(
-    home: Home,
-    action: str,
-    name: str,
-    policy: dict[str, Any],
-    current: ApiKeyRecord | None = None,
-) -> None:
-    """Refuse (audited) a policy the authority would refuse, before asking the
-    running node: it would refuse it too, without a record of the refusal."""
-    try:
-        check_policy(policy, current)
-    except StoreError as exc:
-        _refuse(home, action, name, exc)
-
-
 @scoped(key, "create", scope="main")
 @click.argument("name")
 @click.option(
@@ -185,16 +151,12 @@ def create(
 ) -> None:
     """Create an API key; its secret is printed once and never stored."""
     policy = _policy(given)
-    # As create_key checks it: on a new key a cleared limit is no limit.
-    _check(ctx.home, "auth.key.create", name, {k: v for k, v in policy.items() if v is not None})
     body = {"name": name, "models": list(models), "concurrency": concurrency, **policy}
     made = ask_node(ctx.home, "POST", "/v1/ops/keys", json=body)
     if made is None:  # no node runs here: write the authority directly
         store = open_authority(ctx.home)
         try:
             made = create_key(store, name, models, concurrency, policy=policy).to_json()
-        except StoreError as exc:
-            _deny(store, "auth.key.create", name, exc)
         finally:
             store.close()
     if as_json:
@@ -217,28 +179,22 @@ def limits(ctx: CliContext, name: str, as_json: bool, **given: Any) -> None:
     and tokens of the last minute, tokens of the budget's period) are rebuilt
     from the request records whenever its limits change."""
     change = _policy(given)
-    store = read_store(ctx.home)
-    try:
-        found = store.list_api_keys(name=name)
-    finally:
-        store.close()
-    missing = f"no active API key named {name!r}"
     if not change:
+        store = open_authority(ctx.home)
+        try:
+            found = store.list_api_keys(name=name)
+        finally:
+            store.close()
         if not found:
-            raise click.ClickException(missing)
+            raise click.ClickException(f"no active API key named {name!r}")
         answer = {"name": name, **policy_json(found[-1])}
     else:
-        if not found:
-            _refuse(ctx.home, "auth.key.limits", name, StoreError(missing))
-        _check(ctx.home, "auth.key.limits", name, change, found[-1])
         path = f"/v1/ops/keys/{segment(name)}/limits"
         answer = ask_node(ctx.home, "POST", path, json=change)  # type: ignore[assignment]
         if answer is None:
             store = open_authority(ctx.home)
             try:
                 answer = {"name": name, **policy_json(set_policy(store, name, change))}
-            except StoreError as exc:
-                _deny(store, "auth.key.limits", name, exc)
             finally:
                 store.close()
     if as_json:
