@@ -118,6 +118,8 @@ def test_an_uppercase_http_url_still_warns_that_the_key_travels_unencrypted(
     assert "key travels unencrypted over http://" in out
     [upper] = [m for m in models(home) if m["name"] == "upper"]
     assert upper["external"]["url"] == "http://127.0.0.1:9/v1"  # type: ignore[index]
+    code, shown, err = cli(home, "model", "show", "upper")
+    assert code == 0 and "at most  64 requests at once" in shown, err  # its --concurrency
 
 
 # -- 2. a key file others can write -------------------------------------------------
@@ -354,3 +356,18 @@ def test_only_an_administrator_may_change_a_fallback_over_the_node(
     done = change("administrator")
     assert done.status_code == 200 and done.json()["fallback"] == "ext"
     assert store.get_service("local").fallback == "ext"  # type: ignore[union-attr]
+
+
+def test_removing_a_model_says_whose_fallback_it_was(home: Path, tmp_path: Path) -> None:
+    key = private_key(tmp_path)
+    code, _, err = cli(home, "model", "add", "gone", "--external", URL, "--key-file", str(key))
+    assert code == 0, err
+    assert cli(home, "model", "fallback", "tiny", "gone")[0] == 0
+    code, out, err = cli(home, "model", "remove", "gone")
+    assert code == 0, err
+    assert "no longer falling back to it: tiny" in out
+    [tiny] = [m for m in models(home) if m["name"] == "tiny"]
+    assert tiny["fallback"] is None
+    code, out, _ = cli(home, "audit", "list", "--json")
+    [record] = [r for r in json.loads(out) if r["action"] == "model.remove"]
+    assert "fallback of tiny cleared" in record["detail"]

@@ -83,6 +83,8 @@ class RemovedModel:
     placement_groups: list[str]
     freed: str | None  # the model store file deleted, if nothing else used it
     shared: list[str]  # other models using the same file (it stays)
+    adapters: list[str]  # its LoRA adapters, removed with it (they only fit it)
+    fallbacks_cleared: list[str]  # the models and adapters that fell back to it
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -90,6 +92,8 @@ class RemovedModel:
             "placement_groups": self.placement_groups,
             "freed": self.freed,
             "shared": self.shared,
+            "adapters": self.adapters,
+            "fallbacks_cleared": self.fallbacks_cleared,
         }
 
 
@@ -123,6 +127,12 @@ def remove_model(
         raise Refused(why)
     groups = [pg.id for pg in store.list_placement_groups(service=svc.name)]
     adapters = store.list_adapters(svc.name)  # removed with it (they only fit it)
+    going = {svc.name, *(a.name for a in adapters)}
+    cleared = [  # those that fell back to it or its adapters (the store clears them)
+        other.name
+        for other in (*store.list_services(), *store.list_adapters())
+        if other.fallback in going and other.name not in going
+    ]
     with store.transaction():
         store.delete_service(svc.name)
         shared = [] if svc.is_external else store.services_using(svc.artifact_digest)
@@ -143,7 +153,8 @@ def remove_model(
                 f"; LoRA adapters removed: {', '.join(a.name for a in adapters)}"
                 if adapters
                 else ""
-            ),
+            )
+            + (f"; fallback of {', '.join(cleared)} cleared" if cleared else ""),
         )
     freed = None
     if not shared and not svc.is_external:
@@ -154,7 +165,7 @@ def remove_model(
     for a in adapters:
         if not store.services_using(a.artifact_digest):
             artifact_path(model_store, a.artifact_digest).unlink(missing_ok=True)
-    return RemovedModel(svc.name, groups, freed, shared)
+    return RemovedModel(svc.name, groups, freed, shared, [a.name for a in adapters], cleared)
 
 
 # -- the whole cluster --------------------------------------------------------

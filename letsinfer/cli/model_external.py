@@ -100,6 +100,8 @@ def show_external(info: dict[str, Any]) -> None:
         console.print(f"  key file {ext['key_file'] or '-'}", highlight=False)
         if ext.get("ca_file"):
             console.print(f"  CA file  {ext['ca_file']}", highlight=False)
+        if ext.get("concurrency"):
+            console.print(f"  at most  {ext['concurrency']} requests at once", highlight=False)
     if info.get("fallback"):
         console.print(f"  fallback {info['fallback']}", highlight=False)
     if info.get("adapters"):

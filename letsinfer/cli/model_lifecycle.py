@@ -119,3 +119,11 @@ def remove(ctx: CliContext, name: str, stop: bool) -> None:
         f"removed model {answer['model']}: {len(groups)} placement group(s) removed{freed}",
         highlight=False,
     )
+    # (.get: a node of an older release, mid-upgrade, does not say)
+    if answer.get("adapters"):
+        console.print(f"  its LoRA adapters went with it: {', '.join(answer['adapters'])}")
+    if answer.get("fallbacks_cleared"):
+        console.print(
+            f"  no longer falling back to it: {', '.join(answer['fallbacks_cleared'])}",
+            highlight=False,
+        )
