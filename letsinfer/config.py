@@ -40,6 +40,9 @@ class GatewaySettings(_Section):
     host: str = "0.0.0.0"
     port: int = Field(8000, ge=1, le=65535)
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    # The most of an engine's or provider's whole (not streamed) answer kept
+    # in memory to relay it: a larger one is refused with 502.
+    max_answer_bytes: int = Field(64 * 1024 * 1024, ge=1024 * 1024)
     upstream_connect_timeout_s: float = Field(5.0, gt=0)
     upstream_timeout_s: float = Field(600.0, gt=0)
     key_cache_ttl_s: float = Field(2.0, gt=0, le=60)

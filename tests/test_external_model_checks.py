@@ -107,6 +107,15 @@ def test_a_refused_url_is_shown_without_what_may_be_a_secret(store: AuthoritySto
         check_url("http://[::1/v1")
 
 
+def test_a_url_no_request_line_can_carry_is_refused(store: AuthorityStore) -> None:
+    for url in ("http://127.0.0.1:9/v1/модель", "http://пример.localhost/v1", "http://h/v 1"):
+        with pytest.raises(StoreError, match="characters a request line cannot carry"):
+            check_url(url)
+    assert check_url("http://xn--e1afmkfd.localhost/v1/%D0%BC") == (
+        "http://xn--e1afmkfd.localhost/v1/%D0%BC"
+    )
+
+
 def test_an_uppercase_http_url_still_warns_that_the_key_travels_unencrypted(
     home: Path, tmp_path: Path
 ) -> None:
@@ -246,6 +255,44 @@ def test_a_refused_fallback_change_is_audited(store: AuthorityStore) -> None:
         ("model.fallback", "denied", "local", None),
     ]
     assert store.get_service("local").fallback is None  # type: ignore[union-attr]
+
+
+def test_refused_adapter_changes_are_audited_and_change_nothing(
+    store: AuthorityStore, tmp_path: Path
+) -> None:
+    from letsinfer.authority.adapters import add_adapter, remove_adapter
+
+    add_external_model(store, "ext", URL, "their-model", private_key(tmp_path))
+    store.add_service("other", "1" * 64, 0, "gguf", None, aliases=("alias",))
+    models = tmp_path / "models"
+    not_a_lora = tmp_path / "x.gguf"
+    not_a_lora.write_bytes(b"GGUF")
+    before = len(store.list_audit())
+    for base, name, why in (
+        ("ext", "tuned", "model ext is external"),
+        ("nothing", "tuned", "no model 'nothing'"),
+        ("local", "alias", "already"),
+        ("local", "bad name!", "invalid model name"),
+        ("local", "tuned", "adapter 'tuned' refused"),  # the file is no adapter
+    ):
+        with pytest.raises(StoreError, match=why):
+            add_adapter(store, models, base, name, not_a_lora, actor="cli", role="main")
+    for name, why in (("local", "is a model, not a LoRA adapter"), ("gone", "no LoRA adapter")):
+        with pytest.raises(StoreError, match=why):
+            remove_adapter(store, models, name)
+    records = store.list_audit()[before:]
+    assert [(r.action, r.outcome, r.target) for r in records] == [
+        ("model.adapter.add", "denied", "tuned"),
+        ("model.adapter.add", "denied", "tuned"),
+        ("model.adapter.add", "denied", "alias"),
+        ("model.adapter.add", "denied", None),  # an invalid name is only in the detail
+        ("model.adapter.add", "denied", "tuned"),
+        ("model.adapter.remove", "denied", "local"),
+        ("model.adapter.remove", "denied", "gone"),
+    ]
+    assert "bad name!" in records[3].detail and records[0].role == "main"
+    assert store.list_adapters() == []
+    assert not [p for p in models.rglob("*") if p.is_file()]
 
 
 # -- 5. fallbacks: one's own, loops, an adapter's base --------------------------------

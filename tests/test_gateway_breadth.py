@@ -341,6 +341,37 @@ def test_two_limit_changes_during_one_slow_read_count_the_records_once(tmp_path:
             assert len(h.gateway.limiter._keys["team"].requests) == 3
 
 
+def test_a_new_number_for_what_is_counted_applies_at_once_with_no_read(tmp_path: Path) -> None:
+    # Re-reading the records would leave the counts at zero while it reads: a
+    # spent budget would let requests through meanwhile. A change that needs
+    # no count not kept already (a budget's amount, a token rate) reads nothing.
+    policies = {"team": {"budget_tokens": 30, "budget_period": "day", "rpm": 100}}
+    with GatewayHarness(
+        tmp_path, {"pg-a": QUICK}, keys={"team": None}, policies=policies, records=True
+    ) as h:
+        assert [post(h, "team", chat()).status_code for _ in range(3)] == [200] * 3  # 39
+        recounted(h)
+        assert h.records is not None
+        reads: list[object] = []
+        read = h.records._write_then_read
+
+        def counted_read(*args: Any) -> Any:
+            reads.append(args)
+            return read(*args)
+
+        h.records._write_then_read = counted_read  # type: ignore[method-assign]
+        for change in ({"tpm": 100_000}, {"budget_tokens": 35}, {"rpm": 50, "tpm": None}):
+            h.store.set_key_policy("team", change)
+            h.refresh()
+            refused(post(h, "team", chat()), "budget_exhausted")  # at once: 39 of 35
+        assert h.gateway.limiter.spent("team") == 39 and reads == []
+        assert len(h.gateway.limiter._keys["team"].requests) == 3
+        h.store.set_key_policy("team", {"budget_period": "week"})  # another period: read
+        h.refresh()
+        recounted(h)
+        assert len(reads) == 1 and h.gateway.limiter.spent("team") == 39
+
+
 def test_a_request_refused_before_its_limits_saw_it_is_not_counted_after_a_restart(
     tmp_path: Path,
 ) -> None:
@@ -363,6 +394,63 @@ def test_a_request_refused_before_its_limits_saw_it_is_not_counted_after_a_resta
     with GatewayHarness(tmp_path, {"pg-a": QUICK}, records=True) as h:
         assert post(h, "team", chat()).status_code == 200  # the third of its minute
         refused(post(h, "team", chat()), "rate_limit_exceeded")
+
+
+def test_a_request_queued_when_its_key_is_revoked_is_refused(
+    tmp_path: Path,
+) -> None:
+    from letsinfer.authority.apikeys import revoke_key
+
+    keys = {"alice": None, "bob": None}
+    with GatewayHarness(tmp_path, {"pg-a": QUICK}, capacity=1, keys=keys) as h:
+        gated(h)  # alice's request holds the only slot; bob's waits
+
+        async def queued() -> list[httpx.Response]:
+            async with httpx.AsyncClient(timeout=60) as client:
+                url = h.url + "/v1/chat/completions"
+                first = asyncio.ensure_future(
+                    client.post(url, json=chat(), headers=h.auth("alice"))
+                )
+                while h.mocks["pg-a"].stats.in_flight < 1:
+                    await asyncio.sleep(0.01)
+                waiting = asyncio.ensure_future(
+                    client.post(url, json=chat(), headers=h.auth("bob"))
+                )
+                while h.in_loop(lambda: h.gateway.admission.depth()) < 1:
+                    await asyncio.sleep(0.01)
+                revoke_key(h.store, "bob")
+                h.refresh()
+                open_gate(h)
+                return [await first, await waiting]
+
+        alice, bob = asyncio.run(queued())
+        assert alice.status_code == 200
+        assert bob.status_code == 401 and bob.json()["error"]["code"] == "invalid_api_key"
+        assert h.mocks["pg-a"].stats.requests == 1  # only alice's reached the engine
+        assert h.in_loop(lambda: h.routing.replicas(MODEL)[0].in_flight) == 0
+
+
+def test_a_providers_own_429_counts_for_requests_per_minute_and_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    # It reached the provider: a client hammering a provider that is already
+    # limiting it must still be held to its key's --rpm.
+    policies = {"team": {"rpm": 3}}
+    with beside_a_provider(
+        tmp_path, {"pg-a": QUICK}, keys={"team": None}, policies=policies, records=True
+    ) as (provider, h, key_file):
+        publish_external(h, provider.url, key_file)
+        provider.outage = (429, {"retry-after": "7"})
+        for _ in range(2):
+            r = post(h, "team", chat() | {"model": "ext"})
+            assert r.status_code == 429 and r.json()["error"]["code"] == "outage"
+        provider.outage = None
+        assert post(h, "team", chat() | {"model": "ext"}).status_code == 200
+        refused(post(h, "team", chat() | {"model": "ext"}), "rate_limit_exceeded")
+        assert len(provider.seen) == 3
+    with GatewayHarness(tmp_path, {"pg-a": QUICK}, records=True) as h:
+        refused(post(h, "team", chat()), "rate_limit_exceeded")  # still three this minute
+        assert h.mocks["pg-a"].stats.requests == 0
 
 
 def test_a_stream_cut_before_its_usage_is_charged_an_estimate_not_nothing(
@@ -543,16 +631,22 @@ def test_a_request_that_may_write_more_than_the_budget_has_left_is_refused(
     ) as h:
         # However a request says how much the model may write (llama.cpp reads
         # n_predict first, a provider max_completion_tokens or max_tokens), the
-        # largest counts; one that may write more than is left never starts.
+        # largest counts; one that may write more than is left never starts,
+        # and one that may write more than the whole budget is a bad request
+        # (no Retry-After could help it).
         for more in (
             {"max_tokens": 5000},
             {"max_tokens": 1, "max_completion_tokens": 5000},
             {"max_tokens": 1, "n_predict": 5000},
         ):
             r = post(h, "team", chat(stream=True) | more)
-            assert refused(r, "budget_exhausted") > 60, more  # nothing held: the period's end
-            assert "has about 1000 left of its budget" in r.json()["error"]["message"]
+            assert r.status_code == 400 and "retry-after" not in r.headers, more
+            error = r.json()["error"]
+            assert (error["code"], error["param"]) == ("invalid_value", "max_tokens")
+            assert "whole day (1000 tokens)" in error["message"]
         assert h.mocks["pg-a"].stats.requests == 0
+        team = h.in_loop(lambda: h.gateway.limiter._keys["team"])
+        assert (team.spent, team.held, len(team.requests)) == (0, 0, 0)  # nothing counted
         # One that fits starts and holds what it may write while it runs.
         gated(h)
 
@@ -728,6 +822,13 @@ def test_the_cache_is_bounded_and_entries_expire(tmp_path: Path) -> None:
         tiny.put(str(i).encode(), b"", b"application/json")
     assert 0 < tiny.size <= 16 << 10 and len(tiny) <= (16 << 10) // ENTRY_OVERHEAD
 
+    # A fresh answer too big to keep (after `no-cache`, say) still replaces the
+    # old one: the next request must not get the answer it was meant to refresh.
+    tiny.put(b"asked", b"old answer", b"application/json")
+    assert tiny.get(b"asked", 60) is not None
+    tiny.put(b"asked", b"x" * (16 << 10), b"application/json")
+    assert tiny.get(b"asked", 60) is None
+
 
 def test_a_stopped_model_or_cluster_gets_nothing_from_the_cache(tmp_path: Path) -> None:
     policies = {"evals": {"cache_ttl_s": 3600}}
@@ -746,6 +847,13 @@ def test_a_stopped_model_or_cluster_gets_nothing_from_the_cache(tmp_path: Path) 
         h.refresh()
         r = post(h, "evals", ask)
         assert r.status_code == 503 and r.json()["error"]["code"] == "model_stopped"
+        # With a fallback, the answer comes from it and says the cache was passed by.
+        set_fallback(h.store, "ext", MODEL)
+        h.refresh()
+        r = post(h, "evals", ask)
+        assert r.status_code == 200 and r.headers["x-letsinfer-fallback"] == MODEL
+        assert r.headers["x-letsinfer-cache"] == "bypass"
+        set_fallback(h.store, "ext", None)
         set_model_desired(h.store, "ext", "running", actor="cli")
         h.refresh()
         h.wait_until(lambda: h.routing.ready_count("ext") == 1)
@@ -1045,6 +1153,73 @@ def provider_key(tmp_path: Path, secret: str) -> Path:
     path.write_text(secret + "\n")
     path.chmod(0o600)
     return path
+
+
+def test_stream_options_null_cannot_turn_off_the_usage_a_stream_is_charged(
+    tmp_path: Path,
+) -> None:
+    # A client sending "stream_options": null after the field the gateway adds
+    # would have the engine send no usage: the stream charged a guess.
+    policies = {"budgeted": {"budget_tokens": 100_000, "budget_period": "day"}}
+    keys = {"budgeted": None, "free": None}  # the handler's path and the express lane's
+    with GatewayHarness(tmp_path, {"pg-a": QUICK}, keys=keys, policies=policies) as h:
+        limiter = h.gateway.limiter
+        charged = []
+        for extra in ({}, {"stream_options": None}):
+            before = limiter.spent("budgeted")
+            r = post(h, "budgeted", chat(stream=True) | extra)
+            assert r.status_code == 200 and '"usage"' not in r.text  # not asked for: not shown
+            h.wait_until(lambda: limiter.spent("budgeted") > before)  # noqa: B023
+            charged.append(limiter.spent("budgeted") - before)
+            assert post(h, "free", chat(stream=True) | extra).status_code == 200
+        assert charged[0] == charged[1]
+        sent = [json.loads(b) for b in h.mocks["pg-a"].stats.bodies]
+        assert [b["stream_options"] for b in sent] == [{"include_usage": True}] * 4
+
+
+def test_a_whole_answer_larger_than_the_gateway_keeps_is_refused_not_held(
+    tmp_path: Path,
+) -> None:
+    # 300,000 tokens of "tok ": 1.2 MB whole, past a 1 MiB bound; streamed, it passes.
+    keys = {"plain": None, "limited": None}  # the express lane's path and the handler's
+    policies = {"limited": {"rpm": 100}}
+    with GatewayHarness(
+        tmp_path,
+        {"pg-a": MockBehaviour(tokens=300_000)},
+        keys=keys,
+        policies=policies,
+        max_answer_bytes=1 << 20,
+    ) as h:
+        for key in keys:
+            # (Streamed first: its engine connection is kept, so "plain" goes
+            # through the express lane, which answers on a kept one.)
+            streamed = post(h, key, chat(stream=True))
+            assert streamed.status_code == 200 and streamed.text.endswith("data: [DONE]\n\n")
+            r = post(h, key, chat())
+            assert r.status_code == 502, (key, r.status_code)
+            error = r.json()["error"]
+            assert error["code"] == "upstream_error"
+            assert "larger than the 1048576 bytes the gateway relays whole" in error["message"]
+        assert h.in_loop(lambda: h.routing.replicas(MODEL)[0].in_flight) == 0
+
+
+def test_a_provider_url_that_cannot_be_sent_falls_back_instead_of_failing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from letsinfer.authority import external
+
+    # An authority from before such URLs were refused at `model add`.
+    monkeypatch.setattr(external, "check_url", lambda url: url)
+    with beside_a_provider(tmp_path, {"pg-a": QUICK}, keys={"k": None}) as (provider, h, key):
+        publish_external(h, provider.url + "/модель", key)
+        ask = chat() | {"model": "ext"}
+        r = post(h, "k", ask)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "no_healthy_replica"
+        set_fallback(h.store, "ext", MODEL)
+        h.refresh()
+        r = post(h, "k", ask)
+        assert r.status_code == 200 and r.headers["x-letsinfer-fallback"] == MODEL, r.text
+        assert provider.seen == []
 
 
 def test_a_model_without_a_group_that_can_serve_falls_back_with_a_header(

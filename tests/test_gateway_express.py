@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import socket
 import time
@@ -377,3 +378,126 @@ def test_a_held_request_whose_connection_closes_first_is_never_sent_and_fails_as
     assert requests == 1  # the warm-up only: the held request never left
     (error,) = listener.told
     assert isinstance(error, EngineError) and error.before_response
+
+
+class _OddEngine:
+    """An engine on 127.0.0.1 that answers each request with ``before`` (say a
+    103 Early Hints), its own JSON answer, then, every second answer,
+    ``after`` (say a response nobody asked for), all in one write; it counts
+    its connections."""
+
+    def __init__(self, before: bytes = b"", after: bytes = b"") -> None:
+        self.before, self.after = before, after
+        self.connections = 0
+        self.answered = 0
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                )
+                await reader.readexactly(length)
+                self.answered += 1
+                after = self.after if self.answered % 2 == 0 else b""
+                writer.write(self.before + _answer(b'{"answer": %d}' % self.answered) + after)
+                await writer.drain()
+        writer.close()
+
+
+def _answer(body: bytes) -> bytes:
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+    return head % len(body) + body
+
+
+class _Collected:
+    """A ResponseListener that keeps what it is told."""
+
+    def __init__(self) -> None:
+        self.body = b""
+        self.ended = asyncio.get_running_loop().create_future()
+
+    def response_started(self, response: CallbackResponse) -> None:
+        pass
+
+    def response_body(self, response: CallbackResponse, body: bytes) -> None:
+        self.body += body
+
+    def response_ended(self, response: CallbackResponse) -> None:
+        self.ended.set_result(response.status)
+
+    def response_failed(self, response: CallbackResponse, error: EngineError) -> None:
+        self.ended.set_exception(error)
+
+
+async def _ask_both_ways(engine: _OddEngine) -> list[bytes]:
+    """Four requests in turn, on kept connections where there are: through the
+    handler's path (post) and the express lane's (post_on_idle)."""
+    client = EngineClient(connect_timeout_s=5, read_timeout_s=5)
+    url = await engine.start()
+    answers = []
+    try:
+        for _ in range(2):
+            response = await client.post(url, "/v1/chat/completions", b"{}")
+            answers.append(await response.read())
+            assert response.status == 200
+            listener = _Collected()
+            lane = client.post_on_idle(url, "/v1/chat/completions", b"{}", listener)
+            if lane is None:  # no kept connection: as the lane, the handler connects
+                response = await client.post(url, "/v1/chat/completions", b"{}")
+                answers.append(await response.read())
+            else:
+                assert await listener.ended == 200
+                answers.append(listener.body)
+    finally:
+        await client.aclose()
+        engine.server.close()
+    return answers
+
+
+def test_an_interim_103_is_passed_over_and_the_connection_kept() -> None:
+    engine = _OddEngine(before=b"HTTP/1.1 103 Early Hints\r\nlink: </x>; rel=preload\r\n\r\n")
+    answers = asyncio.run(_ask_both_ways(engine))
+    assert answers == [b'{"answer": %d}' % n for n in (1, 2, 3, 4)]
+    assert engine.connections == 1
+
+
+def test_a_response_nobody_asked_for_never_reaches_a_later_request() -> None:
+    # An engine (or a provider) that sends a second response after an answer
+    # (here the express lane's, every second one): kept, that connection would
+    # give the next request (maybe another key's) an answer that is not its
+    # own. It is closed instead, and the answer itself is whole.
+    async def scenario(engine: _OddEngine) -> tuple[bytes, list[bytes]]:
+        client = EngineClient(connect_timeout_s=5, read_timeout_s=5)
+        url = await engine.start()
+        try:
+            warm = await client.post(url, "/v1/chat/completions", b"{}")
+            await warm.read()  # answer 1: its connection kept
+            listener = _Collected()
+            lane = client.post_on_idle(url, "/v1/chat/completions", b"{}", listener)
+            assert lane is not None
+            assert await listener.ended == 200  # answer 2, and the one nobody asked for
+
+            async def one() -> bytes:
+                response = await client.post(url, "/v1/chat/completions", b"{}")
+                return await response.read()
+
+            # Two requests at once: each on a connection of its own.
+            return listener.body, sorted(await asyncio.gather(one(), one()))
+        finally:
+            await client.aclose()
+            engine.server.close()
+
+    engine = _OddEngine(after=_answer(b'{"answer": "not yours"}'))
+    lane_answer, answers = asyncio.run(scenario(engine))
+    assert lane_answer == b'{"answer": 2}'
+    assert answers == [b'{"answer": 3}', b'{"answer": 4}']
+    assert engine.connections == 3  # the first closed after what it sent

@@ -212,6 +212,23 @@ def test_the_queue_is_bounded_in_size_and_time() -> None:
     assert (late.status, late.code) == (429, "queue_timeout") and late.headers["retry-after"]
 
 
+def test_a_waiter_that_left_in_the_turn_its_replica_went_does_not_strand_the_others() -> None:
+    async def scenario() -> None:
+        adm = admission(replica("a", capacity=1))
+        await adm.acquire("m", "k")
+        first, leaving, last = (asyncio.create_task(adm.acquire("m", "k")) for _ in range(3))
+        await asyncio.sleep(0)
+        leaving.cancel()  # its client went; its task has not run since
+        adm.routing.withdraw("m", "a", "engine exited")  # in the same turn
+        for waiter in (first, last):
+            with pytest.raises(GatewayError) as gone:
+                await waiter
+            assert gone.value.status == 503 and "engine exited" in gone.value.message
+        assert leaving.cancelled() and adm.depth() == 0
+
+    asyncio.run(scenario())
+
+
 def test_waiters_get_503_when_the_last_replica_goes_and_a_new_one_serves_them() -> None:
     async def scenario() -> None:
         r = replica("a", capacity=1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from letsinfer.gateway.stream_usage import UsageFilter, ask_for_usage
+from letsinfer.gateway.stream_usage import MAX_PENDING, UsageFilter, ask_for_usage, counted
 
 TOKEN = b'data: {"choices":[{"index":0,"delta":{"content":"say \\"usage\\": 1"}}]}\n\n'
 FINISH = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
@@ -38,6 +38,20 @@ def test_the_usage_event_is_removed_at_any_cut_and_nothing_else_is() -> None:
     assert out == wanted.replace(b"\n\n", b"\r\n\r\n") and f.completion_tokens == 14
 
 
+def test_an_event_that_never_ends_is_passed_on_not_held() -> None:
+    # An engine or provider that sends "data: ..." without the blank line that
+    # ends an event: the client gets it as it comes, and nothing is kept back
+    # (and searched again at every read) past a bound.
+    endless = b"data: " + b"x" * (4 * MAX_PENDING)
+    f = UsageFilter()
+    out = [f.feed(endless[i : i + 4096]) for i in range(0, len(endless), 4096)]
+    assert sum(map(len, out[: len(out) // 2])) > 0  # under way, not only at the end
+    assert len(f.pending) <= MAX_PENDING + 4096
+    rest = USAGE + DONE  # then the stream ends as usual: its usage still counted
+    assert b"".join(out) + f.feed(b"\n\n" + rest) + f.flush() == endless + b"\n\n" + DONE
+    assert (f.prompt_tokens, f.completion_tokens) == (23, 14)
+
+
 def test_usage_the_client_asked_for_is_counted_and_kept_however_it_is_cut() -> None:
     stream = TOKEN * 3 + FINISH + USAGE + DONE
     # The usage event cut in several places (a slow network): never lost.
@@ -65,6 +79,10 @@ def test_the_request_asks_for_usage_and_keeps_the_clients_own_options() -> None:
     body = b'{"model":"tiny","stream":true,"stream_options":{"include_usage":false,"x":1}}'
     asked = json.loads(ask_for_usage(body, {"include_usage": False, "x": 1}))
     assert asked["stream_options"] == {"include_usage": True, "x": 1}
+    # Options given as null are replaced, not followed by a field the engine ignores.
+    body = b'{"model":"tiny","stream":true,"stream_options":null}'
+    usage, sent = counted(body, json.loads(body))
+    assert json.loads(sent)["stream_options"] == {"include_usage": True} and usage.strip
 
 
 def test_a_lone_surrogate_in_a_request_with_options_stays_escaped() -> None:

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from letsinfer.authority.models import check_model_name
+from letsinfer.authority.models import audit_target, check_model_name
 from letsinfer.authority.modelstore import stage_gguf
+from letsinfer.authority.refusals import audited
 from letsinfer.contracts.artifacts import ModelFileError, artifact_path
 from letsinfer.store import AdapterRecord, AuthorityStore, StoreError
 
@@ -167,43 +168,40 @@ def add_adapter(
 ) -> AdapterRecord:
     """Check the file against the base model, store it, record it (audited).
     A refusal is audited and leaves the store and the authority as they were."""
-    check_model_name(name)
-    svc = store.resolve_service(base)
-    if svc is None:
-        raise StoreError(f"no model {base!r} (see `letsinfer model list`)")
-    if svc.is_external:
-        raise StoreError(f"model {svc.name} is external: its provider serves it, not an engine")
-    store.check_name_free(name)
-    if len(store.list_adapters(svc.name)) >= MAX_ADAPTERS:
-        raise StoreError(
-            f"model {svc.name} has {MAX_ADAPTERS} LoRA adapters, the most an engine reports "
-            "loading: remove one first"
-        )
-    try:
-        shape = read_adapter(source)
-        check_fits(shape, artifact_path(model_store, svc.artifact_digest), svc.name)
-        staged = stage_gguf(model_store, source)
-    except (AdapterRefused, ModelFileError) as exc:
-        why = str(exc)
-        store.append_audit(
-            actor, "model.adapter.add", "denied", role=role, target=name, detail=why[:1000]
-        )
-        raise AdapterRefused(f"adapter {name!r} refused: {why}. Nothing changed.") from exc
-    try:
-        with store.transaction():
-            made = store.add_adapter(name, svc.name, staged.digest, staged.size, str(source))
-            staged.commit()
-            store.append_audit(
-                actor,
-                "model.adapter.add",
-                "ok",
-                role=role,
-                target=name,
-                detail=f"LoRA of {svc.name} (rank {shape.rank}), sha256:{staged.digest}",
+    with audited(store, actor, "model.adapter.add", audit_target(name), role=role):
+        check_model_name(name)
+        svc = store.resolve_service(base)
+        if svc is None:
+            raise StoreError(f"no model {base!r} (see `letsinfer model list`)")
+        if svc.is_external:
+            raise StoreError(f"model {svc.name} is external: its provider serves it, not an engine")
+        store.check_name_free(name)
+        if len(store.list_adapters(svc.name)) >= MAX_ADAPTERS:
+            raise StoreError(
+                f"model {svc.name} has {MAX_ADAPTERS} LoRA adapters, the most an engine reports "
+                "loading: remove one first"
             )
-    except BaseException:
-        staged.discard()
-        raise
+        try:
+            shape = read_adapter(source)
+            check_fits(shape, artifact_path(model_store, svc.artifact_digest), svc.name)
+            staged = stage_gguf(model_store, source)
+        except (AdapterRefused, ModelFileError) as exc:
+            raise AdapterRefused(f"adapter {name!r} refused: {exc}. Nothing changed.") from exc
+        try:
+            with store.transaction():
+                made = store.add_adapter(name, svc.name, staged.digest, staged.size, str(source))
+                staged.commit()
+                store.append_audit(
+                    actor,
+                    "model.adapter.add",
+                    "ok",
+                    role=role,
+                    target=name,
+                    detail=f"LoRA of {svc.name} (rank {shape.rank}), sha256:{staged.digest}",
+                )
+        except BaseException:
+            staged.discard()
+            raise
     return made
 
 
@@ -215,15 +213,17 @@ def remove_adapter(
     actor: str = "cli",
     role: str | None = None,
 ) -> AdapterRecord:
-    """Forget an adapter (audited); its file goes when nothing else uses it."""
+    """Forget an adapter (audited, a refusal too); its file goes when nothing
+    else uses it."""
     adapter = store.get_adapter(name)
     if adapter is None:
-        if store.resolve_service(name) is not None:
-            raise StoreError(
-                f"{name!r} is a model, not a LoRA adapter (`letsinfer model remove {name}` "
-                "removes a model)"
-            )
-        raise StoreError(f"no LoRA adapter {name!r} (see `letsinfer model adapter list`)")
+        with audited(store, actor, "model.adapter.remove", audit_target(name), role=role):
+            if store.resolve_service(name) is not None:
+                raise StoreError(
+                    f"{name!r} is a model, not a LoRA adapter (`letsinfer model remove {name}` "
+                    "removes a model)"
+                )
+            raise StoreError(f"no LoRA adapter {name!r} (see `letsinfer model adapter list`)")
     with store.transaction():
         store.delete_adapter(name)
         store.append_audit(

@@ -37,6 +37,11 @@ def check_url(url: str) -> str:
         raise StoreError(
             f"{_shown(url)!r} is not an http(s) URL (such as https://api.example.com/v1)"
         )
+    if not url.isascii() or any(c.isspace() or not c.isprintable() for c in url):
+        raise StoreError(
+            f"{_shown(url)!r} has characters a request line cannot carry: write the host "
+            "in its ASCII form (xn--...) and percent-encode the path"
+        )
     if parts.username or parts.password or parts.query or parts.fragment:
         raise StoreError(
             f"{_shown(url)!r}: give the provider's API base only (no user, query or fragment); "

@@ -398,7 +398,8 @@ class Admission:
                 for waiter in list(waiters):
                     if not self._any_usable(service, waiter.exclude, waiter.adapter):
                         self._remove(waiter)
-                        waiter.future.set_exception(self.unavailable(service, ""))
+                        if not waiter.future.done():  # (its client may have left this turn)
+                            waiter.future.set_exception(self.unavailable(service, ""))
 
     def depth(self, service: str | None = None) -> int:
         """How many wait (for ``service``); safe to call from another thread

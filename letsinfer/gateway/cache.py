@@ -121,10 +121,10 @@ class ResponseCache:
 
     def put(self, key: bytes, body: bytes, content_type: bytes) -> None:
         entry = Cached(body, content_type, self.clock())
+        if key in self._entries:  # even when the new answer is too big to keep: never the old
+            self._drop(key)
         if entry.cost > self.max_entry:
             return
-        if key in self._entries:
-            self._drop(key)
         self._entries[key] = entry
         self.size += entry.cost
         while self.size > self.max_bytes:

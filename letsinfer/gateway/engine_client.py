@@ -59,6 +59,21 @@ class ConnectTimeout(EngineTimeout):
     """The engine did not accept the connection in time: it never saw the request."""
 
 
+class AnswerTooLarge(EngineError):
+    """A whole answer past the size the gateway keeps in memory to relay it."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, before_response=False)
+
+
+class Unsolicited(Exception):
+    """A second response after the one asked for: the connection can carry
+    nothing more (its next answer could be anyone's)."""
+
+    def __init__(self) -> None:
+        super().__init__("a response nobody asked for followed the answer")
+
+
 class _Connection(asyncio.Protocol):
     """One TCP connection to an engine, carrying one exchange at a time."""
 
@@ -88,7 +103,8 @@ class _Connection(asyncio.Protocol):
             ex.parser.feed_data(data)
         except httptools.HttpParserError as exc:
             ex.deliver()
-            ex.fail(EngineError(f"bad response from engine: {exc}", before_response=ex.status == 0))
+            why = exc.__cause__ if isinstance(exc.__cause__, Unsolicited) else exc
+            ex.fail(EngineError(f"bad response from engine: {why}", before_response=ex.status == 0))
             self.abort()
         else:
             ex.deliver()
@@ -168,6 +184,8 @@ class _Response:
 
     # -- httptools callbacks -----------------------------------------------
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self.complete:
+            raise Unsolicited
         name = name.lower()
         if name == b"content-type":
             self.content_type = value
@@ -178,8 +196,17 @@ class _Response:
         elif name == b"retry-after":
             self.retry_after = value
 
+    def final_status(self) -> int:
+        """The status of the headers just parsed; 0 for an interim answer (a
+        103 Early Hints: the answer itself follows, on the same exchange). It
+        refuses a response after the one asked for."""
+        if self.complete:
+            raise Unsolicited
+        status = self.parser.get_status_code()
+        return 0 if status < 200 else status
+
     def on_headers_complete(self) -> None:
-        self.status = self.parser.get_status_code()
+        self.status = self.final_status()
 
     def on_message_complete(self) -> None:
         raise NotImplementedError
@@ -241,8 +268,8 @@ class EngineResponse(_Response):
 
     # -- httptools callbacks -----------------------------------------------
     def on_headers_complete(self) -> None:
-        self.status = self.parser.get_status_code()
-        if not self._headers_done.done():
+        self.status = self.final_status()
+        if self.status and not self._headers_done.done():
             self._headers_done.set_result(None)
 
     def on_body(self, body: bytes) -> None:
@@ -254,6 +281,8 @@ class EngineResponse(_Response):
         self._wake()
 
     def on_message_complete(self) -> None:
+        if not self.status:  # an interim answer's end
+            return
         self.complete = True
         self._wake()
         keep_alive = self.parser.should_keep_alive() and not self.until_eof
@@ -312,9 +341,16 @@ class EngineResponse(_Response):
             finally:
                 self._waiter = None
 
-    async def read(self) -> bytes:
+    async def read(self, limit: int | None = None) -> bytes:
+        """The whole body; past ``limit`` bytes the exchange is closed and
+        :class:`AnswerTooLarge` raised (nothing more is kept)."""
         parts = []
+        size = 0
         while (chunk := await self.next_chunk()) is not None:
+            size += len(chunk)
+            if limit is not None and size > limit:
+                self.close()
+                raise AnswerTooLarge(f"the answer is larger than {limit} bytes")
             parts.append(chunk)
         return b"".join(parts)
 
@@ -348,8 +384,9 @@ class CallbackResponse(_Response):
         self.paused = False
 
     def on_headers_complete(self) -> None:
-        self.status = self.parser.get_status_code()
-        self.listener.response_started(self)
+        self.status = self.final_status()
+        if self.status:
+            self.listener.response_started(self)
 
     @property
     def on_body(self) -> Callable[[bytes], None]:
@@ -368,6 +405,8 @@ class CallbackResponse(_Response):
             self.listener.response_body(self, body)
 
     def on_message_complete(self) -> None:
+        if not self.status:  # an interim answer's end
+            return
         self.deliver()
         self.complete = True
         self.resume()  # (the last bytes can come in the read before a pause)
@@ -438,6 +477,13 @@ class EngineClient:
         name = base_url if ca_file is None else f"{base_url} {ca_file}"
         pool = self._pools.get(name)
         if pool is None:
+            if not base_url.isascii() or any(c.isspace() for c in base_url):
+                # (An authority from before such URLs were refused may hold one.)
+                raise EngineError(
+                    f"cannot send a request to {base_url!r}: an HTTP request needs an ASCII "
+                    "URL without spaces",
+                    before_response=True,
+                )
             parts = urlsplit(base_url)
             if parts.scheme not in ("http", "https") or not parts.hostname:
                 raise ValueError(f"engine URL must be http(s)://host:port, not {base_url!r}")

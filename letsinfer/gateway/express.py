@@ -39,7 +39,12 @@ from typing import TYPE_CHECKING
 
 from letsinfer.gateway import adapters, protocol, stream_usage
 from letsinfer.gateway.engine_client import CallbackResponse, EngineError, EngineTimeout
-from letsinfer.gateway.errors import GatewayError, internal_error, upstream_timeout
+from letsinfer.gateway.errors import (
+    GatewayError,
+    internal_error,
+    upstream_failed,
+    upstream_timeout,
+)
 from letsinfer.gateway.routing import Replica
 from letsinfer.gateway.serving import (
     CLIENT_GONE,
@@ -64,7 +69,17 @@ class _Lane(Exchange):
     """A request in the express lane: what the handler's exchange records, what
     holds its slot, and the listener of its engine's answer."""
 
-    __slots__ = ("body", "cycle", "engine", "express", "parts", "path", "relaying", "replica")
+    __slots__ = (
+        "body",
+        "cycle",
+        "engine",
+        "express",
+        "parts",
+        "path",
+        "relaying",
+        "replica",
+        "size",
+    )
 
     def __init__(self, request_id: str, express: Express, cycle: DirectCycle) -> None:
         super().__init__(request_id, None)
@@ -75,6 +90,7 @@ class _Lane(Exchange):
         self.replica: Replica | None = None
         self.engine: CallbackResponse | None = None
         self.parts: list[bytes] = []  # a whole answer's, as they arrive
+        self.size = 0  # their bytes
         self.relaying = False  # a stream: each part goes on as it arrives
 
     def client_gone(self) -> None:
@@ -100,7 +116,11 @@ class _Lane(Exchange):
 
     def response_body(self, engine: CallbackResponse, body: bytes) -> None:
         if not self.relaying:
-            self.parts.append(body)
+            if not self.done:
+                self.parts.append(body)
+                self.size += len(body)
+                if self.size > self.express.max_answer:
+                    self._too_large(engine)
         elif not self.done:
             try:
                 self._relay(engine, body)
@@ -207,6 +227,18 @@ class _Lane(Exchange):
         self.cycle.write(stream_error_event(f"the model's stream broke: {error}"), False)
         self.express.endpoints.record(self)
 
+    def _too_large(self, engine: CallbackResponse) -> None:
+        engine.close()
+        self.parts.clear()
+        self.express.leave(self)
+        self._refuse(
+            upstream_failed(
+                self.served,
+                f"its answer is larger than the {self.express.max_answer} bytes the gateway "
+                "relays whole (ask for less, or stream it)",
+            )
+        )
+
     def _refuse(self, err: GatewayError) -> None:
         self.status = err.status
         self.responded = True
@@ -247,6 +279,7 @@ class Express:
     def __init__(self, endpoints: InferenceEndpoints) -> None:
         self.endpoints = endpoints
         self.gw = endpoints.gw
+        self.max_answer = endpoints.gw.upstream.max_answer_bytes
 
     def take(self, cycle: DirectCycle) -> bool:
         """Serve ``cycle``'s request here (True), or leave it, unchanged, to the
@@ -299,7 +332,7 @@ class Express:
         if parsed.get("stream", False):
             lane.stream = True
             if route.sampling:
-                lane.usage, body = stream_usage.counted(body, parsed.get("stream_options"))
+                lane.usage, body = stream_usage.counted(body, parsed)
         lane.body = body
         # The slot last: nothing after it can fail.
         lane.replica = gw.admission.take_now(entry.name, self.endpoints.prefix_hint(parsed, route))

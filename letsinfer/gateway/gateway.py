@@ -55,8 +55,9 @@ class Gateway:
 
     def on_snapshot(self, snapshot: Snapshot) -> None:
         """A new view of keys and models (not per request): publish external
-        models; a key whose limits appeared or changed is counted afresh from
-        the request records (in the background; before serving, at start)."""
+        models; a key whose limits appeared, or now need counts not kept
+        before (a budget period, a request rate), is counted afresh from the
+        request records (in the background; before serving, at start)."""
         # A stopped cluster serves nothing: its external models neither.
         external.sync(self.routing, {} if snapshot.system_stopped else snapshot.externals())
         limited = {k.name: k.limits for k in snapshot.keys.values() if k.limits is not None}
@@ -64,8 +65,14 @@ class Gateway:
             del self._counted[gone]
             self.limiter.forget(gone)
         for name, limits in limited.items():
-            if self._counted.get(name) != limits:
-                self._counted[name] = self._unread[name] = limits
+            before = self._counted.get(name)
+            if before == limits:
+                continue
+            self._counted[name] = limits
+            # A new number for what is counted already applies to the counts
+            # as they are: no read, and no moment in which they are zero.
+            if before is None or limits.counts_more_than(before) or name in self._unread:
+                self._unread[name] = limits
         if self._unread:
             try:
                 asyncio.get_running_loop()
@@ -144,6 +151,7 @@ class Gateway:
                 ) from exc
             traces = Tracing(tracing)
             upstream = TracedUpstream(client, admission, metrics, tracing=traces)
+        upstream.max_answer_bytes = s.max_answer_bytes
         gateway = cls(
             directory=directory,
             routing=routing,

@@ -63,6 +63,15 @@ class KeyLimits:
     def any(self) -> bool:
         return self.rpm is not None or self.tpm is not None or self.budget is not None
 
+    def counts_more_than(self, before: KeyLimits) -> bool:
+        """Whether these limits need counts that ``before`` did not keep, to be
+        read from the request records: a budget's period (its tokens) or a
+        request rate (its arrivals). Every limited key's last minute of tokens
+        is kept whatever its limits."""
+        return (self.period is not None and self.period != before.period) or (
+            self.rpm is not None and before.rpm is None
+        )
+
 
 def period_bounds(period: str, now: float) -> tuple[float, float]:
     """The UTC calendar period holding ``now``: (start, end) in epoch seconds."""
@@ -125,6 +134,17 @@ def budget_short(
         type_="insufficient_quota",
         code="budget_exhausted",
         headers={"retry-after": str(retry_after)},
+    )
+
+
+def beyond_budget(key: str, budget: int, period: str, asks: int) -> GatewayError:
+    return GatewayError(
+        400,
+        f"This request may use about {asks} tokens (its prompt, and the most it lets the "
+        f"model write: max_tokens, max_completion_tokens or n_predict), more than API key "
+        f"'{key}' may use in a whole {period} ({budget} tokens): ask for fewer tokens.",
+        code="invalid_value",
+        param="max_tokens",
     )
 
 
@@ -225,6 +245,8 @@ class Limiter:
             # A request that says how much it may write must fit in what is
             # left; one that does not may pass the budget by what it writes.
             asks = prompt + max_tokens if max_tokens is not None else 0
+            if asks > limits.budget:  # no wait would help: refused as the request it is
+                raise beyond_budget(key, limits.budget, limits.period, asks)
             if st.spent + st.held + asks > limits.budget:
                 left = limits.budget - st.spent - st.held
                 retry_after = 1 if st.held else max(1, math.ceil(end - now))

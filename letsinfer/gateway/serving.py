@@ -28,6 +28,7 @@ fallback when none of its groups can take the request (the answer says so in
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import logging
@@ -468,14 +469,13 @@ class InferenceEndpoints:
                 estimate_prompt(body),
                 protocol.completion_limit(parsed) if route.sampling else None,
             )
-        if (
-            key.cache is not None
-            and not self._stopped(entry)
-            and await self._from_cache(key, entry, path, route, parsed, ex, send, cache_control)
-        ):
-            return
+        if key.cache is not None:
+            if self._stopped(entry):  # never answered from the cache (its fallback may answer)
+                ex.cache = cache.BYPASS
+            elif await self._from_cache(key, entry, path, route, parsed, ex, send, cache_control):
+                return
         if stream and route.sampling:
-            ex.usage, body = stream_usage.counted(body, parsed.get("stream_options"))
+            ex.usage, body = stream_usage.counted(body, parsed)
         hint = self.prefix_hint(parsed, route)
         gw.admission.enter_key(key.name, key.concurrency)
         try:
@@ -493,6 +493,7 @@ class InferenceEndpoints:
                     failed_at=failed_at,
                     fail_on_provider_error=entry.fallback is not None,
                     at_engine=ex.at_engine,
+                    recheck=functools.partial(self._not_revoked, key),
                 )
             except GatewayError as err:
                 if entry.base is not None and not key.allows(entry.base):
@@ -507,6 +508,12 @@ class InferenceEndpoints:
                 gw.upstream.finish(started)
         finally:
             gw.admission.leave_key(key.name)
+
+    def _not_revoked(self, key: KeyPolicy) -> None:
+        """A request that waited in the queue is refused if its key was revoked
+        meanwhile: a revocation holds from the moment its command returns."""
+        if key.digest not in self.gw.directory.current().keys:
+            raise invalid_key()
 
     def _stopped(self, entry: ServiceEntry) -> bool:
         """Stopped by an administrator (the cluster, the model, or an adapter's
@@ -563,6 +570,7 @@ class InferenceEndpoints:
                 adapter=other.name if other.base is not None else None,
                 fail_on_provider_error=True,  # (its error is not for this client)
                 at_engine=ex.at_engine,
+                recheck=functools.partial(self._not_revoked, key),
             )
         except GatewayError as failed:
             # The client hears of the model it asked for, not of one its key
@@ -735,9 +743,10 @@ class InferenceEndpoints:
                 used = admitted.charged = admitted.estimate + made
             else:
                 used = (prompt_tokens or 0) + (completion_tokens or 0)
-            # Not a request of its minute: one refused after its admission, or
-            # whose client left before any engine had it (as the records count).
-            counted = ex.status != 429 and (ex.status != CLIENT_GONE or ex.pg != "-")
+            # Not a request of its minute: one refused after its admission (a
+            # 429 no engine sent), or whose client left before any engine had
+            # it (as the records count). A provider's own 429 reached it: counted.
+            counted = ex.pg != "-" or ex.status not in (429, CLIENT_GONE)
             self.gw.limiter.settle(admitted, used, counted)
         finished = self._finished
         finished.append(ex)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from letsinfer.gateway import protocol
@@ -24,6 +25,7 @@ from letsinfer.gateway import protocol
 _FIELD = b'"stream_options":{"include_usage":true},'
 _USAGE = b'"usage"'
 _EVENTS = re.compile(rb"(\r?\n\r?\n)")
+MAX_PENDING = 64 * 1024  # the most of an unfinished event kept back
 
 
 def ask_for_usage(body: bytes, stream_options: dict[str, Any] | None) -> bytes:
@@ -41,13 +43,18 @@ def wants_usage(stream_options: dict[str, Any] | None) -> bool:
     return bool(stream_options and stream_options.get("include_usage") is True)
 
 
-def counted(body: bytes, stream_options: dict[str, Any] | None) -> tuple[UsageFilter, bytes]:
+def counted(body: bytes, parsed: Mapping[str, Any]) -> tuple[UsageFilter, bytes]:
     """A streamed request's filter, and its body as sent to the engine (usage
     asked for on the client's behalf when it did not ask). Counted from the
     usage event itself: never a guess from the stream's last bytes, which a
     slow network splits anywhere."""
+    stream_options = parsed.get("stream_options")
     usage_asked = wants_usage(stream_options)
     if not usage_asked:
+        if stream_options is None and "stream_options" in parsed:
+            # "stream_options": null: re-encoded, since a field added in front
+            # would come before the client's, and engines read the last one.
+            stream_options = {}
         body = ask_for_usage(body, stream_options)
     return UsageFilter(strip=not usage_asked), body
 
@@ -81,6 +88,10 @@ class UsageFilter:
             self.pending = b""
         else:
             data, self.pending = data[:end], data[end:]
+            if len(self.pending) > MAX_PENDING:
+                # An event that does not end (no usage event is this long): passed
+                # on as it arrives, not kept and searched again at every read.
+                data, self.pending = data + self.pending, b""
         at = data.find(_USAGE)
         return data if at < 0 else self._take_usage(data, at)
 

@@ -22,6 +22,7 @@ from letsinfer.gateway import external
 from letsinfer.gateway.adapters import with_lora
 from letsinfer.gateway.admission import STANDARD, Admission
 from letsinfer.gateway.engine_client import (
+    AnswerTooLarge,
     ConnectTimeout,
     EngineClient,
     EngineError,
@@ -71,6 +72,9 @@ class Started:
 
 
 class Upstream:
+    # [gateway] max_answer_bytes (set by Gateway.build)
+    max_answer_bytes = 64 * 1024 * 1024
+
     def __init__(self, client: EngineClient, admission: Admission, metrics: GatewayMetrics) -> None:
         self.client = client
         self.admission = admission
@@ -94,6 +98,7 @@ class Upstream:
         failed_at: tuple[str, str] | None = None,
         fail_on_provider_error: bool = False,
         at_engine: Callable[[Replica | None], None] = lambda replica: None,
+        recheck: Callable[[], None] | None = None,
     ) -> Started:
         """``adapter``: a LoRA adapter of ``service`` to apply (only replicas that
         loaded it serve, each told its own id for it); ``failed_at``: a replica
@@ -101,7 +106,10 @@ class Upstream:
         and why (the express lane's), not tried again;
         ``fail_on_provider_error``: a provider's 429 or 5xx is raised (for a
         fallback to take), not relayed; ``at_engine``: told of each replica
-        the request is sent to, and None when that one did no work on it."""
+        the request is sent to, and None when that one did no work on it;
+        ``recheck``: called once a slot is held, before anything is sent,
+        to refuse (by raising) a request whose key was revoked while it
+        waited in the queue."""
         tried: set[str] = set()
         failures: list[str] = []
         if failed_at is not None:
@@ -118,6 +126,8 @@ class Upstream:
             tried.add(replica.pg_id)
             response: EngineResponse | None = None
             try:
+                if recheck is not None:
+                    recheck()
                 payload, headers = body, extra
                 if replica.external is not None:  # a provider: its model name and key
                     payload, headers = external.prepare(replica, body, extra)
@@ -141,7 +151,7 @@ class Upstream:
                     if first is None:
                         raise EngineError("empty stream", before_response=True)
                     return Started(replica, 200, response.content_type, first, response, queue_s)
-                content = await response.read()
+                content = await response.read(self.max_answer_bytes)
                 return Started(
                     replica,
                     response.status,
@@ -151,6 +161,13 @@ class Upstream:
                     queue_s,
                     retry_after,
                 )
+            except AnswerTooLarge as exc:  # (another replica would write as much)
+                self._give_back(replica, response)
+                raise upstream_failed(
+                    service,
+                    f"its answer is larger than the {self.max_answer_bytes} bytes the gateway "
+                    "relays whole (ask for less, or stream it)",
+                ) from exc
             except EngineError as exc:
                 self._give_back(replica, response)
                 if isinstance(exc, EngineTimeout) and not isinstance(exc, ConnectTimeout):

@@ -135,8 +135,8 @@ class RequestStore:
     ) -> dict[str, KeyUsage]:
         """Per key: its tokens since its period's start (None: no budget), and
         its requests since ``window_from``. Counted as requests, as the
-        gateway counts them: not one refused with 429 (a rate limit refused
-        it, or it never ran), nor one refused before its key's limits saw it
+        gateway counts them: not one refused with 429 by the gateway (a rate
+        limit or a full queue: no group), nor one refused before its key's limits saw it
         (a body that is not a valid request, an unknown model, too large:
         400, 404 or 413 with no group), nor one whose client left before any
         engine had it (499 with no group)."""
@@ -153,7 +153,7 @@ class RequestStore:
                 (ts, 0 if cached else tokens, counted == 1)
                 for ts, tokens, cached, counted in self.conn.execute(
                     f"SELECT ts, {_TOKENS}, cached, "
-                    "status != 429 AND NOT (pg IS NULL AND status IN (400, 404, 413, 499)) "
+                    "NOT (pg IS NULL AND status IN (400, 404, 413, 429, 499)) "
                     "FROM requests WHERE key = ? AND ts >= ? ORDER BY ts",
                     (key, window_from),
                 )
