@@ -196,17 +196,10 @@ class _Response:
         elif name == b"retry-after":
             self.retry_after = value
 
-    def final_status(self) -> int:
-        """The status of the headers just parsed; 0 for an interim answer (a
-        103 Early Hints: the answer itself follows, on the same exchange). It
-        refuses a response after the one asked for."""
-        if self.complete:
-            raise Unsolicited
-        status = self.parser.get_status_code()
-        return 0 if status < 200 else status
-
-    def on_headers_complete(self) -> None:
-        self.status = self.final_status()
+    # Each kind's on_headers_complete refuses a response after the one asked
+    # for (Unsolicited) and leaves ``status`` at 0 for an interim answer (a 103
+    # Early Hints: the answer itself follows, on the same exchange), which its
+    # on_message_complete then passes over.
 
     def on_message_complete(self) -> None:
         raise NotImplementedError
@@ -268,9 +261,13 @@ class EngineResponse(_Response):
 
     # -- httptools callbacks -----------------------------------------------
     def on_headers_complete(self) -> None:
-        self.status = self.final_status()
-        if self.status and not self._headers_done.done():
-            self._headers_done.set_result(None)
+        if self.complete:
+            raise Unsolicited
+        status = self.parser.get_status_code()
+        if status >= 200:
+            self.status = status
+            if not self._headers_done.done():
+                self._headers_done.set_result(None)
 
     def on_body(self, body: bytes) -> None:
         self._chunks.append(body)
@@ -384,8 +381,11 @@ class CallbackResponse(_Response):
         self.paused = False
 
     def on_headers_complete(self) -> None:
-        self.status = self.final_status()
-        if self.status:
+        if self.complete:
+            raise Unsolicited
+        status = self.parser.get_status_code()
+        if status >= 200:
+            self.status = status
             self.listener.response_started(self)
 
     @property
