@@ -1048,6 +1048,18 @@ print(r.status_code, r.text)
     assert row["state"] == "removed" and row["removed_at"]
     again = c.cli("main", "node", "remove", "n1")
     assert again.returncode == 1 and "already removed" in again.stderr
+    # Told again (as when the main's refusal of n1's report reached it first), n1
+    # answers with the engines that removal stopped, not with zero.
+    repeat = c.py(
+        "main",
+        as_node(c.home("main"))
+        + f"""
+import httpx
+r = httpx.post("https://{c.lab.hosts["n1"]}:8444/v1/agent/removed", verify=ctx, timeout=10)
+print(r.status_code, r.json()["engines_stopped"])
+""",
+    )
+    assert repeat.split() == ["200", str(len(on_n1))], repeat
 
     # Wiped and initialised again, the host enrolls under its name: a new identity.
     proc = c.procs.pop("n1")

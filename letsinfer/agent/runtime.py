@@ -161,6 +161,7 @@ class AgentNode:
         self._mtime = home.identity_file.stat().st_mtime_ns
         self.revoked = self._load_revoked()
         self.removed_by: str | None = None  # set when the main said it removed this node
+        self._removal: asyncio.Future[int] | None = None
         # Every group the main placed here, running or stopped (its last word).
         self.groups: list[dict[str, Any]] | None = None
         self._report_now = asyncio.Event()
@@ -182,8 +183,13 @@ class AgentNode:
         """The main removed this node: stop every engine now (the main no longer
         routes to them). Said by the main on the agent plane, or by its refusal
         of this node's facts. Returns how many engines were stopped."""
-        if self.removed_by is not None:
-            return 0
+        # The main's notice and its refusal of a report can both arrive: the
+        # second waits for the first and gets the same count, not zero.
+        if self._removal is None:
+            self._removal = asyncio.ensure_future(self._stop_for_removal(by))
+        return await asyncio.shield(self._removal)
+
+    async def _stop_for_removal(self, by: str) -> int:
         self.removed_by = by
         self.desired = []
         engines = len(self.supervisor.runners)
@@ -482,7 +488,8 @@ class AgentNode:
                     if resp.status_code == 200:
                         wait = pacing.answered()
                         refused = False
-                        self.removed_by = None
+                        if self._removal is None or self._removal.done():
+                            self.removed_by, self._removal = None, None
                         desired = [
                             from_wire(d, engine.threads, engine.context, engine.parallel)
                             for d in resp.json()["placements"]
