@@ -270,6 +270,33 @@ def test_limits_set_while_serving_count_what_the_key_already_used(tmp_path: Path
         refused(post(h, "late", chat()), "budget_exhausted")
 
 
+def test_a_request_running_when_its_key_gets_a_budget_is_charged_when_it_ends(
+    tmp_path: Path,
+) -> None:
+    with GatewayHarness(tmp_path, {"pg-a": QUICK}, keys={"late": None}, records=True) as h:
+        gated(h)
+
+        async def budget_set_while_one_runs() -> httpx.Response:
+            async with httpx.AsyncClient(timeout=30) as client:
+                running = asyncio.create_task(
+                    client.post(h.url + "/v1/chat/completions", json=chat(), headers=h.auth("late"))
+                )
+                while h.mocks["pg-a"].stats.in_flight < 1:
+                    await asyncio.sleep(0.01)
+                # Its record is written when it ends: the recount cannot find it.
+                h.store.set_key_policy("late", {"budget_tokens": 20, "budget_period": "day"})
+                h.refresh()
+                while h.gateway._reading or "late" not in h.gateway.limiter._keys:
+                    await asyncio.sleep(0.01)
+                open_gate(h)
+                return await running
+
+        assert asyncio.run(budget_set_while_one_runs()).status_code == 200
+        h.wait_until(lambda: h.gateway.limiter.spent("late") == 13)
+        assert post(h, "late", chat()).status_code == 200  # 13 < 20: admitted, ends at 26
+        refused(post(h, "late", chat()), "budget_exhausted")
+
+
 def test_a_limit_changed_while_requests_run_keeps_what_they_hold(tmp_path: Path) -> None:
     policies = {"team": {"budget_tokens": 10_000, "budget_period": "day", "rpm": 3}}
     with GatewayHarness(
@@ -548,6 +575,31 @@ def test_a_fallback_whose_engine_times_out_is_charged_and_booked_where_it_ran(
         h.wait_until(lambda: h.gateway.limiter.spent("team") == estimate_prompt(raw))
     (row,) = RequestStore(tmp_path / "requests.db", readonly=True).find("slow")
     assert (row.model, row.pg, row.charged) == ("big", "pg-b", estimate_prompt(raw))
+
+
+def test_a_spent_budget_stays_spent_while_a_change_has_its_counts_read_again(
+    tmp_path: Path,
+) -> None:
+    policies = {"team": {"budget_tokens": 30, "budget_period": "day"}}
+    with GatewayHarness(
+        tmp_path, {"pg-a": QUICK}, keys={"team": None}, policies=policies, records=True
+    ) as h:
+        assert [post(h, "team", chat()).status_code for _ in range(3)] == [200] * 3  # 39
+        recounted(h)
+        assert h.records is not None
+        read = h.records._write_then_read
+
+        def slow_read(*args: Any) -> Any:  # a month of records on a busy disk
+            time.sleep(0.5)
+            return read(*args)
+
+        h.records._write_then_read = slow_read  # type: ignore[method-assign]
+        h.store.set_key_policy("team", {"budget_period": "week"})  # another period: a read
+        h.refresh()
+        h.wait_until(lambda: "team" in h.gateway.recounting)
+        # Sent while its counts are being read: it waits for them, and is refused.
+        refused(post(h, "team", chat()), "budget_exhausted")
+        assert h.gateway.limiter.spent("team") == 39 and not h.gateway.recounting
 
 
 def test_a_request_that_ends_as_its_keys_limits_change_is_counted(tmp_path: Path) -> None:
@@ -1359,6 +1411,11 @@ def test_a_providers_own_failure_is_relayed_with_its_retry_after_or_falls_back(
             assert r.status_code == 429 and (
                 got in relayed if isinstance(relayed, set) else got == relayed
             ), (sent, got)
+        provider.outage = (503, {"retry-after": "30"})  # its own: no other replica to try
+        calls = len(provider.seen)
+        r = post(h, "alice", chat() | {"model": "ext"})
+        assert (r.status_code, r.headers.get("retry-after")) == (503, "30"), r.text
+        assert r.json()["error"]["code"] == "outage" and len(provider.seen) == calls + 1
         provider.outage = (500, {"retry-after": "soon\xe9"})  # not ASCII: not relayed
         r = post(h, "alice", chat(stream=True) | {"model": "ext"})
         assert r.status_code == 500 and "retry-after" not in r.headers
@@ -1386,13 +1443,13 @@ def test_a_providers_own_failure_is_relayed_with_its_retry_after_or_falls_back(
         # With a fallback, each is a failure before the first byte: the fallback answers.
         set_fallback(h.store, "ext", MODEL)
         h.refresh()
-        for status in (429, 500, 502, 404):
+        for status in (429, 500, 502, 503, 404):
             provider.outage = (status, {})
             for stream in (False, True):
                 r = post(h, "alice", chat(stream=stream) | {"model": "ext"})
                 assert r.status_code == 200, (status, stream, r.text)
                 assert r.headers["x-letsinfer-fallback"] == MODEL
-        assert h.mocks["pg-a"].stats.requests == 8
+        assert h.mocks["pg-a"].stats.requests == 10
 
         # The fallback cannot answer either: the error is the model asked for's.
         h.in_loop(lambda: h.routing.withdraw(MODEL, "pg-a", "engine exited"))

@@ -63,6 +63,15 @@ def test_off_clears_a_limit_in_any_case_as_the_help_shows_it(home: Path) -> None
     wrong = cli(home, "auth", "key", "limits", "offs", "--rpm", "offf")
     assert wrong.returncode == 2
     assert "'offf' is neither a whole number nor 'off'" in wrong.stderr
+    for odd in ("1_000", "+5", "\u0661\u0662", "1e3"):
+        refused = cli(home, "auth", "key", "limits", "offs", "--tpm", odd)
+        assert refused.returncode == 2 and "neither a whole number" in refused.stderr, odd
+    [offs] = [
+        k
+        for k in json.loads(cli(home, "auth", "key", "list", "--json").stdout)
+        if k["name"] == "offs"
+    ]
+    assert offs["tpm"] is None
 
 
 def test_refused_key_limits_are_audited_as_denials(home: Path) -> None:

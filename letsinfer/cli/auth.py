@@ -53,10 +53,11 @@ class _Limit(click.ParamType):
     ) -> object:
         if value is _OFF or (isinstance(value, str) and value.strip().lower() == "off"):
             return _OFF
-        try:
-            number = int(str(value))
-        except ValueError:
+        text = str(value).strip()
+        # Digits only: int() would also take "1_000", "+5" and other scripts' digits.
+        if not (text.isascii() and text.isdigit()):
             self.fail(f"{value!r} is neither a whole number nor 'off'", param, ctx)
+        number = int(text)
         if number < 1:
             self.fail(f"{number} is below 1 (use 'off' to clear it)", param, ctx)
         if number > MAX_LIMIT:

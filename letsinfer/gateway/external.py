@@ -86,7 +86,8 @@ def unreachable(exc: BaseException) -> str:
 
 def failed(status: int) -> bool:
     """A provider's answer that is a failure of its own, not of the request:
-    rate limited, a server error (503 is retried as an engine's is), or one
+    rate limited, a server error (a 503 too: unlike an engine, a provider has
+    no other replica to try, and its Retry-After says when), or one
     that says it is set up wrong (:func:`misconfigured`)."""
     return status == 429 or status >= 500 or misconfigured(status)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("letsinfer.gateway")
 
+RECOUNT_WAIT_S = 5.0  # the longest a request waits for its key's counts to be read
+
 
 @dataclass
 class Gateway:
@@ -52,6 +55,9 @@ class Gateway:
     _counted: dict[str, KeyLimits] = field(default_factory=dict)
     _unread: dict[str, KeyLimits] = field(default_factory=dict)
     _reading: set[asyncio.Task[None]] = field(default_factory=set)
+    # Keys whose counts are being read again: their requests wait for the read
+    # (a spent budget must not look unspent while it runs).
+    recounting: dict[str, asyncio.Event] = field(default_factory=dict)
 
     def on_snapshot(self, snapshot: Snapshot) -> None:
         """A new view of keys and models (not per request): publish external
@@ -102,15 +108,35 @@ class Gateway:
         # this one step of the loop: nothing ends between them).
         self.book_now()
         generations = {name: self.limiter.recount(name, limits) for name, limits in unread.items()}
+        ready = asyncio.Event()
+        self.recounting.update(dict.fromkeys(unread, ready))
         try:
             usage = await self.records.usage_of(starts, now - WINDOW_S)
         except Exception as exc:  # a broken records file: count from now, say so
             log.error("cannot read the request records to rebuild rate limits: %s", exc)
-            return
+            usage = {}
+        finally:
+            for name in unread:
+                if self.recounting.get(name) is ready:
+                    del self.recounting[name]
+            ready.set()
         for name, (spent, recent) in usage.items():
             limits = self._counted.get(name)
             if limits is not None:
                 self.limiter.restore(name, limits, spent, recent, generations[name])
+
+    async def counted(self, key: str) -> None:
+        """Wait until no read of ``key``'s counts is under way (at most
+        ``RECOUNT_WAIT_S``: a stalled disk lets requests through on what is
+        counted in memory, as a broken records file does)."""
+        deadline = asyncio.get_running_loop().time() + RECOUNT_WAIT_S
+        while (ready := self.recounting.get(key)) is not None:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                log.warning("key %s: its counts are still being read; admitted on what is", key)
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ready.wait(), left)
 
     @classmethod
     def build(

@@ -284,6 +284,17 @@ class Limiter:
         if not counted:
             with contextlib.suppress(ValueError):
                 st.requests.remove(admitted.at)
+        self._charge(st, tokens)
+
+    def charge_late(self, key: str, tokens: int) -> None:
+        """A request admitted while its key had no limits ended after the key's
+        counting began: no record read for that count has it, so it is charged
+        here (nothing, when the key is not counted)."""
+        st = self._keys.get(key)
+        if st is not None:
+            self._charge(st, tokens)
+
+    def _charge(self, st: _KeyState, tokens: int) -> None:
         if tokens <= 0:
             return
         now = self.clock()

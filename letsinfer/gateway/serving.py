@@ -463,6 +463,8 @@ class InferenceEndpoints:
         ex.renamed = answers_as(entry)
         ex.stream = stream = parsed.get("stream", False)
         if key.limits is not None:
+            if gw.recounting:
+                await gw.counted(key.name)
             ex.admitted = gw.limiter.admit(
                 key.name,
                 key.limits,
@@ -748,6 +750,9 @@ class InferenceEndpoints:
             # it (as the records count). A provider's own 429 reached it: counted.
             counted = ex.pg != "-" or ex.status not in (429, CLIENT_GONE)
             self.gw.limiter.settle(admitted, used, counted)
+        elif not cached:
+            # Its key got limits while it ran: what it used counts against them.
+            self.gw.limiter.charge_late(ex.key, (prompt_tokens or 0) + (completion_tokens or 0))
         finished = self._finished
         finished.append(ex)
         if len(finished) == 1:

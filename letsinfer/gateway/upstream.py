@@ -2,8 +2,8 @@
 
 Nothing reaches the client until a replica has produced the first byte of its
 answer (the whole answer, when not streaming). Until then, a replica that
-refuses the connection, drops it, answers 503, or ends its stream before any
-data is skipped, and the request goes to another replica. A replica that is
+refuses the connection, drops it, answers 503 (an engine's), or ends its stream
+before any data is skipped, and the request goes to another replica. A replica that is
 merely slow is not: a read timeout is a 504, because sending the same work
 elsewhere would only double the load. An external provider's 429 or 5xx is
 its answer, relayed with its ``Retry-After``, unless the model has a fallback
@@ -135,7 +135,9 @@ class Upstream:
                     payload = with_lora(body, replica.adapters.index(adapter))
                 at_engine(replica)
                 response = await self._send(replica, path, payload, headers)
-                if response.status == 503:  # engine loading or overloaded: try another
+                # An engine loading or overloaded: try another. (A provider's
+                # 503 is its answer, with its Retry-After, as its other 5xx are.)
+                if response.status == 503 and replica.external is None:
                     raise EngineError("engine answered 503", before_response=True)
                 retry_after = None
                 if replica.external is not None:
