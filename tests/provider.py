@@ -5,7 +5,8 @@ request carries its API key and names its own model name, as a real provider
 would; anything else gets the provider's 401 or 404. It keeps every request's
 headers and body so a test can see exactly what the gateway sent. Setting
 ``outage`` to a status and headers makes it answer every request with them, as
-a provider that is rate limiting or failing does.
+a provider that is rate limiting or failing does; ``cut``, a stream that ends
+cleanly but early.
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ class Provider:
     seen: list[Seen] = field(default_factory=list)
     outage: tuple[int, dict[str, str]] | None = None
     usage: bool = True  # whether whole answers say what they used (not all providers do)
+    cut: bool = False  # streams end cleanly after two words, with no usage and no [DONE]
     _server: ThreadingHTTPServer | None = None
 
     @property
@@ -155,7 +157,8 @@ class Provider:
                 events = [_chunk(provider.model, word) for word in ANSWER.split(" ")]
                 if (body.get("stream_options") or {}).get("include_usage"):
                     events.append({**_completion(provider.model), "choices": []})
-                for event in [*(json.dumps(e) for e in events), "[DONE]"]:
+                sent = [*(json.dumps(e) for e in events), "[DONE]"]
+                for event in sent[:2] if provider.cut else sent:
                     data = f"data: {event}\n\n".encode()
                     self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
                     self.wfile.flush()

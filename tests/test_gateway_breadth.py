@@ -1351,6 +1351,14 @@ def test_a_provider_key_that_fails_is_a_clean_error_naming_no_secret_or_falls_ba
         # Answers name the model the client knows, not the provider's.
         events = [json.loads(e[6:]) for e in streamed.text.split("\n\n") if e[6:7] == "{"]
         assert r.json()["model"] == "ext" and {e["model"] for e in events} == {"ext"}
+        # A stream that ends cleanly but early is not passed off as a whole answer.
+        provider.cut = True
+        cut = post(h, "alice", chat(stream=True) | {"model": "ext"})
+        assert cut.status_code == 200 and "data: [DONE]" not in cut.text
+        last = json.loads(cut.text.strip().split("\n\n")[-1][6:])
+        assert last["error"]["code"] == "upstream_stream_error", cut.text
+        assert "ended without [DONE]" in last["error"]["message"]
+        provider.cut = False
 
         key_file.write_text("sk-rotated\n")  # read per request: rotation needs no restart
         r = post(h, "alice", chat() | {"model": "ext"})

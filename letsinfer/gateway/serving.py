@@ -688,10 +688,15 @@ class InferenceEndpoints:
                     before = last
                     ex.tail = last = chunk  # what the client has last, should it leave
                 chunk = await response.next_chunk()
+            rest = b""
             if usage is not None and (rest := usage.flush()):
                 if ex.renamed is not None:
                     rest = renamed(rest, ex.renamed)
                 await send({"type": "http.response.body", "body": rest, "more_body": True})
+            # A provider whose stream ends cleanly but early (a proxy of its own
+            # cut off, a crash behind it) must not pass for a whole answer.
+            if started.replica.external is not None and b"[DONE]" not in before + last + rest:
+                raise EngineError("it ended without [DONE]", before_response=False)
         except EngineError as exc:
             # Bytes already reached the client: no retry, but no silent cut either.
             ex.status = 502
