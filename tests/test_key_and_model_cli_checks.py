@@ -154,3 +154,29 @@ def test_a_running_node_gets_no_refused_limits_and_the_refusal_is_audited_once(
     assert [(r["target"], r["outcome"]) for r in denials] == [("live", "denied")]
     policy = json.loads(main_node.cli("auth", "key", "limits", "live", "--json").stdout)
     assert policy["budget_tokens"] is None
+
+
+def test_limits_the_records_cannot_rebuild_after_a_restart_are_pointed_out(home: Path) -> None:
+    config = home / "etc/config.toml"
+    before = config.read_text() if config.exists() else None
+    try:
+        config.write_text((before or "") + "\n[requests]\nkeep_days = 7\n")
+        made = cli(
+            home, *("auth", "key", "create", "monthly", "--budget", "9", "--budget-period", "month")
+        )
+        assert made.returncode == 0, made.stderr
+        assert "kept 7 day(s) ([requests] keep_days), less than a month" in made.stderr
+        weekly = cli(home, "auth", "key", "limits", "monthly", "--budget-period", "week")
+        assert weekly.returncode == 0 and "note:" not in weekly.stderr, weekly.stderr
+
+        config.write_text((before or "") + "\n[requests]\nenabled = false\n")
+        rated = cli(home, "auth", "key", "limits", "monthly", "--rpm", "10")
+        assert rated.returncode == 0
+        assert "request records are off ([requests] enabled = false)" in rated.stderr
+        plain = cli(home, "auth", "key", "create", "unlimited")
+        assert plain.returncode == 0 and "note:" not in plain.stderr
+    finally:
+        if before is None:
+            config.unlink()
+        else:
+            config.write_text(before)

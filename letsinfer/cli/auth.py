@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from letsinfer import config
 from letsinfer.authority.anchor import open_authority
 from letsinfer.authority.apikeys import (
     BANDS,
@@ -165,6 +166,8 @@ def create(
         return
     console.print(f"API key [bold]{made['name']}[/bold] created; it is shown only now:")
     click.echo(made["key"])
+    if policy:
+        _note_retention(ctx, made)
 
 
 @scoped(key, "limits", scope="main")
@@ -202,6 +205,38 @@ def limits(ctx: CliContext, name: str, as_json: bool, **given: Any) -> None:
         click.echo(json.dumps(answer))
         return
     console.print(f"API key [bold]{name}[/bold]: {limits_text(answer)}", highlight=False)
+    if change:
+        _note_retention(ctx, answer)
+
+
+# The longest each budget period can be, in days (a month: 31).
+_PERIOD_DAYS = {"day": 1, "week": 7, "month": 31}
+
+
+def _note_retention(ctx: CliContext, policy: dict[str, Any]) -> None:
+    """Say when the request records cannot rebuild a key's counts after a
+    restart: they are off, or kept for less than its budget period."""
+    if not (policy.get("budget_tokens") or policy.get("rpm") or policy.get("tpm")):
+        return
+    try:
+        records = config.load(ctx.home.config_file).requests
+    except config.ConfigError:
+        return  # (the node says so itself when it starts)
+    if not records.enabled:
+        click.echo(
+            "note: request records are off ([requests] enabled = false): this key's limits "
+            "count from zero again at every start of the node",
+            err=True,
+        )
+        return
+    period = policy.get("budget_period")
+    days = _PERIOD_DAYS.get(period or "", 0) if policy.get("budget_tokens") else 0
+    if days > records.keep_days:
+        click.echo(
+            f"note: request records are kept {records.keep_days} day(s) ([requests] keep_days), "
+            f"less than a {period}: after a restart this budget counts only those days",
+            err=True,
+        )
 
 
 def limits_text(p: dict[str, Any]) -> str:
