@@ -21,7 +21,8 @@ from letsinfer.authority.apikeys import create_key, digest, set_policy
 from letsinfer.authority.external import add_external_model, set_fallback
 from letsinfer.authority.lifecycle import set_model_desired
 from letsinfer.gateway.cache import ENTRY_OVERHEAD, ResponseCache
-from letsinfer.gateway.limits import estimate_prompt, period_bounds
+from letsinfer.gateway.errors import GatewayError
+from letsinfer.gateway.limits import KeyLimits, Limiter, estimate_prompt, period_bounds
 from letsinfer.gateway.mock_upstream import MockBehaviour
 from letsinfer.store.requests import RequestStore
 from tests.gateway_harness import MODEL, GatewayHarness, chat
@@ -600,6 +601,24 @@ def test_a_spent_budget_stays_spent_while_a_change_has_its_counts_read_again(
         # Sent while its counts are being read: it waits for them, and is refused.
         refused(post(h, "team", chat()), "budget_exhausted")
         assert h.gateway.limiter.spent("team") == 39 and not h.gateway.recounting
+
+
+def test_limits_cleared_and_set_again_while_a_request_runs_keep_the_new_holds() -> None:
+    limiter = Limiter(clock=lambda: 1_000_000.0)
+    budget = KeyLimits(budget=1_000, period="day")
+    old = limiter.admit("team", budget, prompt=10, max_tokens=300)
+    limiter.forget("team")  # limits cleared...
+    limiter.recount("team", budget)  # ...and set again, with two requests under them
+    new = [limiter.admit("team", budget, prompt=10, max_tokens=200) for _ in range(2)]
+    limiter.settle(old, 50)  # the request of the old limits ends: charged, holding nothing
+    assert limiter._keys["team"].held == 420 and limiter.spent("team") == 50
+    # The new ones still hold 420 of the 950 left: one more asking 600 waits.
+    with pytest.raises(GatewayError) as held:
+        limiter.admit("team", budget, prompt=10, max_tokens=590)
+    assert held.value.code == "budget_exhausted"
+    for done in new:
+        limiter.settle(done, 100)
+    assert limiter._keys["team"].held == 0 and limiter.spent("team") == 250
 
 
 def test_a_request_that_ends_as_its_keys_limits_change_is_counted(tmp_path: Path) -> None:

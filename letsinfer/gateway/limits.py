@@ -151,10 +151,11 @@ def beyond_budget(key: str, budget: int, period: str, asks: int) -> GatewayError
 class Admitted:
     """One request that :meth:`Limiter.admit` counted, until :meth:`Limiter.settle`."""
 
-    __slots__ = ("at", "charged", "estimate", "events", "held", "key")
+    __slots__ = ("at", "charged", "estimate", "events", "held", "key", "state")
 
-    def __init__(self, key: str, at: float, held: int, estimate: int) -> None:
+    def __init__(self, key: str, state: _KeyState, at: float, held: int, estimate: int) -> None:
         self.key = key
+        self.state = state  # the counts it was admitted to (a key's limits cleared drop them)
         self.at = at  # its arrival, in the requests-per-minute window
         self.held = held  # tokens held against the budget while it runs
         self.estimate = estimate  # its prompt's tokens, estimated (charged if it reports none)
@@ -270,20 +271,25 @@ class Limiter:
         held = prompt + (max_tokens or 0) if limits.budget is not None else 0
         st.held += held
         st.running[now] = st.running.get(now, 0) + 1
-        return Admitted(key, now, held, prompt)
+        return Admitted(key, st, now, held, prompt)
 
     def settle(self, admitted: Admitted, tokens: int, counted: bool = True) -> None:
         """An admitted request ended having used ``tokens`` (prompt + completion);
         ``counted``: false when it was refused after its admission (it leaves
         the requests-per-minute window)."""
-        st = self._state(admitted.key)
-        st.held = max(0, st.held - admitted.held)  # (its key may have been forgotten since)
-        left = st.running.pop(admitted.at, 0) - 1
-        if left > 0:
-            st.running[admitted.at] = left
-        if not counted:
-            with contextlib.suppress(ValueError):
-                st.requests.remove(admitted.at)
+        st = self._keys.get(admitted.key)
+        if st is None:  # its key has no limits now: nothing of it is counted
+            return
+        if st is admitted.state:
+            st.held = max(0, st.held - admitted.held)
+            left = st.running.pop(admitted.at, 0) - 1
+            if left > 0:
+                st.running[admitted.at] = left
+            if not counted:
+                with contextlib.suppress(ValueError):
+                    st.requests.remove(admitted.at)
+        # (Else its key's limits were cleared and set again while it ran: its
+        # hold and arrival went with the old counts, its tokens count in the new.)
         self._charge(st, tokens)
 
     def charge_late(self, key: str, tokens: int) -> None:
