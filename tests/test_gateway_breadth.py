@@ -9,6 +9,7 @@ import contextlib
 import email.utils
 import json
 import socket
+import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -367,6 +368,34 @@ def test_two_limit_changes_during_one_slow_read_count_the_records_once(tmp_path:
             recounted(h)
             assert h.gateway.limiter.spent("team") == 39
             assert len(h.gateway.limiter._keys["team"].requests) == 3
+
+
+def test_requests_the_disk_could_not_take_still_count_when_limits_are_read_again(
+    tmp_path: Path,
+) -> None:
+    policies = {"team": {"budget_tokens": 45, "budget_period": "day"}}
+    with GatewayHarness(
+        tmp_path, {"pg-a": QUICK}, keys={"team": None}, policies=policies, records=True
+    ) as h:
+        recounted(h)
+        assert h.records is not None and h.records._store is not None
+        store = h.records._store
+
+        def full(*args: Any) -> None:
+            raise sqlite3.OperationalError("database or disk is full")
+
+        store.insert_many = full  # type: ignore[method-assign]
+        assert [post(h, "team", chat()).status_code for _ in range(3)] == [200] * 3  # 39
+        h.store.set_key_policy("team", {"budget_period": "week"})  # another period: a read
+        h.refresh()
+        recounted(h)
+        assert h.gateway.limiter.spent("team") == 39
+        del store.insert_many  # the disk has room again: written once, counted once
+        h.wait_until(lambda: not h.records._pending)  # type: ignore[union-attr]
+        h.store.set_key_policy("team", {"budget_period": "day"})
+        h.refresh()
+        recounted(h)
+        assert h.gateway.limiter.spent("team") == 39
 
 
 def test_a_new_number_for_what_is_counted_applies_at_once_with_no_read(tmp_path: Path) -> None:

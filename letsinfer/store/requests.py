@@ -111,6 +111,18 @@ class RequestStore:
             self.conn.execute("ALTER TABLE requests ADD COLUMN charged INTEGER")
         self._columns = ", ".join(RequestRecord._fields)
 
+    @classmethod
+    def unwritten(cls, records: list[RequestRecord]) -> RequestStore:
+        """Records the file could not take (a full disk), in memory, to be read
+        as the file is: they count for limits while they wait for the disk."""
+        store = cls.__new__(cls)
+        store.path = Path(":memory:")
+        store.conn = sqlite3.connect(":memory:", check_same_thread=False)
+        store.conn.executescript(_SCHEMA)
+        store._columns = ", ".join(RequestRecord._fields)
+        store.insert_many(records)
+        return store
+
     def close(self) -> None:
         self.conn.close()
 

@@ -119,7 +119,17 @@ class RequestLog:
         written = self._write(batch)
         store = self._store or RequestStore(self.path)
         self._store = store
-        return written, store.key_usage(period_starts, window_from)
+        usage = store.key_usage(period_starts, window_from)
+        if not written and batch:  # kept for the next round, but counted now
+            waiting = RequestStore.unwritten(batch)
+            try:
+                more = waiting.key_usage(period_starts, window_from)
+            finally:
+                waiting.close()
+            for key, (spent, recent) in more.items():
+                had, seen = usage.get(key, (0, []))
+                usage[key] = (had + spent, sorted([*seen, *recent]))
+        return written, usage
 
     def _write(self, batch: list[RequestRecord]) -> bool:
         try:
