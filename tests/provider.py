@@ -96,7 +96,9 @@ class Provider:
     seen: list[Seen] = field(default_factory=list)
     outage: tuple[int, dict[str, str]] | None = None
     usage: bool = True  # whether whole answers say what they used (not all providers do)
-    cut: bool = False  # streams end cleanly after two words, with no usage and no [DONE]
+    # Streams end cleanly after two words, with no usage and no [DONE] (the
+    # second word says "[DONE]", as a model's text may).
+    cut: bool = False
     _server: ThreadingHTTPServer | None = None
 
     @property
@@ -154,7 +156,8 @@ class Provider:
                 self.send_header("content-type", "text/event-stream")
                 self.send_header("transfer-encoding", "chunked")
                 self.end_headers()
-                events = [_chunk(provider.model, word) for word in ANSWER.split(" ")]
+                words = ["Hello", "[DONE]"] if provider.cut else ANSWER.split(" ")
+                events = [_chunk(provider.model, word) for word in words]
                 if (body.get("stream_options") or {}).get("include_usage"):
                     events.append({**_completion(provider.model), "choices": []})
                 sent = [*(json.dumps(e) for e in events), "[DONE]"]

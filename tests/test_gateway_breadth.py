@@ -391,7 +391,7 @@ def test_requests_the_disk_could_not_take_still_count_when_limits_are_read_again
         recounted(h)
         assert h.gateway.limiter.spent("team") == 39
         del store.insert_many  # the disk has room again: written once, counted once
-        h.wait_until(lambda: not h.records._pending)  # type: ignore[union-attr]
+        h.wait_until(lambda: h.records.backlog == 0)  # type: ignore[union-attr]
         h.store.set_key_policy("team", {"budget_period": "day"})
         h.refresh()
         recounted(h)
@@ -625,8 +625,12 @@ def test_a_spent_budget_stays_spent_while_a_change_has_its_counts_read_again(
 
         h.records._write_then_read = slow_read  # type: ignore[method-assign]
         h.store.set_key_policy("team", {"budget_period": "week"})  # another period: a read
-        h.refresh()
-        h.wait_until(lambda: "team" in h.gateway.recounting)
+
+        def change_seen() -> bool:
+            h.directory.refresh(force=True)
+            return "team" in h.gateway.recounting  # from the change on, before the read begins
+
+        assert h.in_loop(change_seen)
         # Sent while its counts are being read: it waits for them, and is refused.
         refused(post(h, "team", chat()), "budget_exhausted")
         assert h.gateway.limiter.spent("team") == 39 and not h.gateway.recounting
@@ -648,6 +652,44 @@ def test_limits_cleared_and_set_again_while_a_request_runs_keep_the_new_holds() 
     for done in new:
         limiter.settle(done, 100)
     assert limiter._keys["team"].held == 0 and limiter.spent("team") == 250
+
+
+def test_a_request_that_waited_through_two_limit_changes_is_held_to_the_last(
+    tmp_path: Path,
+) -> None:
+    policies = {"team": {"budget_tokens": 30, "budget_period": "day"}}
+    with GatewayHarness(
+        tmp_path, {"pg-a": QUICK}, keys={"team": None}, policies=policies, records=True
+    ) as h:
+        assert [post(h, "team", chat()).status_code for _ in range(3)] == [200] * 3  # 39
+        recounted(h)
+        assert h.records is not None
+        read = h.records._write_then_read
+
+        def slow_read(*args: Any) -> Any:
+            time.sleep(0.5)
+            return read(*args)
+
+        h.records._write_then_read = slow_read  # type: ignore[method-assign]
+
+        async def across_two_changes() -> httpx.Response:
+            async with httpx.AsyncClient(timeout=30) as client:
+                h.store.set_key_policy("team", {"budget_period": "week"})
+                h.refresh()
+                # Sent while the week is read: it waits, knowing its key's week.
+                waiting = asyncio.ensure_future(
+                    client.post(h.url + "/v1/chat/completions", json=chat(), headers=h.auth("team"))
+                )
+                await asyncio.sleep(0.2)
+                h.store.set_key_policy("team", {"budget_period": "month"})
+                h.refresh()
+                return await waiting
+
+        # Admitted under the week, it would have started the week's count at zero.
+        refused(asyncio.run(across_two_changes()), "budget_exhausted")
+        recounted(h)
+        assert h.gateway.limiter.spent("team") == 39
+        refused(post(h, "team", chat()), "budget_exhausted")
 
 
 def test_a_request_that_ends_as_its_keys_limits_change_is_counted(tmp_path: Path) -> None:

@@ -66,6 +66,8 @@ def test_off_clears_a_limit_in_any_case_as_the_help_shows_it(home: Path) -> None
     for odd in ("1_000", "+5", "\u0661\u0662", "1e3"):
         refused = cli(home, "auth", "key", "limits", "offs", "--tpm", odd)
         assert refused.returncode == 2 and "neither a whole number" in refused.stderr, odd
+    huge = cli(home, "auth", "key", "limits", "offs", "--tpm", "9" * 5000)
+    assert huge.returncode == 2 and "the largest limit" in huge.stderr, huge.stderr
     [offs] = [
         k
         for k in json.loads(cli(home, "auth", "key", "list", "--json").stdout)

@@ -84,6 +84,39 @@ def test_a_stuck_writer_holds_a_bounded_backlog_and_counts_what_it_drops(tmp_pat
     assert log.dropped == 51
 
 
+def test_records_the_disk_could_not_take_count_once_for_limits(tmp_path: Path) -> None:
+    """Limits are rebuilt from what the file holds and what waits for the disk:
+    each record once, whether its write failed, or the delete of old records
+    after it did."""
+    log = RequestLog(tmp_path / "requests.db", clock=lambda: NOW)
+
+    async def scenario() -> list[int]:
+        await log.flush()  # the file is open
+        store = log._store
+        assert store is not None
+        insert = store.insert_many
+
+        def full(*args: object) -> None:
+            raise sqlite3.OperationalError("database or disk is full")
+
+        spent = []
+        store.insert_many = full  # type: ignore[method-assign]
+        log.add(record("r1", tokens=2))  # 4 tokens
+        await log.flush()
+        assert log.backlog == 1
+        spent.append((await log.usage_of({"k": 0.0}, NOW - 60))["k"][0])
+        store.insert_many = insert  # type: ignore[method-assign]
+        store.prune = full  # type: ignore[method-assign]  # ... and the delete after it fails
+        log._pruned_at = 0.0
+        log.add(record("r2", tokens=3))  # 6 more
+        spent.append((await log.usage_of({"k": 0.0}, NOW - 60))["k"][0])
+        assert log.backlog == 0
+        return spent
+
+    assert asyncio.run(scenario()) == [4, 10]
+    assert len(RequestStore(tmp_path / "requests.db", readonly=True).find("r1")) == 1
+
+
 def test_a_batch_is_written_in_a_few_statements_not_one_per_row(tmp_path: Path) -> None:
     # Each statement lets go of the GIL and must win it back from the gateway's
     # busy event loop: a statement per row kept the writer below a busy gateway's rate.

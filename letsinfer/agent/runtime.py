@@ -185,9 +185,12 @@ class AgentNode:
         of this node's facts. Returns how many engines were stopped."""
         # The main's notice and its refusal of a report can both arrive: the
         # second waits for the first and gets the same count, not zero.
-        if self._removal is None:
-            self._removal = asyncio.ensure_future(self._stop_for_removal(by))
-        return await asyncio.shield(self._removal)
+        removal = self._removal
+        if removal is None or (
+            removal.done() and (removal.cancelled() or removal.exception() is not None)
+        ):  # (a removal that failed is tried again)
+            removal = self._removal = asyncio.ensure_future(self._stop_for_removal(by))
+        return await asyncio.shield(removal)
 
     async def _stop_for_removal(self, by: str) -> int:
         self.removed_by = by
@@ -196,15 +199,21 @@ class AgentNode:
         self.placements.apply([])
         await self.placements.stop_all()
         log.warning("the main removed this node; %d engine(s) stopped", engines)
-        self.audit.append_audit(
-            by,
-            "node.removed",
-            "ok",
-            target=self.identity.name,
-            detail=f"removed by the main at {self.identity.main_address}; "
-            f"{engines} engine(s) stopped",
-        )
+        try:
+            self.audit.append_audit(
+                by,
+                "node.removed",
+                "ok",
+                target=self.identity.name,
+                detail=f"removed by the main at {self.identity.main_address}; "
+                f"{engines} engine(s) stopped",
+            )
+        except Exception:  # (a full disk: the engines are stopped all the same)
+            log.exception("cannot audit this node's removal")
         return engines
+
+    def _removing(self) -> bool:
+        return self._removal is not None and not self._removal.done()
 
     def engines(self) -> list[dict[str, Any]]:
         """The engines this agent runs right now (starting, ready or restarting)."""
@@ -485,11 +494,14 @@ class AgentNode:
                     resp = await client.arequest(
                         "POST", url + "/facts", json=sign(self._facts(seq, loads), key)
                     )
-                    if resp.status_code == 200:
+                    if resp.status_code == 200 and self._removing():
+                        # An answer from before the removal committed: its
+                        # placements would start again what the removal stops.
+                        wait = pacing.answered()
+                    elif resp.status_code == 200:
                         wait = pacing.answered()
                         refused = False
-                        if self._removal is None or self._removal.done():
-                            self.removed_by, self._removal = None, None
+                        self.removed_by, self._removal = None, None
                         desired = [
                             from_wire(d, engine.threads, engine.context, engine.parallel)
                             for d in resp.json()["placements"]

@@ -58,6 +58,8 @@ class _Limit(click.ParamType):
         # Digits only: int() would also take "1_000", "+5" and other scripts' digits.
         if not (text.isascii() and text.isdigit()):
             self.fail(f"{value!r} is neither a whole number nor 'off'", param, ctx)
+        if len(text.lstrip("0")) > len(str(MAX_LIMIT)):  # (int() refuses 4,300 digits)
+            self.fail(f"{text[:20]}... is above {MAX_LIMIT}, the largest limit", param, ctx)
         number = int(text)
         if number < 1:
             self.fail(f"{number} is below 1 (use 'off' to clear it)", param, ctx)

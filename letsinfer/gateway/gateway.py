@@ -58,6 +58,8 @@ class Gateway:
     # Keys whose counts are being read again: their requests wait for the read
     # (a spent budget must not look unspent while it runs).
     recounting: dict[str, asyncio.Event] = field(default_factory=dict)
+    _next_ready: asyncio.Event | None = None  # set when the next read's keys are counted
+    _slow: set[str] = field(default_factory=set)  # keys whose read was said to stall
 
     def on_snapshot(self, snapshot: Snapshot) -> None:
         """A new view of keys and models (not per request): publish external
@@ -84,6 +86,9 @@ class Gateway:
                 asyncio.get_running_loop()
             except RuntimeError:  # not serving yet: restore_usage() runs before it does
                 return
+            # Their requests wait from now, not only once the read has begun.
+            ready = self._next_ready = self._next_ready or asyncio.Event()
+            self.recounting.update(dict.fromkeys(self._unread, ready))
             task = asyncio.ensure_future(self.restore_usage())
             self._reading.add(task)
             task.add_done_callback(self._reading.discard)
@@ -93,37 +98,42 @@ class Gateway:
         their budget period's tokens and their last minute. With records off
         (``[requests] enabled = false``) the counts start from zero."""
         unread, self._unread = self._unread, {}
-        if not unread:
-            return
-        if self.records is None:
-            log.warning(
-                "request records are off: rate limits and budgets of %s count from now "
-                "(and from zero again after a restart)",
-                ", ".join(sorted(unread)),
-            )
-            return
-        now = self.limiter.clock()
-        starts = {name: self.limiter.period_start(limits, now) for name, limits in unread.items()}
-        # From here on in memory; before it, in the records read now (all in
-        # this one step of the loop: nothing ends between them).
-        self.book_now()
-        generations = {name: self.limiter.recount(name, limits) for name, limits in unread.items()}
-        ready = asyncio.Event()
-        self.recounting.update(dict.fromkeys(unread, ready))
+        ready, self._next_ready = self._next_ready or asyncio.Event(), None
         try:
-            usage = await self.records.usage_of(starts, now - WINDOW_S)
-        except Exception as exc:  # a broken records file: count from now, say so
-            log.error("cannot read the request records to rebuild rate limits: %s", exc)
-            usage = {}
-        finally:
-            for name in unread:
-                if self.recounting.get(name) is ready:
-                    del self.recounting[name]
+            if not unread:
+                return
+            if self.records is None:
+                log.warning(
+                    "request records are off: rate limits and budgets of %s count from now "
+                    "(and from zero again after a restart)",
+                    ", ".join(sorted(unread)),
+                )
+                return
+            now = self.limiter.clock()
+            starts = {n: self.limiter.period_start(limits, now) for n, limits in unread.items()}
+            # From here on in memory; before it, in the records read now (all in
+            # this one step of the loop: nothing ends between them).
+            self.book_now()
+            generations = {n: self.limiter.recount(n, limits) for n, limits in unread.items()}
+            self.recounting.update(dict.fromkeys(unread, ready))
+            try:
+                usage = await self.records.usage_of(starts, now - WINDOW_S)
+            except Exception as exc:  # a broken records file: count from now, say so
+                log.error("cannot read the request records to rebuild rate limits: %s", exc)
+                usage = {}
+            for name, (spent, recent) in usage.items():
+                limits = self._counted.get(name)
+                if limits is not None:
+                    self.limiter.restore(name, limits, spent, recent, generations[name])
+        finally:  # (after the counts are restored: its waiters see them)
+            for name in [n for n, r in self.recounting.items() if r is ready]:
+                del self.recounting[name]
+                self._slow.discard(name)
             ready.set()
-        for name, (spent, recent) in usage.items():
-            limits = self._counted.get(name)
-            if limits is not None:
-                self.limiter.restore(name, limits, spent, recent, generations[name])
+
+    def limits_of(self, key: str) -> KeyLimits | None:
+        """A key's limits as they are now (a request may have read its key before a change)."""
+        return self._counted.get(key)
 
     async def counted(self, key: str) -> None:
         """Wait until no read of ``key``'s counts is under way (at most
@@ -133,7 +143,9 @@ class Gateway:
         while (ready := self.recounting.get(key)) is not None:
             left = deadline - asyncio.get_running_loop().time()
             if left <= 0:
-                log.warning("key %s: its counts are still being read; admitted on what is", key)
+                if key not in self._slow:  # (once per read, not per request)
+                    self._slow.add(key)
+                    log.warning("key %s: its counts are still being read; admitted on what is", key)
                 return
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(ready.wait(), left)

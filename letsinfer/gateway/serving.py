@@ -465,12 +465,14 @@ class InferenceEndpoints:
         if key.limits is not None:
             if gw.recounting:
                 await gw.counted(key.name)
-            ex.admitted = gw.limiter.admit(
-                key.name,
-                key.limits,
-                estimate_prompt(body),
-                protocol.completion_limit(parsed) if route.sampling else None,
-            )
+            limits = gw.limits_of(key.name)  # (changed, perhaps, since its key was read)
+            if limits is not None:
+                ex.admitted = gw.limiter.admit(
+                    key.name,
+                    limits,
+                    estimate_prompt(body),
+                    protocol.completion_limit(parsed) if route.sampling else None,
+                )
         if key.cache is not None:
             if self._stopped(entry):  # never answered from the cache (its fallback may answer)
                 ex.cache = cache.BYPASS
@@ -695,7 +697,9 @@ class InferenceEndpoints:
                 await send({"type": "http.response.body", "body": rest, "more_body": True})
             # A provider whose stream ends cleanly but early (a proxy of its own
             # cut off, a crash behind it) must not pass for a whole answer.
-            if started.replica.external is not None and b"[DONE]" not in before + last + rest:
+            if started.replica.external is not None and not (
+                (before + last + rest).rstrip().endswith(b"data: [DONE]")
+            ):
                 raise EngineError("it ended without [DONE]", before_response=False)
         except EngineError as exc:
             # Bytes already reached the client: no retry, but no silent cut either.

@@ -42,6 +42,9 @@ class RequestLog:
         self.clock = clock
         self.dropped = 0  # records given up because the writer fell behind
         self._pending: list[RequestRecord] = []
+        # What the file could not take (a full disk), oldest first: owned by
+        # the writer thread, which writes it before anything newer.
+        self._unwritten: list[RequestRecord] = []
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="request-records")
         self._store: RequestStore | None = None  # opened and used in the writer thread
         self._pruned_at = 0.0
@@ -53,14 +56,14 @@ class RequestLog:
 
     def add_many(self, records: Iterable[RequestRecord]) -> None:
         remaining = iter(records)
-        room = self.max_pending - len(self._pending)
+        room = self.max_pending - self.backlog
         self._pending.extend(itertools.islice(remaining, max(room, 0)))
         self.dropped += sum(1 for _ in remaining)  # what did not fit
 
     @property
     def backlog(self) -> int:
         """Records not written yet."""
-        return len(self._pending)
+        return len(self._pending) + len(self._unwritten)
 
     async def run(self) -> None:
         """Write every interval; when cancelled, write what is left and close."""
@@ -77,14 +80,8 @@ class RequestLog:
 
     async def flush(self) -> None:
         batch, self._pending = self._pending, []
-        if batch or self._store is None:
-            written = await asyncio.get_running_loop().run_in_executor(
-                self._executor, self._write, batch
-            )
-            if not written:  # kept for the next round, within the bound
-                room = self.max_pending - len(self._pending)
-                self.dropped += max(0, len(batch) - room)
-                self._pending[:0] = batch[:room]
+        if batch or self._store is None or self._unwritten:
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._write, batch)
 
     def usage_of(
         self, period_starts: dict[str, float | None], window_from: float
@@ -102,12 +99,9 @@ class RequestLog:
         period_starts: dict[str, float | None],
         window_from: float,
     ) -> dict[str, KeyUsage]:
-        written, usage = await asyncio.get_running_loop().run_in_executor(
+        return await asyncio.get_running_loop().run_in_executor(
             self._executor, self._write_then_read, batch, period_starts, window_from
         )
-        if not written:  # kept for the next round, within the bound
-            self._pending[:0] = batch[: self.max_pending - len(self._pending)]
-        return usage
 
     # -- in the writer thread ------------------------------------------------
     def _write_then_read(
@@ -115,13 +109,13 @@ class RequestLog:
         batch: list[RequestRecord],
         period_starts: dict[str, float | None],
         window_from: float,
-    ) -> tuple[bool, dict[str, KeyUsage]]:
-        written = self._write(batch)
+    ) -> dict[str, KeyUsage]:
+        self._write(batch)
         store = self._store or RequestStore(self.path)
         self._store = store
         usage = store.key_usage(period_starts, window_from)
-        if not written and batch:  # kept for the next round, but counted now
-            waiting = RequestStore.unwritten(batch)
+        if self._unwritten:  # waiting for the disk, but counted now
+            waiting = RequestStore.unwritten(self._unwritten)
             try:
                 more = waiting.key_usage(period_starts, window_from)
             finally:
@@ -129,26 +123,39 @@ class RequestLog:
             for key, (spent, recent) in more.items():
                 had, seen = usage.get(key, (0, []))
                 usage[key] = (had + spent, sorted([*seen, *recent]))
-        return written, usage
+        return usage
 
-    def _write(self, batch: list[RequestRecord]) -> bool:
+    def _write(self, batch: list[RequestRecord]) -> None:
+        """In the writer thread: what waited for the disk, then ``batch``."""
+        batch = self._unwritten + batch if self._unwritten else batch
         try:
             if self._store is None:
                 self._store = RequestStore(self.path)
             if batch:
                 self._store.insert_many(batch)
-            now = self.clock()
-            if now - self._pruned_at >= _PRUNE_EVERY_S:
-                self._pruned_at = now
+        except Exception as exc:  # a full or broken disk: say so, keep serving
+            self._complain(exc)
+            # Kept for the next round (the oldest first), within the bound.
+            room = max(0, self.max_pending - len(self._pending))
+            self._unwritten = batch[:room]
+            self.dropped += len(batch) - len(self._unwritten)
+            return
+        self._unwritten = []
+        now = self.clock()
+        if now - self._pruned_at >= _PRUNE_EVERY_S:
+            self._pruned_at = now
+            try:  # (written already: a failed delete loses nothing, nor counts twice)
                 gone = self._store.prune(now - self.keep_s)
+            except Exception as exc:
+                self._complain(exc)
+            else:
                 if gone:
                     log.info("deleted %d request record(s) older than the kept days", gone)
-        except Exception as exc:  # a full or broken disk: say so, keep serving
-            if time.monotonic() - self._complained_at > 60:
-                self._complained_at = time.monotonic()
-                log.error("cannot write request records to %s: %s", self.path, exc)
-            return False
-        return True
+
+    def _complain(self, exc: Exception) -> None:
+        if time.monotonic() - self._complained_at > 60:
+            self._complained_at = time.monotonic()
+            log.error("cannot write request records to %s: %s", self.path, exc)
 
     def _write_and_close(self, batch: list[RequestRecord]) -> None:
         self._write(batch)
