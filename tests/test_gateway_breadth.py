@@ -205,6 +205,31 @@ def recounted(h: GatewayHarness) -> None:
     h.wait_until(lambda: not h.gateway._reading)
 
 
+def slow_reads(h: GatewayHarness, seconds: float) -> None:
+    """From now on each read of the request records takes ``seconds`` longer
+    (a month of records on a busy disk)."""
+    assert h.records is not None
+    read = h.records._write_then_read
+
+    def slow_read(*args: Any) -> Any:
+        time.sleep(seconds)
+        return read(*args)
+
+    h.records._write_then_read = slow_read  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def spent_past_budget(tmp_path: Path) -> Iterator[GatewayHarness]:
+    """Key ``team`` with 39 tokens spent of its 30 a day, counted."""
+    policies = {"team": {"budget_tokens": 30, "budget_period": "day"}}
+    with GatewayHarness(
+        tmp_path, {"pg-a": QUICK}, keys={"team": None}, policies=policies, records=True
+    ) as h:
+        assert [post(h, "team", chat()).status_code for _ in range(3)] == [200] * 3  # 39
+        recounted(h)
+        yield h
+
+
 def refused(r: httpx.Response, code: str) -> int:
     assert r.status_code == 429, r.text
     assert r.json()["error"]["code"] == code, r.text
@@ -350,14 +375,7 @@ def test_two_limit_changes_during_one_slow_read_count_the_records_once(tmp_path:
         for _ in range(3):
             assert post(h, "team", chat()).status_code == 200
         h.wait_until(lambda: h.gateway.limiter.spent("team") == 39)
-        assert h.records is not None
-        read = h.records._write_then_read
-
-        def slow_read(*args: Any) -> Any:  # a month of records on a busy disk
-            time.sleep(0.3)
-            return read(*args)
-
-        h.records._write_then_read = slow_read  # type: ignore[method-assign]
+        slow_reads(h, 0.3)
         off = {"budget_tokens": None, "rpm": None, "tpm": None}
         on = {"budget_tokens": 1_000, "budget_period": "day"}
         for changes in ([{"rpm": 100}, {"tpm": 100_000}], [off, on, off, on]):
@@ -610,20 +628,8 @@ def test_a_fallback_whose_engine_times_out_is_charged_and_booked_where_it_ran(
 def test_a_spent_budget_stays_spent_while_a_change_has_its_counts_read_again(
     tmp_path: Path,
 ) -> None:
-    policies = {"team": {"budget_tokens": 30, "budget_period": "day"}}
-    with GatewayHarness(
-        tmp_path, {"pg-a": QUICK}, keys={"team": None}, policies=policies, records=True
-    ) as h:
-        assert [post(h, "team", chat()).status_code for _ in range(3)] == [200] * 3  # 39
-        recounted(h)
-        assert h.records is not None
-        read = h.records._write_then_read
-
-        def slow_read(*args: Any) -> Any:  # a month of records on a busy disk
-            time.sleep(0.5)
-            return read(*args)
-
-        h.records._write_then_read = slow_read  # type: ignore[method-assign]
+    with spent_past_budget(tmp_path) as h:
+        slow_reads(h, 0.5)
         h.store.set_key_policy("team", {"budget_period": "week"})  # another period: a read
 
         def change_seen() -> bool:
@@ -657,20 +663,8 @@ def test_limits_cleared_and_set_again_while_a_request_runs_keep_the_new_holds() 
 def test_a_request_that_waited_through_two_limit_changes_is_held_to_the_last(
     tmp_path: Path,
 ) -> None:
-    policies = {"team": {"budget_tokens": 30, "budget_period": "day"}}
-    with GatewayHarness(
-        tmp_path, {"pg-a": QUICK}, keys={"team": None}, policies=policies, records=True
-    ) as h:
-        assert [post(h, "team", chat()).status_code for _ in range(3)] == [200] * 3  # 39
-        recounted(h)
-        assert h.records is not None
-        read = h.records._write_then_read
-
-        def slow_read(*args: Any) -> Any:
-            time.sleep(0.5)
-            return read(*args)
-
-        h.records._write_then_read = slow_read  # type: ignore[method-assign]
+    with spent_past_budget(tmp_path) as h:
+        slow_reads(h, 0.5)
 
         async def across_two_changes() -> httpx.Response:
             async with httpx.AsyncClient(timeout=30) as client:

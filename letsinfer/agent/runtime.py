@@ -160,7 +160,7 @@ class AgentNode:
             )
         self._mtime = home.identity_file.stat().st_mtime_ns
         self.revoked = self._load_revoked()
-        self.removed_by: str | None = None  # set when the main said it removed this node
+        # Set when the main said it removed this node (its notice or its refusal).
         self._removal: asyncio.Future[int] | None = None
         # Every group the main placed here, running or stopped (its last word).
         self.groups: list[dict[str, Any]] | None = None
@@ -193,7 +193,6 @@ class AgentNode:
         return await asyncio.shield(removal)
 
     async def _stop_for_removal(self, by: str) -> int:
-        self.removed_by = by
         self.desired = []
         engines = len(self.supervisor.runners)
         self.placements.apply([])
@@ -501,7 +500,7 @@ class AgentNode:
                     elif resp.status_code == 200:
                         wait = pacing.answered()
                         refused = False
-                        self.removed_by, self._removal = None, None
+                        self._removal = None
                         desired = [
                             from_wire(d, engine.threads, engine.context, engine.parallel)
                             for d in resp.json()["placements"]

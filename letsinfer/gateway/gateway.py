@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -115,7 +114,6 @@ class Gateway:
             # this one step of the loop: nothing ends between them).
             self.book_now()
             generations = {n: self.limiter.recount(n, limits) for n, limits in unread.items()}
-            self.recounting.update(dict.fromkeys(unread, ready))
             try:
                 usage = await self.records.usage_of(starts, now - WINDOW_S)
             except Exception as exc:  # a broken records file: count from now, say so
@@ -139,16 +137,14 @@ class Gateway:
         """Wait until no read of ``key``'s counts is under way (at most
         ``RECOUNT_WAIT_S``: a stalled disk lets requests through on what is
         counted in memory, as a broken records file does)."""
-        deadline = asyncio.get_running_loop().time() + RECOUNT_WAIT_S
-        while (ready := self.recounting.get(key)) is not None:
-            left = deadline - asyncio.get_running_loop().time()
-            if left <= 0:
-                if key not in self._slow:  # (once per read, not per request)
-                    self._slow.add(key)
-                    log.warning("key %s: its counts are still being read; admitted on what is", key)
-                return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(ready.wait(), left)
+        try:
+            async with asyncio.timeout(RECOUNT_WAIT_S):
+                while (ready := self.recounting.get(key)) is not None:
+                    await ready.wait()  # (a later change may have begun another read)
+        except TimeoutError:
+            if key not in self._slow:  # (once per read, not per request)
+                self._slow.add(key)
+                log.warning("key %s: its counts are still being read; admitted on what is", key)
 
     @classmethod
     def build(
