@@ -660,6 +660,40 @@ def test_limits_cleared_and_set_again_while_a_request_runs_keep_the_new_holds() 
     assert limiter._keys["team"].held == 0 and limiter.spent("team") == 250
 
 
+def test_a_long_request_across_midnight_counts_the_same_after_a_restart(tmp_path: Path) -> None:
+    """Tokens are charged when a request ends: a 70 s request that began before
+    midnight UTC spends the new day's budget and the current minute's tokens,
+    in memory and, after a restart, from its record alike."""
+    from letsinfer.store.requests import RequestRecord
+
+    midnight = period_bounds("day", 1_000_000.0)[1]
+    clock = [midnight - 30]
+    limits = KeyLimits(rpm=10, tpm=1_000, budget=1_000, period="day")
+    running = Limiter(clock=lambda: clock[0])
+    admitted = running.admit("team", limits, prompt=10)
+    clock[0] = midnight + 40
+    running.settle(admitted, 100)
+    clock[0] = midnight + 50  # its arrival has left the minute, its tokens have not
+    with pytest.raises(GatewayError) as before:
+        running.admit("team", KeyLimits(tpm=100))
+
+    store = RequestStore(tmp_path / "requests.db")
+    store.insert_many(
+        [RequestRecord(midnight - 30, "r1", "team", "m", "pg-1", "n1", "chat", False, 200,
+                       60, 40, 5.0, 70_000.0, 0.0)]
+    )  # fmt: skip
+    restarted = Limiter(clock=lambda: clock[0])
+    generation = restarted.recount("team", limits)
+    spent, recent = store.key_usage({"team": midnight}, clock[0] - 60)["team"]
+    restarted.restore("team", limits, spent, recent, generation)
+    with pytest.raises(GatewayError) as after:
+        restarted.admit("team", KeyLimits(tpm=100))
+    assert restarted.spent("team") == running.spent("team") == 100
+    assert after.value.message == before.value.message  # the same minute's tokens, same wait
+    assert len(restarted._keys["team"].requests) == len(running._keys["team"].requests) == 0
+    store.close()
+
+
 def test_a_request_that_waited_through_two_limit_changes_is_held_to_the_last(
     tmp_path: Path,
 ) -> None:

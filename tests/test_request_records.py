@@ -66,7 +66,8 @@ def test_a_records_file_from_before_the_cache_and_charges_gets_their_columns(
     assert store.find("new") == [cut]
     # Limits count the charge; usage reports what the engines reported.
     spent, recent = store.key_usage({"k": NOW - 1}, NOW - 60)["k"]
-    assert spent == 2 + 40 and sorted(recent) == [(NOW, 2, True), (NOW, 40, True)]
+    ended = NOW + 2.0 / 1000.0  # arrival plus its duration: when its tokens were charged
+    assert spent == 2 + 40 and sorted(recent) == [(NOW, ended, 2, True), (NOW, ended, 40, True)]
     assert [(u.prompt_tokens, u.completion_tokens) for u in store.usage("key")] == [(1, 1)]
     store.close()
 

@@ -346,14 +346,16 @@ class Limiter:
         key: str,
         limits: KeyLimits,
         spent: int,
-        recent: Sequence[tuple[float, int, bool]],
+        recent: Sequence[tuple[float, float, int, bool]],
         generation: int,
     ) -> None:
         """Add what the request records say a key did before the recount
         ``generation`` began: ``spent`` tokens in its budget period, and its
-        requests of the last minute as (arrival time, tokens, counted as a
-        request). A read begun before a later recount is dropped: the later
-        one reads all it held."""
+        requests that ended in the last minute as (arrival time, end time,
+        tokens, counted as a request): arrivals count for the requests per
+        minute, tokens at their end, as :meth:`admit` and :meth:`settle` count
+        them. A read begun before a later recount is dropped: the later one
+        reads all it held."""
         now = self.clock()
         st = self._keys.get(key)
         if st is None or st.generation != generation:
@@ -361,8 +363,9 @@ class Limiter:
         if limits.period is not None:
             self._roll(st, limits.period, now)
             st.spent += spent
-        tokens = [(at, n) for at, n, _ in recent if n and at > now - WINDOW_S]
-        arrivals = [at for at, _, counted in recent if counted and at > now - WINDOW_S]
+        horizon = now - WINDOW_S
+        tokens = [(ended, n) for _, ended, n, _ in recent if n and ended > horizon]
+        arrivals = [at for at, _, _, counted in recent if counted and at > horizon]
         st.tokens = collections.deque(sorted([*tokens, *st.tokens]))
         st.in_window = sum(n for _, n in st.tokens)
         st.requests = collections.deque(sorted([*arrivals, *st.requests]))

@@ -47,9 +47,14 @@ class UsageRow(NamedTuple):
 UsageBy = Literal["key", "model", "node"]
 
 # A key's tokens in its budget period, and its last minute's requests as
-# (arrival, tokens, counted as a request): what rate limits are rebuilt from.
-KeyUsage = tuple[int, list[tuple[float, int, bool]]]
+# (arrival, end, tokens, counted as a request): what rate limits are rebuilt from.
+KeyUsage = tuple[int, list[tuple[float, float, int, bool]]]
 _TOKENS = "COALESCE(charged, COALESCE(prompt_tokens, 0) + COALESCE(completion_tokens, 0))"
+# When a request ended: the gateway charges tokens then, so a request longer
+# than a minute, or across midnight, counts in the same window and period
+# after a restart as before it. Written as in the index below, which SQLite
+# uses only for this exact expression.
+_ENDED = "ts + duration_ms / 1000.0"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS requests (
@@ -72,6 +77,7 @@ CREATE TABLE IF NOT EXISTS requests (
 );
 CREATE INDEX IF NOT EXISTS requests_ts ON requests (ts);
 CREATE INDEX IF NOT EXISTS requests_id ON requests (request_id);
+CREATE INDEX IF NOT EXISTS requests_key_ended ON requests (key, ts + duration_ms / 1000.0);
 """
 # What a column added since the first release reads as in a file without it.
 _DEFAULTS = {"cached": "0", "charged": "NULL"}
@@ -146,7 +152,8 @@ class RequestStore:
         self, period_starts: dict[str, float | None], window_from: float
     ) -> dict[str, KeyUsage]:
         """Per key: its tokens since its period's start (None: no budget), and
-        its requests since ``window_from``. Counted as requests, as the
+        its requests that ended since ``window_from``, tokens dated at their
+        end as the gateway charges them. Counted as requests, as the
         gateway counts them: not one refused with 429 by the gateway (a rate
         limit or a full queue: no group), nor one refused before its key's limits saw it
         (a body that is not a valid request, an unknown model, too large:
@@ -158,15 +165,15 @@ class RequestStore:
             if start is not None:
                 spent = self.conn.execute(
                     f"SELECT COALESCE(SUM({_TOKENS}), 0) FROM requests "
-                    "WHERE key = ? AND ts >= ? AND cached = 0",
+                    f"WHERE key = ? AND {_ENDED} >= ? AND cached = 0",
                     (key, start),
                 ).fetchone()[0]
             recent = [
-                (ts, 0 if cached else tokens, counted == 1)
-                for ts, tokens, cached, counted in self.conn.execute(
-                    f"SELECT ts, {_TOKENS}, cached, "
+                (ts, ended, 0 if cached else tokens, counted == 1)
+                for ts, ended, tokens, cached, counted in self.conn.execute(
+                    f"SELECT ts, {_ENDED}, {_TOKENS}, cached, "
                     "NOT (pg IS NULL AND status IN (400, 404, 413, 429, 499)) "
-                    "FROM requests WHERE key = ? AND ts >= ? ORDER BY ts",
+                    f"FROM requests WHERE key = ? AND {_ENDED} >= ? ORDER BY ts",
                     (key, window_from),
                 )
             ]
