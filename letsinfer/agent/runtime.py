@@ -162,10 +162,14 @@ class AgentNode:
         self.revoked = self._load_revoked()
         # Set when the main said it removed this node (its notice or its refusal).
         self._removal: asyncio.Future[int] | None = None
+        self._removal_began = 0.0  # (monotonic) a report sent before it is answered from before
         # Every group the main placed here, running or stopped (its last word).
         self.groups: list[dict[str, Any]] | None = None
         self._report_now = asyncio.Event()
         self._reported = asyncio.Event()
+        # Reports whose facts were built, and the last of them that went out:
+        # report_soon waits for one built after its call, not one in flight.
+        self._built = self._sent = 0
 
     def app(self) -> Any:
         return create_agent_app(
@@ -189,6 +193,7 @@ class AgentNode:
         if removal is None or (
             removal.done() and (removal.cancelled() or removal.exception() is not None)
         ):  # (a removal that failed is tried again)
+            self._removal_began = time.monotonic()
             removal = self._removal = asyncio.ensure_future(self._stop_for_removal(by))
         return await asyncio.shield(removal)
 
@@ -211,8 +216,12 @@ class AgentNode:
             log.exception("cannot audit this node's removal")
         return engines
 
-    def _removing(self) -> bool:
-        return self._removal is not None and not self._removal.done()
+    def _answered_before_removal(self, sent: float) -> bool:
+        """Whether a report's 200 may be from before the main removed this node:
+        sent before the removal began (the main answered it before committing),
+        or answered while the engines are being stopped."""
+        removal = self._removal
+        return removal is not None and (not removal.done() or sent <= self._removal_began)
 
     def engines(self) -> list[dict[str, Any]]:
         """The engines this agent runs right now (starting, ready or restarting)."""
@@ -226,11 +235,15 @@ class AgentNode:
         return {pg for pg, r in self.supervisor.runners.items() if r.pid is not None}
 
     async def report_soon(self, timeout: float = 10.0) -> None:
-        """Send facts now (not at the next interval) and wait until the main has them."""
-        self._reported.clear()
+        """Send facts now (not at the next interval) and wait until the main has
+        them: facts built after this call (a report in flight has older ones)."""
+        after = self._built
         self._report_now.set()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._reported.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                while self._sent <= after:
+                    self._reported.clear()
+                    await self._reported.wait()
 
     def _load_revoked(self) -> frozenset[str]:
         """What the main last said it revoked: kept across restarts, so a removed
@@ -489,13 +502,17 @@ class AgentNode:
                     loads = {}
                 # Milliseconds since the epoch: still increasing after a restart.
                 seq = max(seq + 1, int(time.time() * 1000))
+                sent = time.monotonic()
+                self._built += 1
+                built = self._built
                 try:
                     resp = await client.arequest(
                         "POST", url + "/facts", json=sign(self._facts(seq, loads), key)
                     )
-                    if resp.status_code == 200 and self._removing():
+                    if resp.status_code == 200 and self._answered_before_removal(sent):
                         # An answer from before the removal committed: its
-                        # placements would start again what the removal stops.
+                        # placements would start again what the removal stopped
+                        # (it may arrive after the engines are stopped, on a slow main).
                         wait = pacing.answered()
                     elif resp.status_code == 200:
                         wait = pacing.answered()
@@ -540,6 +557,7 @@ class AgentNode:
                 except Exception:  # its facts could not be built: say so, keep reporting
                     wait = pacing.failed()
                     log.exception("cannot build this node's facts; next report in %.1fs", wait)
+                self._sent = built
                 self._reported.set()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._report_now.wait(), wait)

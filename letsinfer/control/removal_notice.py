@@ -18,10 +18,17 @@ from letsinfer.trust.client import ClusterClient, PeerMismatch, error_message
 from letsinfer.trust.material import TlsFiles
 
 LATER = "its engines stop when it next reports to the main, which refuses it as removed"
+# The agent answers once its engines have stopped, each given up to 5 s to
+# exit before it is killed (agent/supervisor.py): wait longer than that.
+NOTICE_TIMEOUT_S = 15.0
 
 
 async def tell_removed(
-    files: TlsFiles, node: NodeRecord, audit: AuthorityStore, actor: str, timeout: float = 5.0
+    files: TlsFiles,
+    node: NodeRecord,
+    audit: AuthorityStore,
+    actor: str,
+    timeout: float = NOTICE_TIMEOUT_S,
 ) -> dict[str, Any]:
     """Ask the node's agent to stop its engines; audit and return what happened."""
     told, stopped = False, None
