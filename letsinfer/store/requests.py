@@ -52,11 +52,11 @@ KeyUsage = tuple[int, list[tuple[float, float, int, bool]]]
 _TOKENS = "COALESCE(charged, COALESCE(prompt_tokens, 0) + COALESCE(completion_tokens, 0))"
 # When a request ended: the gateway charges tokens then, so a request longer
 # than a minute, or across midnight, counts in the same window and period
-# after a restart as before it. Written as in the index below, which SQLite
-# uses only for this exact expression.
+# after a restart as before it. The index below is on this same expression:
+# SQLite uses an index on an expression only for queries that repeat it.
 _ENDED = "ts + duration_ms / 1000.0"
 
-_SCHEMA = """
+_SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS requests (
     ts REAL NOT NULL,
     request_id TEXT NOT NULL,
@@ -77,7 +77,7 @@ CREATE TABLE IF NOT EXISTS requests (
 );
 CREATE INDEX IF NOT EXISTS requests_ts ON requests (ts);
 CREATE INDEX IF NOT EXISTS requests_id ON requests (request_id);
-CREATE INDEX IF NOT EXISTS requests_key_ended ON requests (key, ts + duration_ms / 1000.0);
+CREATE INDEX IF NOT EXISTS requests_key_ended ON requests (key, {_ENDED});
 """
 # What a column added since the first release reads as in a file without it.
 _DEFAULTS = {"cached": "0", "charged": "NULL"}
