@@ -54,7 +54,7 @@ class Engines:
         self.applied.append([d["pg_id"] for d in desired])
         self.runners = {d["pg_id"]: object() for d in desired}
 
-    async def stop_all(self) -> None:
+    async def close(self) -> None:
         self.runners = {}
 
 

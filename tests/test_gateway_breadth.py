@@ -694,6 +694,21 @@ def test_a_long_request_across_midnight_counts_the_same_after_a_restart(tmp_path
     store.close()
 
 
+def test_a_recount_read_across_midnight_leaves_the_old_days_tokens_out() -> None:
+    """The records are read for the day the read began in; when it ends in
+    the next day, what it found was that day's spending, not the new one's."""
+    midnight = period_bounds("day", 1_000_000.0)[1]
+    clock = [midnight - 0.5]
+    limiter = Limiter(clock=lambda: clock[0])
+    limits = KeyLimits(budget=1_000, period="day")
+    start = limiter.period_start(limits, clock[0])
+    generation = limiter.recount("team", limits)
+    clock[0] = midnight + 0.5  # a read of a second, across midnight UTC
+    limiter.restore("team", limits, 900, [], generation, start)
+    assert limiter.spent("team") == 0
+    limiter.admit("team", limits, prompt=10, max_tokens=500)  # the new day's budget is whole
+
+
 def test_a_request_that_waited_through_two_limit_changes_is_held_to_the_last(
     tmp_path: Path,
 ) -> None:

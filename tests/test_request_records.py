@@ -66,10 +66,18 @@ def test_a_records_file_from_before_the_cache_and_charges_gets_their_columns(
     assert store.find("new") == [cut]
     # Limits count the charge; usage reports what the engines reported.
     spent, recent = store.key_usage({"k": NOW - 1}, NOW - 60)["k"]
-    ended = NOW + 2.0 / 1000.0  # arrival plus its duration: when its tokens were charged
-    assert spent == 2 + 40 and sorted(recent) == [(NOW, ended, 2, True), (NOW, ended, 40, True)]
+    # Dated at arrival: opening the file does not index a file of that release.
+    assert spent == 2 + 40 and sorted(recent) == [(NOW, NOW, 2, True), (NOW, NOW, 40, True)]
     assert [(u.prompt_tokens, u.completion_tokens) for u in store.usage("key")] == [(1, 1)]
     store.close()
+
+    log = RequestLog(path, clock=lambda: NOW)
+    asyncio.run(log.flush())  # the writer's first round, nothing to write: it indexes
+    assert log._store is not None and log._store.dated_at_end
+    spent, recent = log._store.key_usage({"k": NOW - 1}, NOW - 60)["k"]
+    ended = NOW + 2.0 / 1000.0  # arrival plus its duration: when its tokens were charged
+    assert spent == 2 + 40 and sorted(recent) == [(NOW, ended, 2, True), (NOW, ended, 40, True)]
+    log._store.close()
 
 
 def test_a_stuck_writer_holds_a_bounded_backlog_and_counts_what_it_drops(tmp_path: Path) -> None:

@@ -201,7 +201,10 @@ class AgentNode:
         self.desired = []
         engines = len(self.supervisor.runners)
         self.placements.apply([])
-        await self.placements.stop_all()
+        # Closed, not only emptied: a model still downloading from the main is
+        # dropped at once (the main waits for this answer), and nothing starts
+        # again on this identity.
+        await self.placements.close()
         log.warning("the main removed this node; %d engine(s) stopped", engines)
         try:
             self.audit.append_audit(
@@ -235,8 +238,10 @@ class AgentNode:
         return {pg for pg, r in self.supervisor.runners.items() if r.pid is not None}
 
     async def report_soon(self, timeout: float = 10.0) -> None:
-        """Send facts now (not at the next interval) and wait until the main has
-        them: facts built after this call (a report in flight has older ones)."""
+        """Send facts now (not at the next interval) and wait until a report
+        built after this call (a report in flight has older facts) has had its
+        answer, whatever it was: a main that cannot take it does not hold the
+        caller, which gets on after its next report or ``timeout``."""
         after = self._built
         self._report_now.set()
         with contextlib.suppress(TimeoutError):

@@ -122,7 +122,9 @@ class Gateway:
             for name, (spent, recent) in usage.items():
                 limits = self._counted.get(name)
                 if limits is not None:
-                    self.limiter.restore(name, limits, spent, recent, generations[name])
+                    self.limiter.restore(
+                        name, limits, spent, recent, generations[name], starts[name]
+                    )
         finally:  # (after the counts are restored: its waiters see them)
             for name in [n for n, r in self.recounting.items() if r is ready]:
                 del self.recounting[name]

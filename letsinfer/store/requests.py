@@ -52,11 +52,12 @@ KeyUsage = tuple[int, list[tuple[float, float, int, bool]]]
 _TOKENS = "COALESCE(charged, COALESCE(prompt_tokens, 0) + COALESCE(completion_tokens, 0))"
 # When a request ended: the gateway charges tokens then, so a request longer
 # than a minute, or across midnight, counts in the same window and period
-# after a restart as before it. The index below is on this same expression:
-# SQLite uses an index on an expression only for queries that repeat it.
+# after a restart as before it. Its index is on this same expression: SQLite
+# uses an index on an expression only for queries that repeat it.
 _ENDED = "ts + duration_ms / 1000.0"
+_ENDED_INDEX = f"CREATE INDEX IF NOT EXISTS requests_ended ON requests ({_ENDED})"
 
-_SCHEMA = f"""
+_SCHEMA = """
 CREATE TABLE IF NOT EXISTS requests (
     ts REAL NOT NULL,
     request_id TEXT NOT NULL,
@@ -77,7 +78,6 @@ CREATE TABLE IF NOT EXISTS requests (
 );
 CREATE INDEX IF NOT EXISTS requests_ts ON requests (ts);
 CREATE INDEX IF NOT EXISTS requests_id ON requests (request_id);
-CREATE INDEX IF NOT EXISTS requests_ended ON requests ({_ENDED});
 """
 # What a column added since the first release reads as in a file without it.
 _DEFAULTS = {"cached": "0", "charged": "NULL"}
@@ -100,6 +100,7 @@ class RequestStore:
                 c if c in have else f"{_DEFAULTS.get(c, 'NULL')} AS {c}"
                 for c in RequestRecord._fields
             )
+            self.dated_at_end = self._has_index("requests_ended")
             return
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists():  # like the authority: owner and the letsinfer group
@@ -116,6 +117,14 @@ class RequestStore:
         if "charged" not in columns:  # ... or before estimated charges were kept
             self.conn.execute("ALTER TABLE requests ADD COLUMN charged INTEGER")
         self._columns = ", ".join(RequestRecord._fields)
+        # A new file gets the end-time index now; a file an earlier release
+        # filled gets it from the writer's next round (``date_at_end``), not
+        # here: on a big file it takes a while, and the gateway opens this
+        # file to count its keys before it serves.
+        self.dated_at_end = self._has_index("requests_ended")
+        empty = self.conn.execute("SELECT 1 FROM requests LIMIT 1").fetchone() is None
+        if empty and not self.dated_at_end:
+            self.date_at_end()
 
     @classmethod
     def unwritten(cls, records: list[RequestRecord]) -> RequestStore:
@@ -126,8 +135,20 @@ class RequestStore:
         store.conn = sqlite3.connect(":memory:", check_same_thread=False)
         store.conn.executescript(_SCHEMA)
         store._columns = ", ".join(RequestRecord._fields)
+        store.date_at_end()
         store.insert_many(records)
         return store
+
+    def _has_index(self, name: str) -> bool:
+        query = "SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = ?"
+        return self.conn.execute(query, (name,)).fetchone() is not None
+
+    def date_at_end(self) -> None:
+        """Index the records by end time, so limits date their tokens as the
+        gateway charged them (until then, a recount dates them at arrival)."""
+        with self.conn:
+            self.conn.execute(_ENDED_INDEX)
+        self.dated_at_end = True
 
     def close(self) -> None:
         self.conn.close()
@@ -160,22 +181,25 @@ class RequestStore:
         400, 404 or 413 with no group), nor one whose client left before any
         engine had it (499 with no group)."""
         out: dict[str, KeyUsage] = {}
+        # Without its index (a file of an earlier release, until the writer
+        # builds it) end times would mean reading every row: arrival instead.
+        ended = _ENDED if self.dated_at_end else "ts"
         for key, start in period_starts.items():
             spent = 0
             if start is not None:
                 spent = self.conn.execute(
                     f"SELECT COALESCE(SUM({_TOKENS}), 0) FROM requests "
-                    f"WHERE key = ? AND {_ENDED} >= ? AND cached = 0",
+                    f"WHERE key = ? AND {ended} >= ? AND cached = 0",
                     (key, start),
                 ).fetchone()[0]
             # Unordered (the limiter sorts them): ORDER BY ts would have SQLite
             # walk the whole ts index rather than the minute's end times.
             recent = [
-                (ts, ended, 0 if cached else tokens, counted == 1)
-                for ts, ended, tokens, cached, counted in self.conn.execute(
-                    f"SELECT ts, {_ENDED}, {_TOKENS}, cached, "
+                (ts, end, 0 if cached else tokens, counted == 1)
+                for ts, end, tokens, cached, counted in self.conn.execute(
+                    f"SELECT ts, {ended}, {_TOKENS}, cached, "
                     "NOT (pg IS NULL AND status IN (400, 404, 413, 429, 499)) "
-                    f"FROM requests WHERE key = ? AND {_ENDED} >= ?",
+                    f"FROM requests WHERE key = ? AND {ended} >= ?",
                     (key, window_from),
                 )
             ]

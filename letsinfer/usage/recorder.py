@@ -80,8 +80,11 @@ class RequestLog:
 
     async def flush(self) -> None:
         batch, self._pending = self._pending, []
-        if batch or self._store is None or self._unwritten:
-            await asyncio.get_running_loop().run_in_executor(self._executor, self._write, batch)
+        store = self._store
+        if batch or store is None or self._unwritten or not store.dated_at_end:
+            await asyncio.get_running_loop().run_in_executor(
+                self._executor, self._write_then_index, batch
+            )
 
     def usage_of(
         self, period_starts: dict[str, float | None], window_from: float
@@ -151,6 +154,25 @@ class RequestLog:
             else:
                 if gone:
                     log.info("deleted %d request record(s) older than the kept days", gone)
+
+    def _write_then_index(self, batch: list[RequestRecord]) -> None:
+        """A round of the writer: ``batch``, then, once, the end-time index a
+        file of an earlier release lacks (records wait in memory meanwhile;
+        the loop serves on)."""
+        self._write(batch)
+        store = self._store
+        if store is None or store.dated_at_end:
+            return
+        began = time.monotonic()
+        try:
+            store.date_at_end()
+        except Exception as exc:  # a full disk: tried again next round
+            self._complain(exc)
+        else:
+            log.info(
+                "request records indexed by end time in %.1fs (once, after an upgrade)",
+                time.monotonic() - began,
+            )
 
     def _complain(self, exc: Exception) -> None:
         if time.monotonic() - self._complained_at > 60:
