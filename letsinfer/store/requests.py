@@ -84,6 +84,15 @@ _DEFAULTS = {"cached": "0", "charged": "NULL"}
 _GROUP = {"key": "key", "model": "model", "node": "COALESCE(node, '-')"}
 
 
+def _chunks(keys: list[str], size: int = 500) -> list[list[str]]:
+    """Keys a few hundred at a time: SQLite bounds a statement's parameters."""
+    return [keys[i : i + size] for i in range(0, len(keys), size)]
+
+
+def _marks(keys: list[str]) -> str:
+    return ", ".join("?" * len(keys))
+
+
 class RequestStore:
     """One connection; the writer uses it from a single thread at a time."""
 
@@ -180,31 +189,39 @@ class RequestStore:
         (a body that is not a valid request, an unknown model, too large:
         400, 404 or 413 with no group), nor one whose client left before any
         engine had it (499 with no group)."""
-        out: dict[str, KeyUsage] = {}
         # Without its index (a file of an earlier release, until the writer
         # builds it) end times would mean reading every row: arrival instead.
         ended = _ENDED if self.dated_at_end else "ts"
+        keys = list(period_starts)
+        spent: dict[str, int] = {}
+        recent: dict[str, list[tuple[float, float, int, bool]]] = {key: [] for key in keys}
+        # One pass over the rows of each period start (keys share a few), not
+        # one per key: each pass reads every key's rows in its range anyway.
+        by_start: dict[float, list[str]] = {}
         for key, start in period_starts.items():
-            spent = 0
             if start is not None:
-                spent = self.conn.execute(
-                    f"SELECT COALESCE(SUM({_TOKENS}), 0) FROM requests "
-                    f"WHERE key = ? AND {ended} >= ? AND cached = 0",
-                    (key, start),
-                ).fetchone()[0]
+                by_start.setdefault(start, []).append(key)
+        for start, some in by_start.items():
+            for chunk in _chunks(some):
+                spent.update(
+                    self.conn.execute(
+                        f"SELECT key, COALESCE(SUM({_TOKENS}), 0) FROM requests "
+                        f"WHERE {ended} >= ? AND cached = 0 AND key IN ({_marks(chunk)}) "
+                        "GROUP BY key",
+                        (start, *chunk),
+                    )
+                )
+        for chunk in _chunks(keys):
             # Unordered (the limiter sorts them): ORDER BY ts would have SQLite
             # walk the whole ts index rather than the minute's end times.
-            recent = [
-                (ts, end, 0 if cached else tokens, counted == 1)
-                for ts, end, tokens, cached, counted in self.conn.execute(
-                    f"SELECT ts, {ended}, {_TOKENS}, cached, "
-                    "NOT (pg IS NULL AND status IN (400, 404, 413, 429, 499)) "
-                    f"FROM requests WHERE key = ? AND {ended} >= ?",
-                    (key, window_from),
-                )
-            ]
-            out[key] = (int(spent), recent)
-        return out
+            for key, ts, end, tokens, cached, counted in self.conn.execute(
+                f"SELECT key, ts, {ended}, {_TOKENS}, cached, "
+                "NOT (pg IS NULL AND status IN (400, 404, 413, 429, 499)) "
+                f"FROM requests WHERE {ended} >= ? AND key IN ({_marks(chunk)})",
+                (window_from, *chunk),
+            ):
+                recent[key].append((ts, end, 0 if cached else tokens, counted == 1))
+        return {key: (int(spent.get(key, 0)), recent[key]) for key in keys}
 
     def usage(self, by: UsageBy, since: float | None = None) -> list[UsageRow]:
         group = _GROUP[by]
