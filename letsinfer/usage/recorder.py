@@ -48,6 +48,7 @@ class RequestLog:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="request-records")
         self._store: RequestStore | None = None  # opened and used in the writer thread
         self._pruned_at = 0.0
+        self._index_tried = -_PRUNE_EVERY_S  # (monotonic) the end-time index's last try
         self._complained_at = 0.0
 
     def add(self, record: RequestRecord) -> None:
@@ -161,12 +162,13 @@ class RequestLog:
         the loop serves on)."""
         self._write(batch)
         store = self._store
-        if store is None or store.dated_at_end:
-            return
         began = time.monotonic()
+        if store is None or store.dated_at_end or began - self._index_tried < _PRUNE_EVERY_S:
+            return
+        self._index_tried = began
         try:
             store.date_at_end()
-        except Exception as exc:  # a full disk: tried again next round
+        except Exception as exc:  # a full disk: tried again within the hour
             self._complain(exc)
         else:
             log.info(
