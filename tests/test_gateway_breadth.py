@@ -685,7 +685,7 @@ def test_a_long_request_across_midnight_counts_the_same_after_a_restart(tmp_path
     restarted = Limiter(clock=lambda: clock[0])
     generation = restarted.recount("team", limits)
     spent, recent = store.key_usage({"team": midnight}, clock[0] - 60)["team"]
-    restarted.restore("team", limits, spent, recent, generation)
+    restarted.restore("team", limits, spent, recent, generation, midnight)
     with pytest.raises(GatewayError) as after:
         restarted.admit("team", KeyLimits(tpm=100))
     assert restarted.spent("team") == running.spent("team") == 100

@@ -348,7 +348,7 @@ class Limiter:
         spent: int,
         recent: Sequence[tuple[float, float, int, bool]],
         generation: int,
-        period_start: float | None = None,
+        period_start: float | None,
     ) -> None:
         """Add what the request records say a key did before the recount
         ``generation`` began: ``spent`` tokens in its budget period, and its
@@ -357,14 +357,15 @@ class Limiter:
         minute, tokens at their end, as :meth:`admit` and :meth:`settle` count
         them. A read begun before a later recount is dropped: the later one
         reads all it held. ``period_start``: the start of the period ``spent``
-        was read for; a period that ended during the read leaves it out."""
+        was read for (:meth:`period_start`); one that ended during the read
+        leaves it out."""
         now = self.clock()
         st = self._keys.get(key)
         if st is None or st.generation != generation:
             return  # (a recount sets the period it counts: that of ``limits``)
         if limits.period is not None:
             self._roll(st, limits.period, now)
-            if period_start is None or period_start == st.period_start:
+            if period_start == st.period_start:
                 st.spent += spent
         horizon = now - WINDOW_S
         tokens = [(ended, n) for _, ended, n, _ in recent if n and ended > horizon]

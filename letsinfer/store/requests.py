@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Literal, NamedTuple
 
 from letsinfer.home import admin_gid, share_with_group
-from letsinfer.store.bulk import insert_rows
+from letsinfer.store.bulk import insert_rows, stage_rows
 
 
 class RequestRecord(NamedTuple):
@@ -82,15 +82,6 @@ CREATE INDEX IF NOT EXISTS requests_id ON requests (request_id);
 # What a column added since the first release reads as in a file without it.
 _DEFAULTS = {"cached": "0", "charged": "NULL"}
 _GROUP = {"key": "key", "model": "model", "node": "COALESCE(node, '-')"}
-
-
-def _chunks(keys: list[str], size: int = 500) -> list[list[str]]:
-    """Keys a few hundred at a time: SQLite bounds a statement's parameters."""
-    return [keys[i : i + size] for i in range(0, len(keys), size)]
-
-
-def _marks(keys: list[str]) -> str:
-    return ", ".join("?" * len(keys))
 
 
 class RequestStore:
@@ -195,30 +186,27 @@ class RequestStore:
         keys = list(period_starts)
         spent: dict[str, int] = {}
         recent: dict[str, list[tuple[float, float, int, bool]]] = {key: [] for key in keys}
-        # One pass over the rows of each period start (keys share a few), not
-        # one per key: each pass reads every key's rows in its range anyway.
-        by_start: dict[float, list[str]] = {}
-        for key, start in period_starts.items():
-            if start is not None:
-                by_start.setdefault(start, []).append(key)
-        for start, some in by_start.items():
-            for chunk in _chunks(some):
+        with self.conn:  # (the staged keys' statements, ended at once)
+            stage_rows(self.conn, "counted_keys (key TEXT PRIMARY KEY, start REAL)",
+                       list(period_starts.items()))  # fmt: skip
+            # One pass over the rows of each period start (keys share a few),
+            # not one per key: each pass reads every key's rows in its range.
+            for start in {s for s in period_starts.values() if s is not None}:
                 spent.update(
                     self.conn.execute(
                         f"SELECT key, COALESCE(SUM({_TOKENS}), 0) FROM requests "
-                        f"WHERE {ended} >= ? AND cached = 0 AND key IN ({_marks(chunk)}) "
-                        "GROUP BY key",
-                        (start, *chunk),
+                        f"WHERE {ended} >= ? AND cached = 0 AND key IN "
+                        "(SELECT key FROM temp.counted_keys WHERE start = ?) GROUP BY key",
+                        (start, start),
                     )
                 )
-        for chunk in _chunks(keys):
             # Unordered (the limiter sorts them): ORDER BY ts would have SQLite
             # walk the whole ts index rather than the minute's end times.
             for key, ts, end, tokens, cached, counted in self.conn.execute(
                 f"SELECT key, ts, {ended}, {_TOKENS}, cached, "
                 "NOT (pg IS NULL AND status IN (400, 404, 413, 429, 499)) "
-                f"FROM requests WHERE {ended} >= ? AND key IN ({_marks(chunk)})",
-                (window_from, *chunk),
+                f"FROM requests WHERE {ended} >= ? AND key IN (SELECT key FROM temp.counted_keys)",
+                (window_from,),
             ):
                 recent[key].append((ts, end, 0 if cached else tokens, counted == 1))
         return {key: (int(spent.get(key, 0)), recent[key]) for key in keys}
