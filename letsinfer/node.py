@@ -342,7 +342,7 @@ class MainNode:
             self.store.anchor.advance(self.store)
         self.directory.refresh()
         self.view.load()  # the control thread keeps it from here
-        await self.gateway.restore_usage()  # keys' spent budgets, before serving
+        self.gateway.read_counts()  # keys' spent budgets: their requests wait for it
         self.record_own_facts()
         await self.placements.adopt_running()  # engines a previous run left serving
         self.reconcile()

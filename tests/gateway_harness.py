@@ -99,7 +99,7 @@ class GatewayHarness:
     async def _start(self) -> None:
         if self.records is not None:
             self._writer = asyncio.ensure_future(self.records.run())
-        await self.gateway.restore_usage()  # as the node does before it serves
+        self.gateway.read_counts()  # as the node does as it starts
         for pg_id, behaviour in self.engines.items():
             mock = await MockUpstream(behaviour).start()
             self.mocks[pg_id] = mock

@@ -10,8 +10,10 @@ import email.utils
 import json
 import socket
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ import pytest
 from letsinfer.authority.apikeys import create_key, digest, set_policy
 from letsinfer.authority.external import add_external_model, set_fallback
 from letsinfer.authority.lifecycle import set_model_desired
+from letsinfer.gateway import gateway as gateway_module
 from letsinfer.gateway.cache import ENTRY_OVERHEAD, ResponseCache
 from letsinfer.gateway.errors import GatewayError
 from letsinfer.gateway.limits import KeyLimits, Limiter, estimate_prompt, period_bounds
@@ -280,11 +283,50 @@ def test_a_spent_budget_is_refused_until_its_period_ends_and_after_a_restart(
         assert abs(wait - (end - time.time())) <= 5  # until the next UTC midnight
     # The gateway restarts: the spent budget comes back from the request records.
     with GatewayHarness(tmp_path, {"pg-a": QUICK}, records=True) as h:
+        refused(post(h, "team", chat()), "budget_exhausted")  # (it waits for the read)
         assert h.gateway.limiter.spent("team") == 39
-        refused(post(h, "team", chat()), "budget_exhausted")
         assert h.mocks["pg-a"].stats.requests == 0
         shift(h, wait + 1)  # the next day
         assert post(h, "team", chat()).status_code == 200
+
+
+def test_a_restarted_gateway_serves_at_once_and_a_limited_key_once_its_spending_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A month of records takes seconds to read: the gateway does not wait for
+    it to serve, but a limited key is never let through on counts that miss
+    what it spent before the restart, however long the read takes."""
+    monkeypatch.setattr(gateway_module, "RECOUNT_WAIT_S", 0.2)
+    policies = {"team": {"budget_tokens": 30, "budget_period": "day"}}
+    with GatewayHarness(
+        tmp_path,
+        {"pg-a": QUICK},
+        keys={"team": None, "free": None},
+        policies=policies,
+        records=True,
+    ) as h:
+        assert [post(h, "team", chat()).status_code for _ in range(3)] == [200] * 3  # 39 tokens
+    restarted = GatewayHarness(tmp_path, {"pg-a": QUICK}, records=True)
+    assert restarted.records is not None
+    read, disk = restarted.records._write_then_read, threading.Event()
+
+    def stalled_read(*args: Any) -> Any:
+        disk.wait(60)  # a disk that answers only when the test says so
+        return read(*args)
+
+    restarted.records._write_then_read = stalled_read  # type: ignore[method-assign]
+    with restarted as h, ThreadPoolExecutor(1) as pool:
+        try:
+            assert post(h, "free", chat()).status_code == 200  # served while the read stalls
+            waiting = pool.submit(post, h, "team", chat())
+            h.wait_until(lambda: "team" in h.gateway._slow)  # past its wait (the log says so)
+            time.sleep(0.5)  # (time enough to reach the engine, were it let through)
+            assert not waiting.done() and h.mocks["pg-a"].stats.requests == 1  # free's alone
+        finally:
+            disk.set()
+        refused(waiting.result(), "budget_exhausted")
+        assert h.gateway.limiter.spent("team") == 39
+        assert h.mocks["pg-a"].stats.requests == 1
 
 
 def test_limits_set_while_serving_count_what_the_key_already_used(tmp_path: Path) -> None:
@@ -554,6 +596,7 @@ def test_a_stream_cut_before_its_usage_is_charged_an_estimate_not_nothing(
         assert h.gateway.limiter._keys["team"].in_window == spent  # tpm alike
     # A restart counts the charge again, from the request's record.
     with GatewayHarness(tmp_path, {"pg-a": slow}, records=True) as h:
+        recounted(h)
         assert h.gateway.limiter.spent("team") == spent
         assert h.gateway.limiter._keys["team"].in_window == spent
         (row,) = RequestStore(tmp_path / "requests.db", readonly=True).find(

@@ -59,17 +59,22 @@ class Gateway:
     recounting: dict[str, asyncio.Event] = field(default_factory=dict)
     _next_ready: asyncio.Event | None = None  # set when the next read's keys are counted
     _slow: set[str] = field(default_factory=set)  # keys whose read was said to stall
+    # Keys whose counts were read from the records at least once: only these
+    # may be admitted on what memory holds while a read stalls.
+    _read: set[str] = field(default_factory=set)
 
     def on_snapshot(self, snapshot: Snapshot) -> None:
         """A new view of keys and models (not per request): publish external
         models; a key whose limits appeared, or now need counts not kept
         before (a budget period, a request rate), is counted afresh from the
-        request records (in the background; before serving, at start)."""
+        request records, in the background (:meth:`read_counts`)."""
         # A stopped cluster serves nothing: its external models neither.
         external.sync(self.routing, {} if snapshot.system_stopped else snapshot.externals())
         limited = {k.name: k.limits for k in snapshot.keys.values() if k.limits is not None}
         for gone in self._counted.keys() - limited.keys():
             del self._counted[gone]
+            self._unread.pop(gone, None)  # (a read not begun yet would count it again)
+            self._read.discard(gone)
             self.limiter.forget(gone)
         for name, limits in limited.items():
             before = self._counted.get(name)
@@ -80,17 +85,25 @@ class Gateway:
             # as they are: no read, and no moment in which they are zero.
             if before is None or limits.counts_more_than(before) or name in self._unread:
                 self._unread[name] = limits
-        if self._unread:
-            try:
-                asyncio.get_running_loop()
-            except RuntimeError:  # not serving yet: restore_usage() runs before it does
-                return
-            # Their requests wait from now, not only once the read has begun.
-            ready = self._next_ready = self._next_ready or asyncio.Event()
-            self.recounting.update(dict.fromkeys(self._unread, ready))
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # not serving yet: the node calls read_counts() as it starts
+            return
+        self.read_counts()
+
+    def read_counts(self) -> None:
+        """Read the counts of the keys not read yet from the request records, in
+        the background; their requests wait for it from now (:meth:`counted`),
+        those of every other key are served meanwhile."""
+        if not self._unread:
+            return
+        ready = self._next_ready
+        if ready is None:  # (else a read not begun yet takes these keys too)
+            ready = self._next_ready = asyncio.Event()
             task = asyncio.ensure_future(self.restore_usage())
             self._reading.add(task)
-            task.add_done_callback(self._reading.discard)
+            task.add_done_callback(self._read_done)
+        self.recounting.update(dict.fromkeys(self._unread, ready))
 
     async def restore_usage(self) -> None:
         """Rebuild the counts of the keys not read yet from the request records:
@@ -126,27 +139,50 @@ class Gateway:
                         name, limits, spent, recent, generations[name], starts[name]
                     )
         finally:  # (after the counts are restored: its waiters see them)
+            # (A key changed meanwhile waits for the later read instead, and
+            # counts as read only once that one ends: this one's may be dropped.)
             for name in [n for n, r in self.recounting.items() if r is ready]:
                 del self.recounting[name]
                 self._slow.discard(name)
+                if name in self._counted:
+                    self._read.add(name)
             ready.set()
+
+    def _read_done(self, task: asyncio.Task[None]) -> None:
+        self._reading.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            # (its keys were let go meanwhile: they count from what memory holds)
+            log.error("reading the request records to rebuild rate limits failed", exc_info=exc)
 
     def limits_of(self, key: str) -> KeyLimits | None:
         """A key's limits as they are now (a request may have read its key before a change)."""
         return self._counted.get(key)
 
     async def counted(self, key: str) -> None:
-        """Wait until no read of ``key``'s counts is under way (at most
-        ``RECOUNT_WAIT_S``: a stalled disk lets requests through on what is
-        counted in memory, as a broken records file does)."""
+        """Wait until no read of ``key``'s counts is under way. Past
+        ``RECOUNT_WAIT_S`` a key whose counts were read before goes on what
+        memory counts (a stalled disk, like a broken records file, does not
+        stop it); one never read yet (after a restart, or limits new to it)
+        waits on for its read: memory holds none of what it spent. The log
+        says so, once per read."""
         try:
             async with asyncio.timeout(RECOUNT_WAIT_S):
-                while (ready := self.recounting.get(key)) is not None:
-                    await ready.wait()  # (a later change may have begun another read)
+                await self._read_of(key)
         except TimeoutError:
-            if key not in self._slow:  # (once per read, not per request)
+            waits = key not in self._read
+            if key not in self._slow:
                 self._slow.add(key)
-                log.warning("key %s: its counts are still being read; admitted on what is", key)
+                log.warning(
+                    "key %s: its counts are still being read; %s",
+                    key,
+                    "its requests wait for them" if waits else "admitted on what is",
+                )
+            if waits:
+                await self._read_of(key)
+
+    async def _read_of(self, key: str) -> None:
+        while (ready := self.recounting.get(key)) is not None:
+            await ready.wait()  # (a later change may have begun another read)
 
     @classmethod
     def build(
