@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import signal
 import socket
 import stat
 import sys
@@ -151,6 +152,10 @@ def up(
     if engine is not None:
         overrides["engine"]["kind"] = engine
     settings = config.load(ctx.home.config_file, overrides=overrides)
+    # Ctrl-C stops the node from its first line on: a shell script's
+    # background job inherits SIGINT ignored, and the server takes the signal
+    # only once it serves, so one sent while it starts would be lost.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     lock = _lock_pid_file(ctx)
     try:
         _run(ctx, settings, name)
