@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("letsinfer.gateway")
 
-RECOUNT_WAIT_S = 5.0  # the longest a request waits for its key's counts to be read
+RECOUNT_WARN_S = 5.0  # a request waiting this long for its key's counts is logged
 
 
 @dataclass
@@ -59,9 +59,6 @@ class Gateway:
     recounting: dict[str, asyncio.Event] = field(default_factory=dict)
     _next_ready: asyncio.Event | None = None  # set when the next read's keys are counted
     _slow: set[str] = field(default_factory=set)  # keys whose read was said to stall
-    # Keys whose counts were read from the records at least once: only these
-    # may be admitted on what memory holds while a read stalls.
-    _read: set[str] = field(default_factory=set)
 
     def on_snapshot(self, snapshot: Snapshot) -> None:
         """A new view of keys and models (not per request): publish external
@@ -74,7 +71,6 @@ class Gateway:
         for gone in self._counted.keys() - limited.keys():
             del self._counted[gone]
             self._unread.pop(gone, None)  # (a read not begun yet would count it again)
-            self._read.discard(gone)
             self.limiter.forget(gone)
         for name, limits in limited.items():
             before = self._counted.get(name)
@@ -139,13 +135,9 @@ class Gateway:
                         name, limits, spent, recent, generations[name], starts[name]
                     )
         finally:  # (after the counts are restored: its waiters see them)
-            # (A key changed meanwhile waits for the later read instead, and
-            # counts as read only once that one ends: this one's may be dropped.)
             for name in [n for n, r in self.recounting.items() if r is ready]:
                 del self.recounting[name]
                 self._slow.discard(name)
-                if name in self._counted:
-                    self._read.add(name)
             ready.set()
 
     def _read_done(self, task: asyncio.Task[None]) -> None:
@@ -159,26 +151,19 @@ class Gateway:
         return self._counted.get(key)
 
     async def counted(self, key: str) -> None:
-        """Wait until no read of ``key``'s counts is under way. Past
-        ``RECOUNT_WAIT_S`` a key whose counts were read before goes on what
-        memory counts (a stalled disk, like a broken records file, does not
-        stop it); one never read yet (after a restart, or limits new to it)
-        waits on for its read: memory holds none of what it spent. The log
-        says so, once per read."""
+        """Wait until no read of ``key``'s counts is under way, however long it
+        takes: while one runs, memory holds none of what it reads
+        (:meth:`Limiter.recount`), so a request let through would go on zero.
+        A failed read ends the wait (counting from now); one that takes
+        longer than ``RECOUNT_WARN_S`` is logged, once."""
         try:
-            async with asyncio.timeout(RECOUNT_WAIT_S):
+            async with asyncio.timeout(RECOUNT_WARN_S):
                 await self._read_of(key)
         except TimeoutError:
-            waits = key not in self._read
             if key not in self._slow:
                 self._slow.add(key)
-                log.warning(
-                    "key %s: its counts are still being read; %s",
-                    key,
-                    "its requests wait for them" if waits else "admitted on what is",
-                )
-            if waits:
-                await self._read_of(key)
+                log.warning("key %s: its counts are still being read; its requests wait", key)
+            await self._read_of(key)
 
     async def _read_of(self, key: str) -> None:
         while (ready := self.recounting.get(key)) is not None:
