@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import socket
@@ -14,11 +15,30 @@ from pathlib import Path
 import httpx
 import openai
 
+# Ports for servers a test starts come from below the kernel's ephemeral range
+# (32768 and up by default) and below the engines' and parallel tasks' own
+# (20000-29999), from a span of this pytest-xdist worker's own, handed out in
+# turn: between a port's choice and the server's bind, no outgoing connection,
+# no engine a node starts, no other worker and no later choice here can take it.
+_PORTS_FIRST, _PORTS_END = 12_000, 20_000
+_worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+_PORTS_PER_WORKER = (_PORTS_END - _PORTS_FIRST) // int(
+    os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")
+)
+_ports_start = _PORTS_FIRST + (int(_worker) if _worker.isdigit() else 0) * _PORTS_PER_WORKER
+_next_port = itertools.count()
+
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    for _ in range(_PORTS_PER_WORKER):
+        port = _ports_start + next(_next_port) % _PORTS_PER_WORKER
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise OSError(f"no free port in {_ports_start}-{_ports_start + _PORTS_PER_WORKER - 1}")
 
 
 def loopback_env(gateway_port: int) -> dict[str, str]:

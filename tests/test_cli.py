@@ -25,7 +25,7 @@ def store_files(node: RunningNode) -> list[str]:
 def test_model_add_refuses_a_file_that_is_not_gguf(main_node: RunningNode, tmp_path: Path) -> None:
     before_models = main_node.cli("model", "list", "--json").stdout
     before_files = store_files(main_node)
-    before_audit = main_node.cli("audit", "list", "--json").stdout
+    audited = len(json.loads(main_node.cli("audit", "list", "--json").stdout))
 
     text = tmp_path / "notes.gguf"
     text.write_text("this is not a model\n")
@@ -38,7 +38,14 @@ def test_model_add_refuses_a_file_that_is_not_gguf(main_node: RunningNode, tmp_p
 
     assert main_node.cli("model", "list", "--json").stdout == before_models
     assert store_files(main_node) == before_files
-    assert main_node.cli("audit", "list", "--json").stdout == before_audit
+    # Refused like the engine's own refusal: audited, named, with the reason.
+    records = json.loads(main_node.cli("audit", "list", "--json").stdout)[audited:]
+    assert [(r["action"], r["outcome"], r["target"]) for r in records] == [
+        ("model.add", "denied", "notes"),
+        ("model.add", "denied", "ghost"),
+    ]
+    assert "not a GGUF file" in records[0]["detail"]
+    assert "no such file" in records[1]["detail"]
 
 
 def test_model_add_refuses_a_truncated_gguf(

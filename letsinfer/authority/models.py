@@ -9,6 +9,7 @@ from typing import Any
 
 from letsinfer.authority.modelstore import stage_gguf
 from letsinfer.authority.refusals import audited
+from letsinfer.contracts.artifacts import ModelFileError
 from letsinfer.engines.releases import Release
 from letsinfer.lifecycle.door import Door, DoorRefused, prove_model_file
 from letsinfer.store import AuthorityStore, PlacementGroupRecord, ServiceRecord, StoreError
@@ -79,7 +80,11 @@ def add_gguf_model(
         store.check_new_names(name, aliases)
         if fallback is not None:
             fallback = resolve_fallback(store, name, fallback, aliases)
-    staged = stage_gguf(model_store, source)
+    try:
+        staged = stage_gguf(model_store, source)
+    except ModelFileError as exc:  # audited like the engine's refusal below
+        store.append_audit(actor, "model.add", "denied", target=name, detail=str(exc)[:1000])
+        raise
     try:
         if not known_good:
             try:
