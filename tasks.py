@@ -30,6 +30,7 @@ TEST_SYSTEM_PACKAGES: list[str] = [
     "curl",
     "nginx",  # the gateway benchmark's baseline (its short mode runs in the tests)
     "prometheus",  # promtool: checks and unit-tests the shipped alert rules
+    "valgrind",  # callgrind counts the proxies' instructions (benchmarks/instructions.py)
 ]
 
 
@@ -170,6 +171,7 @@ def test(c: Context, k: str = "") -> None:
         "records": "also the request-records benchmark (their cost, the authority's writes)",
         "cli": "only the CLI's own timing: --help, status, ... against `python -c pass`",
         "zero_delay": "the proxy's own cost: every token at once (direct, nginx, letsinfer)",
+        "instructions": "only the proxies' instructions per request, counted by valgrind",
         "scale": "only one main under simulated nodes: 100, 1,000, 3,000 (about 15 minutes)",
         "nodes": "with --scale: the sizes, comma-separated (e.g. 100,1000)",
     }
@@ -185,10 +187,16 @@ def bench(
     nodes: str = "",
     cli: bool = False,
     zero_delay: bool = False,
+    instructions: bool = False,
 ) -> None:
     """The gateway benchmark (direct, nginx, LiteLLM, letsinfer); see docs/benchmarks.md."""
     if cli:
         c.run(f"{PY} -m benchmarks.cli" + (" --runs 3" if short else ""), pty=False)
+        return
+    if instructions:
+        extra = (" --requests 200" if short else "") + (f" --before {before}" if before else "")
+        extra += f" --json {json}" if json else ""
+        c.run(f"{PY} -m benchmarks.instructions{extra}", pty=False)
         return
     if scale:
         sizes = f" --nodes {nodes}" if nodes else ""

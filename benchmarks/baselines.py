@@ -32,7 +32,11 @@ def _nginx_binary() -> str:
     raise Unavailable("nginx is not installed (Debian package `nginx`; `./dev system-packages`)")
 
 
-def nginx(upstream_port: int, work: Path) -> Server:
+def nginx(
+    upstream_port: int, work: Path, wrap: tuple[str, ...] = (), start_timeout: float = 60
+) -> Server:
+    """nginx in front of the mock, one worker; ``wrap``: a command that runs it
+    (valgrind), then as one process (the worker's own code, no master)."""
     binary = _nginx_binary()
     prefix = work / "nginx"
     prefix.mkdir(parents=True, exist_ok=True)
@@ -41,7 +45,7 @@ def nginx(upstream_port: int, work: Path) -> Server:
     conf = f"""
 worker_processes 1;
 daemon off;
-master_process on;
+master_process {"off" if wrap else "on"};
 pid {prefix}/nginx.pid;
 error_log {prefix}/error.log warn;
 events {{ worker_connections 8192; }}
@@ -69,9 +73,10 @@ http {{
 }}
 """
     (prefix / "nginx.conf").write_text(conf)
-    argv = [binary, "-e", str(prefix / "error.log"), "-p", str(prefix), "-c", "nginx.conf"]
+    argv = [*wrap, binary, "-e", str(prefix / "error.log"), "-p", str(prefix), "-c", "nginx.conf"]
     # Readiness: the proxied mock answers 404 on GET /.
-    return Server("nginx", argv, port, work, ready_path="/", ready_status=(404,)).start()
+    server = Server("nginx", argv, port, work, ready_path="/", ready_status=(404,))
+    return server.start(start_timeout)
 
 
 def litellm_venv(log: Path) -> Path:

@@ -92,7 +92,7 @@ def _body(stream: bool) -> bytes:
     return json.dumps(request).encode()
 
 
-def _gateway(
+def start_gateway(
     name: str,
     work: Path,
     upstream: str,
@@ -101,14 +101,18 @@ def _gateway(
     tree: Path | None = None,
     module: str = "benchmarks.letsinfer_gateway",
     plain_only: bool = False,
+    wrap: tuple[str, ...] = (),
+    start_timeout: float = 60,
 ) -> Target:
     """A letsinfer gateway (this checkout's, or ``tree``'s) with two replicas on
-    the mock; ``module``: another server taking the same arguments."""
+    the mock; ``module``: another server taking the same arguments; ``wrap``:
+    a command that runs it (valgrind)."""
     port = free_port()
     key_file = work / f"{name}.key"
     gw = Server(
         name,
         [
+            *wrap,
             sys.executable,
             "-m",
             module,
@@ -131,23 +135,17 @@ def _gateway(
         ready_path="/health",
         env={"PYTHONPATH": str(tree)} if tree else None,
         cwd=tree,
-    ).start()
+    ).start(start_timeout)
     stack.callback(gw.stop)
     return Target(
         name, gw.url, f"Bearer {key_file.read_text().strip()}", plain_only=plain_only, server=gw
     )
 
 
-def start_targets(
-    work: Path,
-    plan: Plan,
-    with_litellm: bool,
-    stack: contextlib.ExitStack,
-    before: Path | None = None,
-    zero_delay: bool = False,
-) -> list[Target]:
+def start_mock(work: Path, plan: Plan) -> Server:
+    """The mock engine, sending ``plan.tokens`` tokens ``plan.interval_ms`` apart."""
     mock_port = free_port()
-    mock = Server(
+    return Server(
         "mock",
         [
             sys.executable,
@@ -164,45 +162,55 @@ def start_targets(
         work,
         ready_status=(404,),
     ).start()
+
+
+def start_floor(
+    work: Path, upstream: str, wrap: tuple[str, ...] = (), start_timeout: float = 60
+) -> Server:
+    """The cheapest Python forwarder (``benchmarks/python_floor.py``) in front of ``upstream``."""
+    port = free_port()
+    argv = [*wrap, sys.executable, "-m", "benchmarks.python_floor", "--port", str(port)]
+    argv += ["--upstream", upstream]
+    return Server("floor", argv, port, work, ready_status=(404,)).start(start_timeout)
+
+
+def as_a_main(work: Path, name: str) -> tuple[str, ...]:
+    """A letsinfer row's flags as a main runs it (request records of its own,
+    facts), with items 1-5 configured: every letsinfer-like row alike."""
+    return ("--records", str(work / f"{name}.db"), "--facts", "--breadth")
+
+
+def start_targets(
+    work: Path,
+    plan: Plan,
+    with_litellm: bool,
+    stack: contextlib.ExitStack,
+    before: Path | None = None,
+    zero_delay: bool = False,
+) -> list[Target]:
+    mock = start_mock(work, plan)
     stack.callback(mock.stop)
     targets = [Target("direct", mock.url, server=mock)]
 
     try:
-        proxy = baselines.nginx(mock_port, work)
+        proxy = baselines.nginx(mock.port, work)
         stack.callback(proxy.stop)
         targets.append(Target("nginx", proxy.url, server=proxy))
     except (baselines.Unavailable, RuntimeError) as exc:
         targets.append(Target("nginx", "", skipped=str(exc)))
 
     if zero_delay:  # letsinfer as a main runs it, with items 1-5 configured, against nginx
-        floor_port = free_port()
-        floor = Server(
-            "floor",
-            [
-                sys.executable,
-                "-m",
-                "benchmarks.python_floor",
-                "--port",
-                str(floor_port),
-                "--upstream",
-                mock.url,
-            ],
-            floor_port,
-            work,
-            ready_status=(404,),
-        ).start()
+        floor = start_floor(work, mock.url)
         stack.callback(floor.stop)
         targets.append(Target("floor", floor.url, server=floor))
 
         def as_main(name: str) -> tuple[str, ...]:
-            """Set up as a main runs it (request records of its own, facts),
-            with items 1-5 configured: every letsinfer-like row alike."""
-            return ("--records", str(work / f"{name}.db"), "--facts", "--breadth")
+            return as_a_main(work, name)
 
         # letsinfer's own work from protocol callbacks: an experiment, plain requests only
         module = "benchmarks.callback_path"
         targets.append(
-            _gateway(
+            start_gateway(
                 "callbacks",
                 work,
                 mock.url,
@@ -215,7 +223,7 @@ def start_targets(
         if before is not None:
             try:
                 targets.append(
-                    _gateway(
+                    start_gateway(
                         "before",
                         work,
                         mock.url,
@@ -226,7 +234,7 @@ def start_targets(
                 )
             except RuntimeError as exc:
                 targets.append(Target("before", "", skipped=str(exc)))
-        targets.append(_gateway("letsinfer", work, mock.url, stack, *as_main("letsinfer")))
+        targets.append(start_gateway("letsinfer", work, mock.url, stack, *as_main("letsinfer")))
         return targets
 
     if with_litellm:
@@ -241,14 +249,14 @@ def start_targets(
     else:
         targets.append(Target("litellm", "", skipped="--no-litellm given"))
 
-    targets.append(_gateway("letsinfer-off", work, mock.url, stack))
+    targets.append(start_gateway("letsinfer-off", work, mock.url, stack))
     if before is not None:
         try:
-            targets.append(_gateway("before", work, mock.url, stack, tree=before.resolve()))
+            targets.append(start_gateway("before", work, mock.url, stack, tree=before.resolve()))
         except RuntimeError as exc:
             targets.append(Target("before", "", skipped=str(exc)))
     targets.append(
-        _gateway(
+        start_gateway(
             "letsinfer", work, mock.url, stack, "--records", str(work / "requests.db"), "--facts"
         )
     )

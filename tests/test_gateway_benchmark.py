@@ -24,19 +24,29 @@ def strict_json(text: str) -> dict[str, object]:
     return json.loads(text, parse_constant=refuse)  # type: ignore[no-any-return]
 
 
-@pytest.mark.timeout(900)
-def test_the_short_gateway_benchmark_runs_end_to_end(tmp_path: Path) -> None:
-    out = tmp_path / "bench.json"
+def run_benchmark(
+    module: str, out: Path, *args: str, timeout: float
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """``python -m MODULE ARGS --json OUT`` from the checkout: it must pass,
+    and its figures are read back as strict JSON."""
     run = subprocess.run(
-        [sys.executable, "-m", "benchmarks.gateway", "--short", "--json", str(out)],
+        [sys.executable, "-m", module, *args, "--json", str(out)],
         capture_output=True,
         text=True,
-        timeout=900,  # the first run installs the LiteLLM proxy into its own venv
+        timeout=timeout,
         cwd=Path(__file__).resolve().parent.parent,
     )
     print(run.stdout[-6000:], run.stderr[-3000:])
     assert run.returncode == 0, run.stderr[-3000:]
-    figures: dict[str, Any] = strict_json(out.read_text())
+    return run, strict_json(out.read_text())
+
+
+@pytest.mark.timeout(900)
+def test_the_short_gateway_benchmark_runs_end_to_end(tmp_path: Path) -> None:
+    # (the first run installs the LiteLLM proxy into its own venv)
+    run, figures = run_benchmark(
+        "benchmarks.gateway", tmp_path / "bench.json", "--short", timeout=900
+    )
     # A baseline may only be missing when it could not be installed, and then loudly.
     for name, why in figures["skipped"].items():
         assert f"{name} SKIPPED: {why}" in run.stdout
@@ -59,17 +69,9 @@ def test_the_short_zero_delay_benchmark_runs_with_items_1_to_5_configured(
     with fallbacks, an adapter, bands, limits and a cache configured, beside
     nginx, the cheapest Python forwarder (the floor) and letsinfer's own work
     driven from protocol callbacks (an experiment)."""
-    out = tmp_path / "zero.json"
-    run = subprocess.run(
-        [sys.executable, "-m", "benchmarks.gateway", "--zero-delay", "--short", "--json", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=Path(__file__).resolve().parent.parent,
+    run, figures = run_benchmark(
+        "benchmarks.gateway", tmp_path / "zero.json", "--zero-delay", "--short", timeout=300
     )
-    print(run.stdout[-6000:], run.stderr[-3000:])
-    assert run.returncode == 0, run.stderr[-3000:]
-    figures: dict[str, Any] = strict_json(out.read_text())
     assert figures["plan"]["interval_ms"] == 0
     assert "nginx" not in figures["skipped"]
     for cell, rows in figures["results"].items():
@@ -84,3 +86,22 @@ def test_the_short_zero_delay_benchmark_runs_with_items_1_to_5_configured(
         assert rows["letsinfer"]["cpu_us_per_request"] > 0, cell
     assert "targets (zero delay):" in run.stdout
     assert "plain c=1: added p50 < 0.15 ms" in run.stdout
+
+
+@pytest.mark.timeout(600)
+def test_the_instruction_count_runs_every_proxy_under_callgrind(tmp_path: Path) -> None:
+    """The count that does not move with the machine's load: each proxy under
+    valgrind, every cell answered, a count per request for each."""
+    _, figures = run_benchmark(
+        "benchmarks.instructions", tmp_path / "instr.json", "--requests", "30", timeout=600
+    )
+    results = figures["results"]
+    assert set(results) == {"nginx", "floor", "letsinfer"}
+    for name, cells in results.items():
+        assert set(cells) == {"plain c=1", "plain c=50", "stream c=1", "stream c=50"}, name
+        for cell, row in cells.items():
+            assert row["requests"] == 30 and row["errors"] == 0, (name, cell)
+            assert row["instructions"] > 0, (name, cell)
+    # The floor does less than letsinfer per request, whatever the machine.
+    for cell, ratios in figures["ratios"].items():
+        assert ratios["letsinfer/floor"] > 1, cell
