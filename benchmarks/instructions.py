@@ -39,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,7 +54,8 @@ from benchmarks.gateway import (
     start_gateway,
     start_mock,
 )
-from benchmarks.load import run_cell
+from benchmarks.load import CellResult, run_cell
+from letsinfer.gateway.engine_client import EngineClient
 
 CELLS = ((False, 1), (False, 50), (True, 1), (True, 50))  # (stream, clients)
 IDLE_S = 5.0
@@ -89,7 +91,12 @@ class Counter:
         self.started = 0.0
 
     def _control(self, *args: str) -> None:
-        subprocess.run(["callgrind_control", *args, str(self.pid)], check=True, capture_output=True)
+        # (callgrind_control exits 0 whatever happens: its "OK." says it was done)
+        done = subprocess.run(
+            ["callgrind_control", *args, str(self.pid)], capture_output=True, text=True, timeout=60
+        )
+        if "OK." not in done.stdout:
+            raise RuntimeError(f"callgrind_control {' '.join(args)}: {done.stdout}{done.stderr}")
 
     def instrument(self) -> None:
         self._control("-i", "on")
@@ -100,8 +107,8 @@ class Counter:
 
     def read(self) -> Counts:
         """What ran since ``zero``: counters dumped to a new file and parsed."""
-        wall = time.perf_counter() - self.started
         self._control("-d")
+        wall = time.perf_counter() - self.started
         self.dumps += 1
         path = self.work / f"{self.files}.{self.dumps}"
         deadline = time.monotonic() + 60
@@ -140,9 +147,12 @@ def measure(target: Target, counter: Counter, requests: int, idle: Counts) -> di
     for stream, clients in CELLS:
         cell = f"{'stream' if stream else 'plain'} c={clients}"
 
-        def send(count: int, stream: bool = stream, clients: int = clients) -> tuple[int, int]:
-            result = asyncio.run(
-                run_cell(
+        async def warm_then_count(stream: bool = stream, clients: int = clients) -> CellResult:
+            """The warm-up's connections kept for the count: none is opened in it."""
+            client = EngineClient(connect_timeout_s=10, read_timeout_s=600)
+
+            def send(count: int) -> Coroutine[None, None, CellResult]:
+                return run_cell(
                     target.url,
                     PATH,
                     _body(stream),
@@ -151,14 +161,19 @@ def measure(target: Target, counter: Counter, requests: int, idle: Counts) -> di
                     concurrency=clients,
                     count=count,
                     max_s=3600,
+                    client=client,
                 )
-            )
-            return result.completed, result.errors
 
-        send(min(WARMUP, requests))
-        counter.zero()
-        done, errors = send(requests)
+            try:
+                await send(max(min(WARMUP, requests), clients))
+                counter.zero()  # (blocking the loop: nothing of the client's is in flight)
+                return await send(requests)
+            finally:
+                await client.aclose()
+
+        result = asyncio.run(warm_then_count())
         counts = counter.read()
+        done, errors = result.completed, result.errors
         on_timers = idle.instructions * counts.wall_s / idle.wall_s
         rows[cell] = Row((counts.instructions - on_timers) / max(done, 1), done, errors)
         print(
@@ -241,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"proxy instructions (callgrind): {args.requests} requests a cell, zero-delay mock")
     results: dict[str, dict[str, Row]] = {}
     idle_rates: dict[str, float] = {}
+    skipped: dict[str, str] = {}
     with (
         tempfile.TemporaryDirectory(prefix="letsinfer-bench-") as tmp,
         contextlib.ExitStack() as stack,
@@ -253,7 +269,12 @@ def main(argv: list[str] | None = None) -> int:
         stack.callback(mock.stop)
         for name in names:
             with contextlib.ExitStack() as own:  # one proxy under valgrind at a time
-                target = start(name, work, mock.port, own, args.before)
+                try:
+                    target = start(name, work, mock.port, own, args.before)
+                except (RuntimeError, OSError, baselines.Unavailable) as exc:
+                    print(f"\n!!! {name} SKIPPED: {exc}\n", flush=True)
+                    skipped[name] = str(exc)
+                    continue
                 assert target.server is not None and target.server.proc is not None
                 counter = Counter(target.server.proc.pid, work, name)
                 counter.instrument()
@@ -266,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         payload = {
             "requests_per_cell": args.requests,
+            "skipped": skipped,
             "idle_instructions_per_s": idle_rates,
             "results": {
                 name: {cell: row.__dict__ for cell, row in rows.items()}
@@ -275,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         args.json.write_text(json.dumps(payload, indent=2))
     failed = any(row.errors for rows in results.values() for row in rows.values())
-    return 1 if failed else 0
+    return 1 if failed or "letsinfer" in skipped else 0
 
 
 if __name__ == "__main__":

@@ -78,8 +78,11 @@ async def run_cell(
     count: int,
     max_s: float,
     warmup: int = 0,
+    client: EngineClient | None = None,
 ) -> CellResult:
-    client = EngineClient(connect_timeout_s=10, read_timeout_s=60)
+    """``client``: kept connections to use and leave open (one of its own otherwise)."""
+    own = client is None
+    client = client or EngineClient(connect_timeout_s=10, read_timeout_s=60)
     result = CellResult()
     issued = 0
     deadline = 0.0
@@ -125,5 +128,6 @@ async def run_cell(
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         result.wall_s = time.perf_counter() - started
     finally:
-        await client.aclose()
+        if own:
+            await client.aclose()
     return result

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -20,13 +21,17 @@ import openai
 # (20000-29999), from a span of this pytest-xdist worker's own, handed out in
 # turn: between a port's choice and the server's bind, no outgoing connection,
 # no engine a node starts, no other worker and no later choice here can take it.
+# (A worker replacing a crashed one is numbered past the count: it takes the
+# span of the one it replaces. Each run starts at a random point of its span,
+# so two runs on one machine do not walk the same ports in step.)
 _PORTS_FIRST, _PORTS_END = 12_000, 20_000
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 _worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
-_PORTS_PER_WORKER = (_PORTS_END - _PORTS_FIRST) // int(
-    os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")
+_PORTS_PER_WORKER = (_PORTS_END - _PORTS_FIRST) // _workers
+_ports_start = _PORTS_FIRST + (int(_worker) % _workers if _worker.isdigit() else 0) * (
+    _PORTS_PER_WORKER
 )
-_ports_start = _PORTS_FIRST + (int(_worker) if _worker.isdigit() else 0) * _PORTS_PER_WORKER
-_next_port = itertools.count()
+_next_port = itertools.count(random.randrange(_PORTS_PER_WORKER))
 
 
 def free_port() -> int:

@@ -93,7 +93,7 @@ def test_the_instruction_count_runs_every_proxy_under_callgrind(tmp_path: Path) 
     """The count that does not move with the machine's load: each proxy under
     valgrind, every cell answered, a count per request for each."""
     _, figures = run_benchmark(
-        "benchmarks.instructions", tmp_path / "instr.json", "--requests", "30", timeout=600
+        "benchmarks.instructions", tmp_path / "instr.json", "--requests", "30", timeout=540
     )
     results = figures["results"]
     assert set(results) == {"nginx", "floor", "letsinfer"}

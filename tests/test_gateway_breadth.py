@@ -930,7 +930,7 @@ def test_a_request_refused_for_concurrency_does_not_use_up_the_minute(tmp_path: 
                 first = asyncio.ensure_future(
                     client.post(h.url + "/v1/chat/completions", json=chat(), headers=h.auth("one"))
                 )
-                while h.mocks["pg-a"].stats.in_flight < 1:  # the first holds the slot
+                while h.mocks["pg-a"].stats.in_flight < 1 and not first.done():  # holds the slot
                     await asyncio.sleep(0.01)
                 second = await client.post(
                     h.url + "/v1/chat/completions", json=chat(), headers=h.auth("one")
