@@ -147,10 +147,9 @@ def test(c: Context, k: str = "") -> None:
     selector = f" -k '{k}'" if k else ""
     # Most of the suite waits on servers, engines and lab hosts: two workers
     # keep 2 cores busy (about 40% less time). A file's tests stay in one
-    # worker: its module-scoped main nodes and labs are built once. Files go
-    # out in collection order, the longest first (tests/conftest.py).
+    # worker: its module-scoped main nodes and labs are built once.
     workers = min(len(os.sched_getaffinity(0)), MAX_TEST_WORKERS)
-    parallel = f" -n {workers} --dist loadfile --no-loadscope-reorder" if workers > 1 else ""
+    parallel = f" -n {workers} --dist loadfile" if workers > 1 else ""
     result = c.run(f"{PY} -m pytest{parallel}{selector}", warn=True, pty=False, env=env)
     assert result is not None
     if result.exited == 5:  # pytest: nothing collected

@@ -28,26 +28,6 @@ os.environ["LETSINFER_HOME"] = _DEFAULT_HOME
 atexit.register(shutil.rmtree, _DEFAULT_HOME, True)
 
 
-# Files that take minutes, longest first (seconds in CI, from `--durations`:
-# 390, 380, 355, 335, 210, 120, 95). `./dev test` hands whole files to its
-# workers in collection order: started first, no long file is left to run
-# alone at the end while the other workers have nothing to do.
-_LONGEST_FIRST = (
-    "test_ansible_lab.py",
-    "test_cluster_serving.py",
-    "test_ansible_onboarding.py",
-    "test_ansible_bundle.py",
-    "test_trust.py",
-    "test_bundles.py",
-    "test_cli.py",
-)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest as is
-
-
 @pytest.fixture(scope="session")
 def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheelhouse lab hosts install letsinfer from: the one `./dev test`
