@@ -142,6 +142,14 @@ def start_gateway(
     )
 
 
+def install_uvloop() -> None:
+    """The load generator on uvloop, where installed: as cheap as it can be."""
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        uvloop.install()
+
+
 def start_mock(work: Path, plan: Plan) -> Server:
     """The mock engine, sending ``plan.tokens`` tokens ``plan.interval_ms`` apart."""
     mock_port = free_port()
@@ -437,12 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = ZERO if args.zero_delay else SHORT if args.short else FULL
     if args.zero_delay and args.short:
         plan = Plan((1, 20), {1: 2000, 20: 4000}, 1.0, tokens=4, interval_ms=0.0)
-    try:
-        import uvloop
-
-        uvloop.install()  # the load generator: as cheap as it can be
-    except ImportError:
-        pass
+    install_uvloop()
 
     print(
         f"gateway benchmark ({'short' if args.short else 'full'}"

@@ -50,6 +50,7 @@ from benchmarks.gateway import (
     Target,
     _body,
     as_a_main,
+    install_uvloop,
     start_floor,
     start_gateway,
     start_mock,
@@ -248,10 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     # Every Python row with one hash seed: str and bytes hashes, and so the
     # probing of each dict and set, alike from run to run and row to row.
     os.environ["PYTHONHASHSEED"] = "0"
-    with contextlib.suppress(ImportError):
-        import uvloop
-
-        uvloop.install()  # the load generator: as cheap as it can be
+    install_uvloop()
 
     print(f"proxy instructions (callgrind): {args.requests} requests a cell, zero-delay mock")
     results: dict[str, dict[str, Row]] = {}

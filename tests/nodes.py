@@ -6,7 +6,6 @@ import itertools
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,8 @@ from pathlib import Path
 
 import httpx
 import openai
+
+from letsinfer.agent.ports import bindable
 
 # Ports for servers a test starts come from below the kernel's ephemeral range
 # (32768 and up by default) and below the engines' and parallel tasks' own
@@ -37,12 +38,8 @@ _next_port = itertools.count(random.randrange(_PORTS_PER_WORKER))
 def free_port() -> int:
     for _ in range(_PORTS_PER_WORKER):
         port = _ports_start + next(_next_port) % _PORTS_PER_WORKER
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
+        if bindable("127.0.0.1", port):
+            return port
     raise OSError(f"no free port in {_ports_start}-{_ports_start + _PORTS_PER_WORKER - 1}")
 
 

@@ -6,7 +6,7 @@ import random
 import socket
 
 
-def _bindable(host: str, port: int) -> bool:
+def bindable(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
             s.bind((host, port))
@@ -27,6 +27,6 @@ def free_port(host: str = "127.0.0.1", span: tuple[int, int] | None = None) -> i
     ports = list(range(first, last + 1))
     start = random.randrange(len(ports))
     for port in ports[start:] + ports[:start]:
-        if _bindable(host, port):
+        if bindable(host, port):
             return port
     raise OSError(f"no free port for an engine in {first}-{last} on {host}")
