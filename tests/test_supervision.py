@@ -16,7 +16,7 @@ import httpx
 
 from letsinfer.agent import reattach
 from letsinfer.engines.tinymodel import SENTENCE
-from tests.nodes import RunningNode, start_node
+from tests.nodes import RunningNode, free_port, start_node
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -112,12 +112,14 @@ def test_a_killed_node_adopts_its_engines_back_never_a_foreign_one(tmp_path: Pat
         os.kill(engine, signal.SIGKILL)
         while Path(f"/proc/{engine}").exists() and engine in again.engine_pids():
             time.sleep(0.05)
-        foreign = subprocess.Popen([sys.executable, "-c", FOREIGN, str(record["port"])])
+        # (A port of the tests' own: the engine's freed one may be taken meanwhile.)
+        port = free_port()
+        foreign = subprocess.Popen([sys.executable, "-c", FOREIGN, str(port)])
         deadline = time.monotonic() + 30
-        while not _listening(record["port"]):
+        while not _listening(port):
             assert time.monotonic() < deadline and foreign.poll() is None
             time.sleep(0.1)
-        record.update(pid=foreign.pid, start_ticks=reattach.start_ticks(foreign.pid))
+        record.update(port=port, pid=foreign.pid, start_ticks=reattach.start_ticks(foreign.pid))
         record_file.write_text(json.dumps(record))
         third = start_node(home, env=env)
         third.key = key
