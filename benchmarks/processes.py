@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterable
@@ -12,11 +11,15 @@ from pathlib import Path
 
 import httpx
 
+from letsinfer.agent import ports
+
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port for a benchmark's server from its own span: above the engines'
+    (20000-29999) and the test suite's (12000-19999), below the kernel's
+    ephemeral ports, which any outgoing connection may take between the
+    choice and the server's bind."""
+    return ports.free_port(span=(30_000, 32_767))
 
 
 def _stat(pid: int | str) -> list[str] | None:

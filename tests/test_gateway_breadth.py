@@ -30,6 +30,7 @@ from letsinfer.gateway.limits import KeyLimits, Limiter, estimate_prompt, period
 from letsinfer.gateway.mock_upstream import MockBehaviour
 from letsinfer.store.requests import RequestStore
 from tests.gateway_harness import MODEL, GatewayHarness, chat
+from tests.nodes import free_port
 from tests.provider import ANSWER, Provider
 
 QUICK = MockBehaviour(tokens=8)  # usage: 5 prompt + 8 completion tokens a request
@@ -1256,13 +1257,10 @@ def _lora(path: Path, tensors: dict[str, Any], alpha: float | str = 1.0) -> Path
 # Whether llama.cpp's server starts with the adapter loaded (then leaves at
 # once: deleting a server that has just started can hang in its shutdown).
 _LOADS = """
-import os, socket, sys, xllamacpp
-free = socket.socket()
-free.bind(("127.0.0.1", 0))
+import os, sys, xllamacpp
 params = xllamacpp.CommonParams()
 params.model.path, params.hostnames, params.n_ctx = sys.argv[1], ["127.0.0.1"], 256
-params.port = free.getsockname()[1]
-free.close()
+params.port = int(sys.argv[3])
 params.lora_adapters = [xllamacpp.CommonAdapterLoraInfo(sys.argv[2], 0.0)]
 params.lora_init_without_apply = True
 try:
@@ -1337,7 +1335,7 @@ def test_an_adapter_is_accepted_exactly_when_llama_cpp_loads_it(tmp_path: Path) 
         ),
     }
     for name, (adapter, fits) in cases.items():
-        command = [sys.executable, "-c", _LOADS, str(base), str(adapter)]
+        command = [sys.executable, "-c", _LOADS, str(base), str(adapter), str(free_port())]
         loads = subprocess.run(command, capture_output=True, timeout=120)
         assert (loads.returncode == 0) is fits, f"{name}: llama.cpp {loads.stderr[-400:]!r}"
         try:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import socket
 import time
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from letsinfer.config import GatewaySettings
 from letsinfer.gateway.metrics import start_metrics_server
 from letsinfer.gateway.mock_upstream import MockBehaviour
 from tests.gateway_harness import MODEL, GatewayHarness, chat
+from tests.nodes import free_port
 
 SLOW = MockBehaviour(tokens=6, interval_s=0.02)
 
@@ -286,9 +286,7 @@ def test_bad_requests_get_openai_shaped_errors_and_reach_no_engine(tmp_path: Pat
 
 
 def test_metrics_are_served_on_their_own_port(tmp_path: Path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     with GatewayHarness(tmp_path, {"pg-a": MockBehaviour(tokens=2)}) as h:
         settings = GatewaySettings(metrics_port=port)
         server = h.call(start_metrics_server(h.gateway.metrics, settings))

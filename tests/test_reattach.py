@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 
 from letsinfer.agent import reattach
 from letsinfer.agent.processes import AdoptedProcess
+from tests.nodes import free_port
 
 ENGINE = """
 import http.server, os, sys
@@ -28,16 +28,10 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Engine).serve_forever()
 """
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def engine(tmp_path: Path):  # type: ignore[no-untyped-def]
     """A stand-in engine launched as the supervisor launches one, and its record."""
-    port, nonce = _port(), reattach.new_nonce()
+    port, nonce = free_port(), reattach.new_nonce()
     argv = [sys.executable, "-c", ENGINE, str(port)]
     env = {**os.environ, "KEY": "k-123", reattach.NONCE_ENV: nonce}
     proc = subprocess.Popen(argv, env=env, start_new_session=True)
@@ -106,7 +100,7 @@ def test_a_rewritten_record_proves_nothing(
 def test_a_process_that_does_not_listen_on_the_port_is_not_the_engine(
     engine: reattach.LaunchRecord,
 ) -> None:
-    other = _port()
+    other = free_port()
     why = _prove(engine.model_copy(update={"port": other, "base_url": f"http://127.0.0.1:{other}"}))
     assert why is not None and f"does not listen on port {other}" in why
 

@@ -176,7 +176,9 @@ def admit_gguf(
             release_signature=runtime.sign(ctx.home, release),
             origin=origin,
             door=Door(
-                threads=settings.engine.threads, ready_timeout_s=settings.engine.ready_timeout_s
+                threads=settings.engine.threads,
+                ready_timeout_s=settings.engine.ready_timeout_s,
+                ports=(settings.engine.port_first, settings.engine.port_last),
             ),
             fallback=fallback,
         )

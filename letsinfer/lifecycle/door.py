@@ -44,6 +44,10 @@ class Door:
     context: int = 512
     ready_timeout_s: float = 120.0
     stop_grace_s: float = 5.0
+    # The engines' own port span: a port the kernel hands out for any outgoing
+    # connection could be taken before the trial engine binds it, and a good
+    # file would be refused for "address already in use".
+    ports: tuple[int, int] | None = None
 
 
 def _child_setup() -> None:  # between fork and exec: dies with the prover
@@ -64,7 +68,7 @@ def prove_model_file(release: Release, model: Path, kind: str, door: Door) -> No
             model_name=model.stem,
             model_path=model,
             host=_HOST,
-            port=free_port(_HOST),
+            port=free_port(_HOST, door.ports),
             engine_key=secrets.token_urlsafe(24),
             threads=door.threads,
             context=door.context,
