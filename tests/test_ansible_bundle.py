@@ -40,10 +40,15 @@ MODEL = "site-tiny"
 # config, state, runtime files.
 LETSINFER_PATHS = "/opt/letsinfer /etc/letsinfer /var/lib/letsinfer /run/letsinfer"
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or not all(shutil.which(t) for t in ("sshd", "nft", "nc", "nsenter")),
-    reason="the lab needs root, openssh-server, nftables, netcat-openbsd and util-linux",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        os.geteuid() != 0 or not all(shutil.which(t) for t in ("sshd", "nft", "nc", "nsenter")),
+        reason="the lab needs root, openssh-server, nftables, netcat-openbsd and util-linux",
+    ),
+    pytest.mark.timeout(
+        1200
+    ),  # a bundle, then check, bundle.yml and site.yml runs in the first test's setup
+]
 
 
 @dataclass(frozen=True)

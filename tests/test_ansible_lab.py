@@ -24,10 +24,13 @@ from tests.lab.netns import Lab, running_lab
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or not all(shutil.which(t) for t in ("sshd", "nft", "nc", "nsenter")),
-    reason="the lab needs root, openssh-server, nftables, netcat-openbsd and util-linux",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        os.geteuid() != 0 or not all(shutil.which(t) for t in ("sshd", "nft", "nc", "nsenter")),
+        reason="the lab needs root, openssh-server, nftables, netcat-openbsd and util-linux",
+    ),
+    pytest.mark.timeout(1200),  # a converged lab, then upgrade.yml runs, on a loaded 2-core machine
+]
 
 
 @pytest.fixture(scope="module")

@@ -109,7 +109,7 @@ def test_api_keys_create_restrict_list_and_revoke(main_node: RunningNode) -> Non
     def post(model: str) -> httpx.Response:
         deadline = time.monotonic() + 10
         while True:  # the gateway picks up new keys within its cache TTL
-            r = httpx.post(url, json={**chat, "model": model}, headers=auth)
+            r = httpx.post(url, json={**chat, "model": model}, headers=auth, timeout=60)
             if r.status_code != 401 or time.monotonic() > deadline:
                 return r
             time.sleep(0.2)
@@ -122,7 +122,9 @@ def test_api_keys_create_restrict_list_and_revoke(main_node: RunningNode) -> Non
     revoked = main_node.cli("auth", "key", "revoke", "ci-bot")
     assert revoked.returncode == 0, revoked.stderr
     deadline = time.monotonic() + 10
-    while httpx.post(url, json={**chat, "model": "tiny"}, headers=auth).status_code != 401:
+    while (
+        httpx.post(url, json={**chat, "model": "tiny"}, headers=auth, timeout=60).status_code != 401
+    ):
         assert time.monotonic() < deadline, "a revoked key must stop working"
         time.sleep(0.2)
     again = main_node.cli("auth", "key", "revoke", "ci-bot")
@@ -413,7 +415,7 @@ def test_every_display_shows_a_paused_node_as_the_gateway_treats_it(
     url, auth = node.url + "/v1/chat/completions", {"authorization": f"Bearer {node.key}"}
     assert node.cli("node", "pause").returncode == 0
     try:
-        refused = httpx.post(url, json=chat, headers=auth)
+        refused = httpx.post(url, json=chat, headers=auth, timeout=60)
         assert refused.status_code == 503
         assert shown() == {
             "status": ("paused", True, {"paused"}),
@@ -436,9 +438,9 @@ def test_every_display_shows_a_paused_node_as_the_gateway_treats_it(
     first = started.stdout.splitlines()[0]
     if first == "model tiny: starting":  # what the gateway says meanwhile
         assert "--wait" in started.stdout
-        assert httpx.post(url, json=chat, headers=auth).status_code in (200, 503)
+        assert httpx.post(url, json=chat, headers=auth, timeout=60).status_code in (200, 503)
     else:  # it was quick: the state it reports is true already
         assert first == "model tiny: serving", started.stdout
     waited = node.cli("model", "start", "tiny", "--wait")
     assert waited.returncode == 0 and waited.stdout.startswith("model tiny: serving")
-    assert httpx.post(url, json=chat, headers=auth).status_code == 200
+    assert httpx.post(url, json=chat, headers=auth, timeout=60).status_code == 200

@@ -136,12 +136,13 @@ def test_a_request_on_a_long_kept_connection_still_gets_its_whole_read_timeout(
     it out by the first one's clock."""
     engine = MockBehaviour(tokens=4)
     with (
-        GatewayHarness(tmp_path, {"pg-a": engine}, upstream_timeout_s=2.0) as h,
+        GatewayHarness(tmp_path, {"pg-a": engine}, upstream_timeout_s=4.0) as h,
         httpx.Client() as client,
     ):
         assert _post(h, client, "warm").status_code == 200  # arms the check
-        time.sleep(1.2)
-        engine.interval_s = 0.35  # 1.4 s: past the first request's deadline, not its own
+        time.sleep(2.8)
+        # 2 s of silence: past the first request's deadline, 2 s short of its own
+        engine.interval_s = 0.5
         r = _post(h, client, "late")
         assert r.status_code == 200, r.text
         assert express_takes == ["late"]

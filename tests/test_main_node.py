@@ -120,9 +120,11 @@ def test_request_id_is_echoed_and_generated(main_node) -> None:  # type: ignore[
     url = main_node.url + "/v1/chat/completions"
     auth = {"authorization": f"Bearer {main_node.key}"}
     body = {"model": "tiny", "messages": CHAT}
-    mine = httpx.post(url, json=body, headers={**auth, "x-request-id": "client-42"})
+    mine = httpx.post(url, json=body, headers={**auth, "x-request-id": "client-42"}, timeout=60)
     assert mine.headers["x-request-id"] == "client-42"
-    odd = httpx.post(url, json=body, headers={**auth, "x-request-id": "bad id\twith tabs"})
+    odd = httpx.post(
+        url, json=body, headers={**auth, "x-request-id": "bad id\twith tabs"}, timeout=60
+    )
     assert odd.headers["x-request-id"] != "bad id\twith tabs"
     assert len(odd.headers["x-request-id"]) == 32
 

@@ -21,6 +21,9 @@ from letsinfer.connections import ConnectionLimits, GuardedServer, gateway_limit
 from letsinfer.jsondepth import too_deep
 
 LIMITS = ConnectionLimits(max_connections=6, per_client=4, header_timeout_s=0.5, idle_timeout_s=0.5)
+# For tests whose steps must all happen before a timeout: a stall of this
+# process on a loaded machine must not close a connection between two steps.
+RELAXED = ConnectionLimits(max_connections=6, per_client=4, header_timeout_s=3, idle_timeout_s=3)
 REQUEST = b"GET / HTTP/1.1\r\nHost: t\r\n\r\n"
 
 
@@ -129,34 +132,36 @@ def test_slowloris_is_closed_though_bytes_keep_coming(served: Served) -> None:
         assert closed
 
 
+@pytest.mark.parametrize("served", [{"limits": RELAXED}], indirect=True)
 def test_kept_alive_connections_serve_then_close_when_idle_or_slow(served: Served) -> None:
     with served.connect() as kept:
         for _ in range(3):  # whole requests: never cut, however many
             assert b"200 OK" in ask(kept)
-        assert closed_by_server(kept)  # then idle: closed after the idle timeout
+        assert closed_by_server(kept, within_s=10)  # then idle: closed after the idle timeout
     with served.connect() as slow:
         assert b"200 OK" in ask(slow)
         slow.sendall(REQUEST[:10])  # the next request's headers never finish
-        assert closed_by_server(slow)
+        assert closed_by_server(slow, within_s=10)
 
 
+@pytest.mark.parametrize("served", [{"limits": RELAXED}], indirect=True)
 def test_at_its_cap_a_listener_stops_accepting_until_connections_close(
     served: Served, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, "letsinfer.connections")
-    cap = LIMITS.max_connections
+    cap = RELAXED.max_connections
     sources = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
     idle = [served.connect(sources[i % 3]) for i in range(cap)]
     try:
         waiting = served.connect("127.0.0.5")  # queued by the kernel, not accepted
         waiting.sendall(REQUEST)
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 10
         while "test: at its cap of 6 open connections" not in caplog.text:
             assert served.open <= cap
             assert time.monotonic() < deadline, "the listener never reached its cap"
             time.sleep(0.01)
         # Header timeouts free the slots; the waiting client is then served.
-        waiting.settimeout(10)
+        waiting.settimeout(20)
         assert waiting.recv(4096).startswith(b"HTTP/1.1 200")
         waiting.close()
     finally:
@@ -164,11 +169,12 @@ def test_at_its_cap_a_listener_stops_accepting_until_connections_close(
             sock.close()
 
 
+@pytest.mark.parametrize("served", [{"limits": RELAXED}], indirect=True)
 def test_one_source_gets_at_most_its_share(
     served: Served, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, "letsinfer.connections")
-    mine = [served.connect("127.0.0.2") for _ in range(LIMITS.per_client)]
+    mine = [served.connect("127.0.0.2") for _ in range(RELAXED.per_client)]
     try:
         with served.connect("127.0.0.2") as one_more:
             assert closed_by_server(one_more, within_s=2)

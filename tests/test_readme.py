@@ -9,8 +9,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
@@ -30,6 +32,16 @@ def readme_commands() -> list[str]:
 def test_ci_runs_the_readme_test_command() -> None:
     _, second = readme_commands()
     assert second in (ROOT / ".ci" / "run").read_text()
+
+
+def _healthy(port: int, key: str) -> bool:
+    try:
+        health = httpx.get(
+            f"http://127.0.0.1:{port}/health", headers={"authorization": f"Bearer {key}"}
+        )
+    except httpx.HTTPError:
+        return False
+    return health.status_code == 200
 
 
 def test_readme_first_command_brings_up_a_serving_main_node(tmp_path: Path) -> None:
@@ -57,7 +69,13 @@ def test_readme_first_command_brings_up_a_serving_main_node(tmp_path: Path) -> N
             if line.startswith("Ctrl-C"):
                 break
         assert key, "the first command must print an API key"
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=8)
+        # The banner comes before the engine has loaded: a person copying the
+        # key takes seconds, a loaded machine may take longer still.
+        deadline = time.monotonic() + 90
+        while not _healthy(port, key):
+            assert time.monotonic() < deadline and proc.poll() is None, "never served"
+            time.sleep(0.2)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key)
         reply = client.chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": "hello"}], timeout=60
         )

@@ -35,11 +35,15 @@ def test_killed_engine_is_restarted_and_the_gap_is_503(tmp_path: Path) -> None:
         assert gap.status_code == 503, gap.text
         assert gap.headers["retry-after"]
         assert "no healthy replica" in gap.json()["error"]["message"]
-        health = httpx.get(node.url + "/health", headers=auth)
+        # (The gap's 503 may come before the node has seen the engine's exit.)
+        deadline = time.monotonic() + 3
+        while (health := httpx.get(node.url + "/health", headers=auth)).status_code == 200:
+            assert time.monotonic() < deadline, "the engine's exit never reached /health"
+            time.sleep(0.05)
         assert health.status_code == 503 and health.json()["models"] == {"tiny": 0}
 
         node.wait_healthy(timeout=60)
-        after = httpx.post(node.url + "/v1/chat/completions", json=CHAT, headers=auth)
+        after = httpx.post(node.url + "/v1/chat/completions", json=CHAT, headers=auth, timeout=60)
         assert after.status_code == 200
         assert after.json()["choices"][0]["message"]["content"] == SENTENCE
         assert node.engine_pids() and engine not in node.engine_pids()
@@ -82,7 +86,9 @@ def _listening(port: int) -> bool:
 
 def test_a_killed_node_adopts_its_engines_back_never_a_foreign_one(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    env = {"LETSINFER_AGENT__ORPHAN_GRACE_S": "8"}
+    # The grace must outlast a node's start on a loaded machine (or the engine
+    # leaves before it can be adopted); the end of the test waits it out.
+    env = {"LETSINFER_AGENT__ORPHAN_GRACE_S": "20"}
     node = start_node(home, env=env)
     key = node.key
     foreign: subprocess.Popen[bytes] | None = None
@@ -134,7 +140,7 @@ def test_a_killed_node_adopts_its_engines_back_never_a_foreign_one(tmp_path: Pat
         # Nobody starts the node again: its engine stops by itself after the grace.
         third.proc.kill()
         third.proc.wait()
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 90
         while third.engine_pids() and time.monotonic() < deadline:
             time.sleep(0.2)
         assert third.engine_pids() == []
@@ -151,7 +157,6 @@ def test_an_engine_that_is_healthy_but_cannot_answer_is_never_ready(tmp_path: Pa
     request fails never reaches routing, and is parked after N such starts."""
     import asyncio
 
-    from letsinfer.agent.ports import free_port
     from letsinfer.agent.supervisor import (
         EngineIdentity,
         EngineStatus,

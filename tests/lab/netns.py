@@ -142,15 +142,22 @@ class Lab:
         hosts = {k: LabHost(**v) for k, v in data.pop("hosts").items()}
         return cls(**data, hosts=hosts)
 
-    def wait_for_ssh(self, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
+    def wait_for_ssh(self, timeout: float = 60) -> None:
+        """Every host answers over SSH, each within ``timeout`` (a loaded
+        machine may take seconds to accept a first login)."""
         for name in self.hosts:
+            deadline = time.monotonic() + timeout
             while True:
-                result = self.ssh(name, "true", timeout=10)
-                if result.returncode == 0:
-                    break
+                try:
+                    result = self.ssh(name, "true", timeout=15)
+                except subprocess.TimeoutExpired:
+                    why = "no answer within 15 s"
+                else:
+                    if result.returncode == 0:
+                        break
+                    why = result.stderr.strip()
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"lab host {name}: no SSH: {result.stderr.strip()}")
+                    raise RuntimeError(f"lab host {name}: no SSH: {why}")
                 time.sleep(0.2)
 
     def down(self) -> None:
@@ -341,7 +348,7 @@ def _build(lab: Lab, hosts: list[str]) -> None:
                 "sh", "-c", script,
             ]
         )  # fmt: skip
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30
         while not (hdir / "sshd.pid").exists():
             if time.monotonic() > deadline:
                 log = (hdir / "sshd.log").read_text() if (hdir / "sshd.log").exists() else ""
