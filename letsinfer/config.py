@@ -139,8 +139,8 @@ class EngineSettings(_Section):
     # Ports the main hands to the tasks of parallel groups, per node.
     task_port_first: int = Field(20000, ge=1024, le=65535)
     task_port_last: int = Field(20999, ge=1024, le=65535)
-    # Ports a child's engines listen on (its data address); the firewall role
-    # lets only the main reach them. The main's own engines use loopback.
+    # Ports engines listen on: a child's on its data address, which the firewall
+    # role lets only the main reach; the main's own on loopback.
     port_first: int = Field(21000, ge=1024, le=65535)
     port_last: int = Field(29999, ge=1024, le=65535)
 

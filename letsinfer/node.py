@@ -131,6 +131,9 @@ class MainNode:
             _ENGINE_HOST,
             self._pg_failed,
             trusted=trusted,
+            # Loopback only, yet from the span too: a port the kernel hands out
+            # to outgoing connections can be taken before the engine binds it.
+            ports=(settings.engine.port_first, settings.engine.port_last),
         )
         self.lifecycle = Serving(
             self.store,

@@ -46,8 +46,8 @@ class PlacementRunner:
     host: str
     on_failed: Callable[[str, str], None]  # (pg id, why)
     trusted: list[PublicKey] = field(default_factory=list)  # release signers
-    # Where engines on a data address listen ([engine] port_first..port_last), so
-    # the firewall can keep them to the main; None: any free port (loopback).
+    # Where engines listen ([engine] port_first..port_last): the firewall keeps
+    # those on a data address to the main; None: any port the kernel picks.
     ports: tuple[int, int] | None = None
     services: dict[str, str] = field(default_factory=dict)  # pg id -> model service
     tasks: dict[str, str] = field(default_factory=dict)  # pg id -> the task run here
