@@ -201,9 +201,51 @@ def test_a_lora_adapter_is_served_by_name_by_its_base_models_engine(
     assert content(ask(node, "tiny-lora", lora_only["key"])) == LORA_SENTENCE
     assert ask(node, "tiny", lora_only["key"]).status_code == 404
 
+    # Its last model gone, lora-only would allow every model: revoked first.
+    kept = node.cli("model", "adapter", "remove", "tiny-lora")
+    assert kept.returncode == 1 and "lora-only may use only" in " ".join(kept.stderr.split())
+    assert content(ask(node, "tiny-lora", lora_only["key"])) == LORA_SENTENCE
+    ok(node.cli("auth", "key", "revoke", "lora-only"))
     ok(node.cli("model", "adapter", "remove", "tiny-lora"))
     assert ask(node, "tiny-lora").status_code == 404
     assert content(ask(node, "tiny")) == SENTENCE
+
+
+def test_a_key_made_again_under_a_revoked_name_carries_on_its_spending(
+    node: RunningNode,
+) -> None:
+    """Limits count per name: a rotated key (revoked, made again under its
+    name) cannot reset a spent budget, and says so; another name starts afresh."""
+    made = ok(
+        node.cli("auth", "key", "create", "rotated", "--budget", "30", "--budget-period", "day")
+    )
+    [old] = [line for line in made.splitlines() if line.startswith("li-")]
+    assert "follows" not in made
+    while ask(node, "tiny", old).status_code == 200:
+        pass
+    ok(node.cli("auth", "key", "revoke", "rotated"))
+    assert ask(node, "tiny", old).status_code == 401
+
+    again = ok(
+        node.cli("auth", "key", "create", "rotated", "--budget", "30", "--budget-period", "day")
+    )
+    [new] = [line for line in again.splitlines() if line.startswith("li-")]
+    assert new != old
+    assert "follows 1 revoked key(s) named rotated" in " ".join(again.split())
+    refused = ask(node, "tiny", new)
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["error"]["code"] == "budget_exhausted"
+
+    fresh = json.loads(
+        ok(
+            node.cli(
+                "auth", "key", "create", "unrotated", "--budget", "30", "--budget-period", "day",
+                "--json",
+            )
+        )
+    )  # fmt: skip
+    assert fresh["succeeds_revoked"] == 0
+    assert content(ask(node, "tiny", fresh["key"])) == SENTENCE
 
 
 def test_a_spent_budget_stays_spent_across_a_restart(node: RunningNode) -> None:

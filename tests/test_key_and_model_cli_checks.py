@@ -126,6 +126,56 @@ def test_model_commands_say_an_adapter_is_not_a_model(home: Path, args: tuple[st
     assert audit(home) == before  # nothing changed, nothing to record
 
 
+def keys(home: Path) -> dict[str, list[str]]:
+    listed = cli(home, "auth", "key", "list", "--json")
+    return {k["name"]: k["models"] for k in json.loads(listed.stdout)}
+
+
+def test_a_removed_model_leaves_no_permission_behind_for_a_later_one_of_its_name(
+    home: Path,
+) -> None:
+    for name in ("gone", "stays"):
+        made = cli(home, "model", "add", name, "--external", "https://provider.example/v1")
+        assert made.returncode == 0, made.stderr
+    for key, models in (("only-gone", ("gone",)), ("both", ("gone", "stays"))):
+        made = cli(home, "auth", "key", "create", key, *(a for m in models for a in ("--model", m)))
+        assert made.returncode == 0, made.stderr
+    tuned = cli(home, "auth", "key", "create", "only-tuned", "--model", "tiny-tuned")
+    assert tuned.returncode == 0, tuned.stderr
+    before, records = keys(home), len(audit(home))
+
+    # Emptied, a key's list would allow every model: the removal waits for it.
+    refused = cli(home, "model", "remove", "gone")
+    assert refused.returncode == 1
+    text = " ".join(refused.stderr.split())
+    assert "the API key(s) only-gone may use only model gone" in text
+    assert "`letsinfer auth key revoke only-gone`" in text
+    adapter = cli(home, "model", "adapter", "remove", "tiny-tuned")
+    assert adapter.returncode == 1
+    assert "only-tuned may use only LoRA adapter tiny-tuned" in " ".join(adapter.stderr.split())
+    assert keys(home) == before
+    assert " gone " in cli(home, "model", "list").stdout
+    assert [(r["action"], r["target"], r["outcome"]) for r in audit(home)[records:]] == [
+        ("model.remove", "gone", "denied"),
+        ("model.adapter.remove", "tiny-tuned", "denied"),
+    ]
+
+    assert cli(home, "auth", "key", "revoke", "only-gone").returncode == 0
+    assert cli(home, "auth", "key", "revoke", "only-tuned").returncode == 0
+    removed = cli(home, "model", "remove", "gone")
+    assert removed.returncode == 0, removed.stderr
+    assert "dropped from the model lists of API keys: both" in removed.stdout
+    assert keys(home)["both"] == ["stays"]
+    [record] = [r for r in audit(home) if r["action"] == "model.remove" and r["outcome"] == "ok"]
+    assert "dropped from the model lists of API keys both" in str(record["detail"])
+
+    # A new model under the old name is not one the key was given.
+    assert (
+        cli(home, "model", "add", "gone", "--external", "https://other.example/v1").returncode == 0
+    )
+    assert keys(home)["both"] == ["stays"]
+
+
 def test_model_list_shows_an_external_model_without_groups_or_file(home: Path) -> None:
     listed = cli(home, "model", "list")
     assert listed.returncode == 0, listed.stderr

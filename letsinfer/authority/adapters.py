@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from letsinfer.authority.apikeys import keys_naming
 from letsinfer.authority.models import audit_target, check_model_name
 from letsinfer.authority.modelstore import stage_gguf
 from letsinfer.authority.refusals import audited
@@ -224,15 +225,25 @@ def remove_adapter(
                     "removes a model)"
                 )
             raise StoreError(f"no LoRA adapter {name!r} (see `letsinfer model adapter list`)")
+    keys = keys_naming(store, {name})
+    if keys.stranded:
+        with audited(store, actor, "model.adapter.remove", name, role=role):
+            raise StoreError(keys.refusal(f"LoRA adapter {name}"))
     with store.transaction():
         store.delete_adapter(name)
+        keys.apply(store)
         store.append_audit(
             actor,
             "model.adapter.remove",
             "ok",
             role=role,
             target=name,
-            detail=f"LoRA of {adapter.service}, sha256:{adapter.artifact_digest}",
+            detail=f"LoRA of {adapter.service}, sha256:{adapter.artifact_digest}"
+            + (
+                f"; dropped from the model lists of API keys {', '.join(keys.narrowed)}"
+                if keys.narrowed
+                else ""
+            ),
         )
     free_unused(store, model_store, adapter.artifact_digest)
     return adapter

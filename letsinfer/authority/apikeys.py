@@ -25,6 +25,9 @@ MAX_LIMIT = 2**63 - 1  # the largest whole number the authority's SQLite can hol
 class IssuedKey:
     record: ApiKeyRecord
     secret: str  # the only time the plaintext exists outside the client
+    # Revoked keys that had this name: limits, budgets and usage are kept per
+    # name, so a new key under it carries on their spending (a rotation).
+    succeeds: int = 0
 
     def to_json(self) -> dict[str, object]:
         rec = self.record
@@ -34,6 +37,7 @@ class IssuedKey:
             "models": list(rec.models),
             "concurrency": rec.concurrency,
             **policy_json(rec),
+            "succeeds_revoked": self.succeeds,
         }
 
 
@@ -134,6 +138,7 @@ def _create_key(
         if allowed not in canonical:
             canonical.append(allowed)
     secret = KEY_PREFIX + secrets.token_urlsafe(32)
+    earlier = len(store.list_api_keys(include_revoked=True, name=name))
     with store.transaction():
         record = store.add_api_key(
             uuid.uuid4().hex,
@@ -152,7 +157,7 @@ def _create_key(
             target=name,
             detail=policy_text(policy) or None,
         )
-    return IssuedKey(record=record, secret=secret)
+    return IssuedKey(record=record, secret=secret, succeeds=earlier)
 
 
 def policy_text(policy: dict[str, Any]) -> str:
@@ -182,6 +187,43 @@ def set_policy(
             actor, "auth.key.limits", "ok", role=role, target=name, detail=policy_text(change)
         )
     return store.list_api_keys(name=name)[-1]
+
+
+@dataclass(frozen=True)
+class KeysNaming:
+    """Active keys whose model lists name models (or adapters) about to go."""
+
+    narrowed: dict[str, tuple[str, ...]]  # key name -> its list without them
+    stranded: list[str]  # keys that may use nothing else
+
+    def refusal(self, going: str) -> str:
+        keys = ", ".join(self.stranded)
+        revoke = "; ".join(f"`letsinfer auth key revoke {k}`" for k in self.stranded)
+        return (
+            f"the API key(s) {keys} may use only {going}: without it their model list "
+            f"would be empty, and an empty list allows every model. Revoke them first ({revoke})"
+        )
+
+    def apply(self, store: AuthorityStore) -> None:
+        """Inside the caller's transaction."""
+        for name, models in self.narrowed.items():
+            store.set_key_models(name, models)
+
+
+def keys_naming(store: AuthorityStore, going: set[str]) -> KeysNaming:
+    """What removing the models or adapters ``going`` does to API keys: a key
+    that lists them loses them; one that lists nothing else must go first (a
+    later model of the same name must not inherit its permission)."""
+    narrowed, stranded = {}, []
+    for key in store.list_api_keys():
+        if not going.intersection(key.models):
+            continue
+        left = tuple(m for m in key.models if m not in going)
+        if left:
+            narrowed[key.name] = left
+        else:
+            stranded.append(key.name)
+    return KeysNaming(narrowed, stranded)
 
 
 def revoke_key(

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from letsinfer.authority.apikeys import keys_naming
 from letsinfer.contracts.artifacts import artifact_path
 from letsinfer.store import AuthorityStore, NodeRecord, StoreError
 
@@ -85,6 +86,7 @@ class RemovedModel:
     shared: list[str]  # other models using the same file (it stays)
     adapters: list[str]  # its LoRA adapters, removed with it (they only fit it)
     fallbacks_cleared: list[str]  # the models and adapters that fell back to it
+    keys_narrowed: list[str]  # API keys whose model lists named it (or its adapters)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -94,6 +96,7 @@ class RemovedModel:
             "shared": self.shared,
             "adapters": self.adapters,
             "fallbacks_cleared": self.fallbacks_cleared,
+            "keys_narrowed": self.keys_narrowed,
         }
 
 
@@ -116,6 +119,13 @@ def remove_model(
     svc = store.resolve_service(name)
     if svc is None:
         raise NotFound(f"no model {name!r}")
+    adapters = store.list_adapters(svc.name)  # removed with it (they only fit it)
+    going = {svc.name, *(a.name for a in adapters)}
+    keys = keys_naming(store, going)
+    if keys.stranded:
+        why = keys.refusal(f"model {svc.name}" + (" and its LoRA adapters" if adapters else ""))
+        store.append_audit(actor, "model.remove", "denied", role=role, target=svc.name, detail=why)
+        raise Refused(why)
     running = running_groups(store, svc.name)
     if running and not stop:
         why = (
@@ -126,8 +136,6 @@ def remove_model(
         store.append_audit(actor, "model.remove", "denied", role=role, target=svc.name, detail=why)
         raise Refused(why)
     groups = [pg.id for pg in store.list_placement_groups(service=svc.name)]
-    adapters = store.list_adapters(svc.name)  # removed with it (they only fit it)
-    going = {svc.name, *(a.name for a in adapters)}
     cleared = [  # those that fell back to it or its adapters (the store clears them)
         other.name
         for other in (*store.list_services(), *store.list_adapters())
@@ -135,6 +143,7 @@ def remove_model(
     ]
     with store.transaction():
         store.delete_service(svc.name)
+        keys.apply(store)
         shared = [] if svc.is_external else store.services_using(svc.artifact_digest)
         what = (
             f"external {svc.source}"
@@ -154,7 +163,12 @@ def remove_model(
                 if adapters
                 else ""
             )
-            + (f"; fallback of {', '.join(cleared)} cleared" if cleared else ""),
+            + (f"; fallback of {', '.join(cleared)} cleared" if cleared else "")
+            + (
+                f"; dropped from the model lists of API keys {', '.join(keys.narrowed)}"
+                if keys.narrowed
+                else ""
+            ),
         )
     freed = None
     if not shared and not svc.is_external:
@@ -165,7 +179,9 @@ def remove_model(
     for a in adapters:
         if not store.services_using(a.artifact_digest):
             artifact_path(model_store, a.artifact_digest).unlink(missing_ok=True)
-    return RemovedModel(svc.name, groups, freed, shared, [a.name for a in adapters], cleared)
+    return RemovedModel(
+        svc.name, groups, freed, shared, [a.name for a in adapters], cleared, list(keys.narrowed)
+    )
 
 
 # -- the whole cluster --------------------------------------------------------

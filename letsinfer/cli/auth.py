@@ -153,7 +153,11 @@ def create(
     as_json: bool,
     **given: Any,
 ) -> None:
-    """Create an API key; its secret is printed once and never stored."""
+    """Create an API key; its secret is printed once and never stored.
+
+    The name of a revoked key may be given again: limits, budgets and usage
+    count per name, so the new key carries on what the old one spent (how a
+    key is rotated). Another name starts afresh."""
     policy = _policy(given)
     body = {"name": name, "models": list(models), "concurrency": concurrency, **policy}
     made = ask_node(ctx.home, "POST", "/v1/ops/keys", json=body)
@@ -168,6 +172,13 @@ def create(
         return
     console.print(f"API key [bold]{made['name']}[/bold] created; it is shown only now:")
     click.echo(made["key"])
+    if made.get("succeeds_revoked"):  # (.get: a node of an older release does not say)
+        console.print(
+            f"  it follows {made['succeeds_revoked']} revoked key(s) named {made['name']}: "
+            "what they spent counts against its limits and budget, and usage shows them "
+            "as one (a rotation). For an account of its own, use another name.",
+            highlight=False,
+        )
     if policy:
         _note_retention(ctx, made)
 

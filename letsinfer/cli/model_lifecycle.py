@@ -127,3 +127,8 @@ def remove(ctx: CliContext, name: str, stop: bool) -> None:
             f"  no longer falling back to it: {', '.join(answer['fallbacks_cleared'])}",
             highlight=False,
         )
+    if answer.get("keys_narrowed"):
+        console.print(
+            f"  dropped from the model lists of API keys: {', '.join(answer['keys_narrowed'])}",
+            highlight=False,
+        )

@@ -1214,6 +1214,15 @@ class AuthorityStore(AuditTables, AdapterTables):
         )
         return cur.rowcount > 0
 
+    def set_key_models(self, name: str, models: tuple[str, ...]) -> bool:
+        """Replace an active key's model list (its callers never leave it
+        empty: an empty list allows every model)."""
+        cur = self.db.execute(
+            "UPDATE api_keys SET models = ? WHERE name = ? AND revoked_at IS NULL",
+            (json.dumps(list(models)), name),
+        )
+        return cur.rowcount > 0
+
     def revoke_api_key(self, name: str) -> bool:
         cur = self.db.execute(
             "UPDATE api_keys SET revoked_at = ? WHERE name = ? AND revoked_at IS NULL",
