@@ -584,5 +584,8 @@ class MainNode:
                 detail=st.detail,
                 generation=self.placements.generations.get(st.pg_id),
             )
+            task = self.placements.tasks.get(st.pg_id)
+            if task is not None:  # its one task, as a child's report says it
+                self.store.record_task_observation(st.pg_id, task, st.state, st.detail)
         except Exception:  # observation is best effort; routing already updated
             log.exception("could not record state of %s", st.pg_id)

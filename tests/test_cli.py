@@ -431,8 +431,14 @@ def test_every_display_shows_a_paused_node_as_the_gateway_treats_it(
         assert node.cli("node", "resume").returncode == 0
     assert shown()["model list"] == ("serving", 1, {"ready"})
 
+    def tasks() -> set[str]:  # a group's tasks say what the group says
+        show = json.loads(node.cli("model", "show", "tiny", "--json").stdout)
+        return {t["state"] for g in show["placement_groups"] for t in g["tasks"]}
+
+    assert tasks() == {"ready"}
     assert node.cli("model", "stop", "tiny").returncode == 0
     assert shown()["model list"] == ("stopped", 0, {"stopped"})
+    assert tasks() == {"stopped"}
     started = node.cli("model", "start", "tiny")
     assert started.returncode == 0, started.stderr
     first = started.stdout.splitlines()[0]
@@ -443,4 +449,5 @@ def test_every_display_shows_a_paused_node_as_the_gateway_treats_it(
         assert first == "model tiny: serving", started.stdout
     waited = node.cli("model", "start", "tiny", "--wait")
     assert waited.returncode == 0 and waited.stdout.startswith("model tiny: serving")
+    assert tasks() == {"ready"}
     assert httpx.post(url, json=chat, headers=auth, timeout=60).status_code == 200
