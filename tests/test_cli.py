@@ -71,6 +71,14 @@ def test_model_add_serves_a_users_gguf_with_aliases(
 
     twice = main_node.cli("model", "add", "mine", "--gguf", str(own))
     assert twice.returncode == 1 and "already exists" in twice.stderr
+    for alias, why in (
+        ("tiny", "alias 'tiny' cannot be given: model 'tiny' already exists"),
+        ("mine-latest", "alias 'mine-latest' cannot be given: the name 'mine-latest' is already"),
+    ):
+        clash = main_node.cli("model", "add", "other", "--gguf", str(own), "--alias", alias)
+        assert clash.returncode == 1 and why in " ".join(clash.stderr.split()), clash.stderr
+    folder = main_node.cli("model", "add", "other", "--gguf", str(tmp_path))
+    assert folder.returncode == 1 and "a directory, not a GGUF file" in folder.stderr
 
     models = {m["name"]: m for m in json.loads(main_node.cli("model", "list", "--json").stdout)}
     assert models["mine"]["aliases"] == ["mine-latest"]
@@ -417,6 +425,8 @@ def test_every_display_shows_a_paused_node_as_the_gateway_treats_it(
     try:
         refused = httpx.post(url, json=chat, headers=auth, timeout=60)
         assert refused.status_code == 503
+        assert "on a node an administrator paused" in refused.json()["error"]["message"]
+        assert "`letsinfer node resume`" in refused.json()["error"]["message"]
         assert shown() == {
             "status": ("paused", True, {"paused"}),
             "model list": ("paused", 0, {"paused"}),

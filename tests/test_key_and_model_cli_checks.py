@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from letsinfer.engines.tinymodel import write_tiny_lora
+from letsinfer.engines.tinymodel import write_tiny_lora, write_tiny_model
 from tests.nodes import RunningNode, letsinfer
 
 
@@ -174,6 +174,17 @@ def test_a_removed_model_leaves_no_permission_behind_for_a_later_one_of_its_name
         cli(home, "model", "add", "gone", "--external", "https://other.example/v1").returncode == 0
     )
     assert keys(home)["both"] == ["stays"]
+
+
+def test_starting_a_model_with_no_group_says_how_to_place_it(home: Path, tmp_path: Path) -> None:
+    gguf = write_tiny_model(tmp_path / "idle.gguf")
+    added = cli(home, "model", "add", "idle", "--gguf", str(gguf), "--no-serve")
+    assert added.returncode == 0, added.stderr
+    for verb in ("start", "stop"):
+        done = cli(home, "model", verb, "idle")
+        assert done.returncode == 0, done.stderr
+        assert "model idle: not placed" in done.stdout
+        assert "`letsinfer model install idle` places it" in " ".join(done.stdout.split())
 
 
 def test_model_list_shows_an_external_model_without_groups_or_file(home: Path) -> None:

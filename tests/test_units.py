@@ -111,6 +111,22 @@ def test_protocol_names_the_bad_field(body: bytes, param: str) -> None:
     assert err.value.param == param
 
 
+def test_a_503_says_why_no_replica_takes_requests() -> None:
+    table = RoutingTable()
+    assert table.explain("m") == "no placement group is running it"
+    for pg, node in (("pg-1", "n1"), ("pg-2", "n2")):
+        table.publish(Replica(pg, "m", "http://x", "Bearer k", 2, node_id=node))
+    table.set_paused_nodes({"n1", "n2"})
+    assert "on a node an administrator paused" in table.explain("m")
+    assert "`letsinfer node resume`" in table.explain("m")
+    table.set_paused_nodes({"n1"})
+    table.drain({"pg-2"})
+    assert table.explain("m") == "every replica is paused or its facts are stale"
+    table.set_paused_nodes(set())
+    table.drain({"pg-1"})
+    assert table.explain("m") == "every replica is draining for a restart or an upgrade"
+
+
 def test_protocol_passes_unknown_fields_through() -> None:
     parsed = protocol.parse(b'{"model": "m", "prompt": "x", "mirostat": 2}', protocol.COMPLETION)
     assert parsed == {"model": "m", "prompt": "x", "mirostat": 2}

@@ -30,6 +30,8 @@ def check_gguf(path: Path) -> str:
     """Refuse a file that is not a whole GGUF; return what proves its engine
     serves it: "embedding" when the file declares a pooling type (an
     embedding model), else "completion"."""
+    if path.is_dir():
+        raise ModelFileError(f"{path}: a directory, not a GGUF file")
     if not path.is_file():
         raise ModelFileError(f"{path}: no such file")
     with path.open("rb") as fh:

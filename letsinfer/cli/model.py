@@ -558,6 +558,11 @@ def _set_desired(ctx: CliContext, name: str, desired: str) -> str:
 def report_model(now: settling.ModelNow) -> None:
     """The model's state and each group's, as `model show` shows them."""
     console.print(f"model {now.model}: {now.state}", highlight=False)
+    if now.state == "not placed":
+        console.print(
+            f"  no placement group runs it: `letsinfer model install {now.model}` places it",
+            highlight=False,
+        )
     for g in now.groups:
         why = f": {g.detail}" if g.detail and g.state not in ("ready", "stopped") else ""
         console.print(f"  {g.id} on {g.node}: {g.state}{why}", highlight=False)

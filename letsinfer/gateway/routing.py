@@ -231,6 +231,14 @@ class RoutingTable:
         }
         if waiting:
             return "; ".join(f"{pg}: {why}" for pg, why in waiting.items())
-        if self._by_service.get(service):
+        replicas = self._by_service.get(service)
+        if replicas:
+            if all(r.node_id in self._paused_nodes for r in replicas.values()):
+                return (
+                    "every replica is on a node an administrator paused; "
+                    "`letsinfer node resume` admits requests again"
+                )
+            if all(r.pg_id in self._draining for r in replicas.values()):
+                return "every replica is draining for a restart or an upgrade"
             return "every replica is paused or its facts are stale"
         return "no placement group is running it"

@@ -826,8 +826,12 @@ class AuthorityStore(AuditTables, AdapterTables):
             if alias in seen:
                 raise StoreError(f"alias {alias!r} is given twice")
             seen.add(alias)
-        for taken in (name, *aliases):
-            self.check_name_free(taken)
+        self.check_name_free(name)
+        for alias in aliases:
+            try:
+                self.check_name_free(alias)
+            except StoreError as exc:
+                raise StoreError(f"alias {alias!r} cannot be given: {exc}") from None
 
     def check_name_free(self, name: str) -> None:
         """Models, their aliases and LoRA adapters share one namespace: the
