@@ -162,6 +162,10 @@ def test_doctor_names_a_skewed_clock_a_taken_port_and_a_nearly_full_home(tmp_pat
             fine = letsinfer(home, "doctor", "--ntp", ntp.address, "--json", env=env)
         assert fine.returncode == 0, fine.stdout + fine.stderr
         assert json.loads(fine.stdout)["ok"] is True
+        [said] = [
+            f["message"] for f in json.loads(fine.stdout)["findings"] if f["check"] == "config"
+        ]
+        assert said.endswith("config.toml: the defaults apply (and any LETSINFER_* variables)")
 
         with open(home / "ballast", "wb") as fh:  # the home's filesystem 97% full
             os.posix_fallocate(fh.fileno(), 0, 155 << 20)

@@ -30,7 +30,7 @@ RENEW_DAYS = 10
 def load_settings(home: Home) -> tuple[Settings, list[Finding]]:
     """The node's settings, or the defaults and a failure naming what is wrong."""
     try:
-        return config.load(home.config_file), [ok("config", f"{home.config_file} is valid")]
+        settings = config.load(home.config_file)
     except config.ConfigError as exc:
         first = str(exc).splitlines()
         return Settings(), [
@@ -40,6 +40,14 @@ def load_settings(home: Home) -> tuple[Settings, list[Finding]]:
                 f"correct {home.config_file} (or the LETSINFER_* variable it names)",
             )
         ]
+    if not home.config_file.exists():
+        return settings, [
+            ok(
+                "config",
+                f"no {home.config_file}: the defaults apply (and any LETSINFER_* variables)",
+            )
+        ]
+    return settings, [ok("config", f"{home.config_file} is valid")]
 
 
 def ports_of(settings: Settings, main: bool) -> list[Port]:
