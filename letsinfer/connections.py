@@ -163,6 +163,18 @@ def _no_op() -> None:
     return None
 
 
+# What a client may send before its request starts (its headers, and the body
+# the gateway holds until it is whole, up to 64 KiB): past this the connection
+# gets 431 and is closed, instead of the parser buffering all a client sends
+# within the header deadline.
+MAX_HEAD_BYTES = 128 * 1024
+_HEAD_TOO_LARGE_TEXT = b"request headers are larger than 128 KiB\n"
+_HEAD_TOO_LARGE = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain\r\n"
+    b"content-length: %d\r\nconnection: close\r\n\r\n" % len(_HEAD_TOO_LARGE_TEXT)
+) + _HEAD_TOO_LARGE_TEXT
+
+
 class HeaderDeadline:
     """Mixed in front of a uvicorn HTTP protocol class (httptools or h11) by
     :func:`guarded`: closes a connection whose request headers are not complete
@@ -173,6 +185,7 @@ class HeaderDeadline:
     release: Callable[[], None] = staticmethod(_no_op)  # set per connection
     _deadline: asyncio.TimerHandle | None = None
     _waiting_after: object = None
+    _head_bytes = 0
 
     # uvicorn's protocols set these
     cycle: Any
@@ -193,6 +206,14 @@ class HeaderDeadline:
         elif self._started():
             self._deadline.cancel()
             self._deadline = None
+        else:  # still not started: what it sent so far is held in memory
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self._deadline.cancel()
+                self._deadline = None
+                if not self.transport.is_closing():
+                    self.transport.write(_HEAD_TOO_LARGE)
+                    self.transport.close()
 
     def _started(self) -> bool:
         """Whether the awaited request has started: its headers are complete,
@@ -204,6 +225,7 @@ class HeaderDeadline:
 
     def _arm(self) -> None:
         self._waiting_after = self.cycle  # the request before the one awaited
+        self._head_bytes = 0
         self._deadline = self.loop.call_later(self.header_timeout_s, self._late)
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import math
 import signal
+import threading
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -328,6 +330,193 @@ print(r.status_code, r.text)
     assert "its agent runs no engine" in moved
     [allowed] = [r for r in c.audit("n2") if r["action"] == "node.move-into"]
     assert allowed["outcome"] == "ok" and "could not be asked" in str(allowed["detail"])
+
+
+# An outsider's attempts to make a node hold what it sends: bodies, headers,
+# a body that never ends, and enrollment requests a candidate would keep.
+EXHAUST = """
+import datetime, json, socket, ssl, sys, time
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+main, candidate = sys.argv[1], sys.argv[2]
+ctx = ssl.create_default_context()
+ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE  # no CA, no certificate
+out = {}
+
+def connect(host, port, tls):
+    s = socket.create_connection((host, port), timeout=30)
+    return ctx.wrap_socket(s, server_hostname=host) if tls else s
+
+def answer(s):
+    data = b""
+    s.settimeout(60)
+    try:
+        while chunk := s.recv(65536):
+            data += chunk
+    except OSError:
+        pass
+    return data
+
+def status(data):
+    return data.split(b"\\r\\n", 1)[0].decode(errors="replace")
+
+def post(path, extra=b""):
+    return (f"POST {path} HTTP/1.1\\r\\nHost: x\\r\\ncontent-type: application/json\\r\\n"
+            ).encode() + extra
+
+# 1. A body declared larger than any a node takes: refused unread.
+s = connect(main, 8443, True)
+s.sendall(post("/v1/pair/controller", b"content-length: 4194304\\r\\n\\r\\n"))
+out["declared"] = status(answer(s))
+s.close()
+
+# 2. The same, chunked: how much does the node take before it stops reading?
+s = connect(main, 8443, True)
+s.sendall(post("/v1/pair/controller", b"transfer-encoding: chunked\\r\\n\\r\\n"))
+sent, piece = 0, b"10000\\r\\n" + b"A" * 0x10000 + b"\\r\\n"
+try:
+    while sent < 64 << 20:
+        s.sendall(piece)
+        sent += 0x10000
+except OSError:
+    pass
+out["chunked"] = {"sent": sent, "status": status(answer(s))}
+s.close()
+
+# 3. A wrong body: told what is wrong, never sent its own bytes back.
+s = connect(main, 8443, True)
+body = json.dumps({"pad": "A" * 50000}).encode()
+s.sendall(post("/v1/enroll/complete", b"content-length: %d\\r\\n\\r\\n" % len(body)) + body)
+data = answer(s)
+out["invalid"] = {"status": status(data), "size": len(data), "echo": b"AAAA" in data}
+s.close()
+
+# 4. A body that trickles, a byte a second, never ending.
+s = connect(main, 8443, True)
+s.sendall(post("/v1/pair/controller", b"content-length: 1000\\r\\n\\r\\n{"))
+started, data = time.monotonic(), b""
+s.settimeout(1.0)
+while time.monotonic() - started < 60:
+    try:
+        chunk = s.recv(65536)
+    except TimeoutError:
+        try:
+            s.sendall(b" ")
+        except OSError:
+            break
+        continue
+    except OSError:
+        break
+    if not chunk:
+        break
+    data += chunk
+out["trickle"] = {"status": status(data), "after_s": time.monotonic() - started}
+s.close()
+
+# 5. Headers that never end, on the gateway.
+s = connect(main, 8000, False)
+sent = 0
+try:
+    s.sendall(b"GET /health HTTP/1.1\\r\\nHost: x\\r\\nX-Big: ")
+    while sent < 4 << 20:
+        s.sendall(b"a" * 16384)
+        sent += 16384
+except OSError:
+    pass
+out["headers"] = {"sent": sent, "status": status(answer(s))}
+s.close()
+
+# 6. Enrollment requests at a candidate, each kept for decades if it could.
+key = ec.generate_private_key(ec.SECP256R1())
+name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "a cluster of my own")])
+now = datetime.datetime.now(datetime.timezone.utc)
+ca = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+      .public_key(key.public_key()).serial_number(1).not_valid_before(now)
+      .not_valid_after(now + datetime.timedelta(days=9000))
+      .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+      .sign(key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM).decode())
+statuses = []
+for i in range(40):
+    request = {"enrollment_id": f"enr-flood{i:04d}", "main_id": f"m{i}", "main_name": "x" * 200,
+               "main_address": "192.0.2.9:8443", "ca": ca, "token": "t" * 43,
+               "expires_at": time.time() + 30 * 365 * 86400}
+    if i == 39:
+        request["main_name"] = "x" * 100000  # no field takes that much
+    body = json.dumps(request).encode()
+    s = connect(candidate, 8444, True)
+    head = b"content-length: %d\\r\\nconnection: close\\r\\n\\r\\n" % len(body)
+    s.sendall(post("/v1/enroll/request", head) + body)
+    statuses.append(status(answer(s)))
+    s.close()
+out["enroll"] = statuses
+print(json.dumps(out))
+"""
+
+
+def resident_kib(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("VmRSS:", 1)[1].split()[0])
+
+
+def test_an_outsider_cannot_make_a_node_hold_what_it_sends(cluster: Cluster) -> None:
+    """From a host in no letsinfer group (second, before it is ever set up):
+    the open paths of the mutual-TLS planes read at most 1 MiB of a body and
+    wait at most 10 s for it; the gateway holds at most 128 KiB of headers; a
+    refusal never echoes the body; a candidate keeps at most 32 requests, for
+    at most a week, and a flood of them costs its audit chain a few records."""
+    c = cluster
+    main, candidate = c.lab.hosts["main"], c.lab.hosts["other"]  # other: a candidate
+    before = [r for r in c.audit("other") if r["action"] == "node.enroll.request"]
+    rss, peak, stop = resident_kib(c.procs["main"].pid), [0], threading.Event()
+
+    def watch() -> None:  # the main's memory while the outsider sends
+        while not stop.is_set():
+            peak[0] = max(peak[0], resident_kib(c.procs["main"].pid))
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        done = c.lab.run("second", PY, "-c", EXHAUST, main, candidate, timeout=600)
+    finally:
+        stop.set()
+        watcher.join()
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    # 64 MiB of body and 4 MiB of headers sent; the main held next to none of it.
+    assert peak[0] - rss < 32 * 1024, (rss, peak)
+
+    assert seen["declared"].startswith("HTTP/1.1 413"), seen
+    chunked = seen["chunked"]
+    assert chunked["status"] in ("", "HTTP/1.1 413 Request Entity Too Large"), chunked
+    assert seen["invalid"]["status"].startswith("HTTP/1.1 422"), seen
+    assert not seen["invalid"]["echo"] and seen["invalid"]["size"] < 4096, seen
+    assert seen["trickle"]["status"].startswith("HTTP/1.1 408"), seen
+    assert seen["trickle"]["after_s"] < 30, seen
+    headers = seen["headers"]
+    assert headers["sent"] < 4 << 20 or headers["status"].startswith("HTTP/1.1 431"), headers
+    assert headers["status"] in ("", "HTTP/1.1 431 Request Header Fields Too Large"), headers
+
+    enroll = seen["enroll"]
+    assert all(x.startswith("HTTP/1.1 200") for x in enroll[:39]), enroll
+    assert enroll[39].startswith("HTTP/1.1 422"), enroll
+    pending = json.loads(c.ok("other", "node", "requests", "--json"))
+    flood = [r for r in pending if r["id"].startswith("enr-flood")]
+    assert len(pending) <= 32 and len(flood) == len(pending)
+    assert {r["id"] for r in flood} == {f"enr-flood{i:04d}" for i in range(39 - len(flood), 39)}
+    week = time.time() + 7 * 86400 + 60
+    assert all(datetime.fromisoformat(r["expires"]).timestamp() < week for r in flood)
+    records = [r for r in c.audit("other") if r["action"] == "node.enroll.request"][len(before) :]
+    assert len(records) <= 32 + 3, records  # one each while there is room, then counted
+    c.wait(
+        lambda: sum(counted(c, "other", f"anonymous:{c.lab.hosts['second']}",
+                            "node.enroll.request")) == 39 - 32,
+        "the requests past the room counted as a flood",
+        timeout=DENIAL_INTERVAL_S * 4,
+    )  # fmt: skip
+    assert json.loads(c.ok("main", "status", "--json"))["state"] in ("running", "active")
 
 
 def test_controller_roles(cluster: Cluster) -> None:

@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
+from urllib.parse import quote
 
 logger = logging.getLogger("letsinfer.access")
 
@@ -118,12 +119,37 @@ def _emit_together(handler: logging.Handler, records: list[logging.LogRecord]) -
         handler.release()
 
 
+# Refusals on other routes answer anyone, as fast as they ask: their lines are
+# held to a rate (the metrics and the audit's denial counts keep every one),
+# and the path a client chose is cut short and quoted, so it can neither fill
+# the disk nor write fields of its own into the line.
+MAX_REFUSAL_LINES_PER_S = 20
+MAX_LOGGED_PATH = 200
+_window = [0.0, 0, 0]  # second it counts, lines logged in it, lines left out since the last
+
+
+def loggable_path(path: str) -> str:
+    quoted = quote(path[:MAX_LOGGED_PATH], safe="/:@!$&'()*+,;=-._~")
+    return quoted + ("..." if len(path) > MAX_LOGGED_PATH else "")
+
+
 def refusal(request_id: str, status: int, path: str) -> None:
     """The line of a request refused on another route (``GET /v1/models``, ``/health``)."""
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    now = int(time.monotonic())
+    if now != _window[0]:
+        _window[0], _window[1] = now, 0
+    if _window[1] >= MAX_REFUSAL_LINES_PER_S:
+        _window[2] += 1
+        return
+    _window[1] += 1
+    left_out, _window[2] = _window[2], 0
     logger.info(
         "request_id=%s key=- model=- served=- pg=- status=%d queue_ms=0.00 ttft_ms=- "
-        "total_ms=0.00 prompt_tokens=- completion_tokens=- path=%s",
+        "total_ms=0.00 prompt_tokens=- completion_tokens=- path=%s%s",
         request_id,
         status,
-        path if path.isprintable() else repr(path),
+        loggable_path(path),
+        f" refusals_not_logged={left_out}" if left_out else "",
     )

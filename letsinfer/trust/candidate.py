@@ -56,14 +56,29 @@ def _path(home: Home, request_id: str) -> Path:
     return home.enrollment_dir / f"{request_id}.json"
 
 
-def store_request(home: Home, req: PendingRequest) -> None:
+# Requests arrive on an open path, so what a candidate keeps is bounded: a
+# request lives at most a week here (whatever expiry it names), and past
+# MAX_PENDING the oldest received goes (a flood cannot fill the disk, and a
+# main's request sent again once the flood ends is kept).
+MAX_PENDING = 32
+MAX_KEEP_S = 7 * 86400.0
+
+
+def store_request(home: Home, req: PendingRequest) -> bool:
+    """Keep ``req``; False when an older request had to go to make room."""
     pki.load_cert(req.ca_pem.encode())  # refuse garbage before keeping it
+    req = replace(req, expires_at=min(req.expires_at, req.received_at + MAX_KEEP_S))
     home.enrollment_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     path = _path(home, req.id)
+    kept = [r for r in list_requests(home) if r.id != req.id]
+    evicted = sorted(kept, key=lambda r: r.received_at)[: max(0, len(kept) + 1 - MAX_PENDING)]
+    for old in evicted:
+        _path(home, old.id).unlink(missing_ok=True)
     fd = os.open(path.with_suffix(".tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
         json.dump(asdict(req), fh)
     path.with_suffix(".tmp").replace(path)
+    return not evicted
 
 
 def list_requests(home: Home) -> list[PendingRequest]:
