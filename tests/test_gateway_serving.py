@@ -285,6 +285,32 @@ def test_bad_requests_get_openai_shaped_errors_and_reach_no_engine(tmp_path: Pat
         assert h.mocks["pg-a"].stats.requests == 0
 
 
+def test_a_flood_of_bad_keys_writes_a_bounded_number_of_access_lines(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from letsinfer.gateway import access_log
+
+    caplog.set_level(logging.INFO, logger="letsinfer.access")
+    monkeypatch.setattr(access_log, "_clock", lambda: 7.0)  # all within one second
+    with GatewayHarness(tmp_path, {"pg-a": MockBehaviour(tokens=2)}) as h, httpx.Client() as c:
+        bad = {"authorization": "Bearer li-not-a-key"}
+        for _ in range(100):
+            assert (
+                c.post(h.url + "/v1/chat/completions", json=chat(), headers=bad).status_code == 401
+            )
+        assert (
+            c.post(h.url + "/v1/chat/completions", json=chat(), headers=h.auth()).status_code == 200
+        )
+        monkeypatch.setattr(access_log, "_clock", lambda: 8.0)
+        assert c.post(h.url + "/v1/chat/completions", json=chat(), headers=bad).status_code == 401
+        h.wait_until(lambda: "refusals_not_logged" in caplog.text)
+    lines = [r.getMessage() for r in caplog.records if r.name == "letsinfer.access"]
+    refused = [line for line in lines if "status=401" in line]
+    assert len(refused) == access_log.MAX_REFUSAL_LINES_PER_S + 1
+    assert refused[-1].endswith("refusals_not_logged=80")
+    assert sum("status=200" in line for line in lines) == 1  # a served request: always
+
+
 def test_metrics_are_served_on_their_own_port(tmp_path: Path) -> None:
     port = free_port()
     with GatewayHarness(tmp_path, {"pg-a": MockBehaviour(tokens=2)}) as h:

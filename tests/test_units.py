@@ -134,7 +134,7 @@ def test_refusal_lines_are_held_to_a_rate_and_write_no_field_of_the_client_s(
     from letsinfer.gateway import access_log
 
     caplog.set_level(logging.INFO, "letsinfer.access")
-    monkeypatch.setattr(access_log.time, "monotonic", lambda: 1000.0)  # one second
+    monkeypatch.setattr(access_log, "_clock", lambda: 1000.0)  # one second
     forged = "/v1/models/x status=200 key=admin\n" + "A" * 60000
     for i in range(access_log.MAX_REFUSAL_LINES_PER_S + 30):
         access_log.refusal(f"r{i}", 401, forged)
@@ -144,7 +144,7 @@ def test_refusal_lines_are_held_to_a_rate_and_write_no_field_of_the_client_s(
     assert " " not in path and "\n" not in path and "status=200" not in lines[0].split("path=")[0]
     assert path.startswith("/v1/models/x%20status=200%20key=admin%0AAAAA")  # one field
     assert len(lines[0]) < 500 and path.endswith("...")
-    monkeypatch.setattr(access_log.time, "monotonic", lambda: 1001.0)  # the next second
+    monkeypatch.setattr(access_log, "_clock", lambda: 1001.0)  # the next second
     access_log.refusal("later", 401, "/v1/models")
     assert caplog.records[-1].getMessage().endswith("path=/v1/models refusals_not_logged=30")
 

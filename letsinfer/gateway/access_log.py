@@ -119,13 +119,14 @@ def _emit_together(handler: logging.Handler, records: list[logging.LogRecord]) -
         handler.release()
 
 
-# Refusals on other routes answer anyone, as fast as they ask: their lines are
-# held to a rate (the metrics and the audit's denial counts keep every one),
-# and the path a client chose is cut short and quoted, so it can neither fill
-# the disk nor write fields of its own into the line.
+# Requests refused before their key is known answer anyone, as fast as they
+# ask: their lines (any route) are held to a rate (the metrics and the audit's
+# denial counts keep every one), and the path a client chose is cut short and
+# quoted, so it can neither fill the disk nor write fields into a line.
 MAX_REFUSAL_LINES_PER_S = 20
 MAX_LOGGED_PATH = 200
 _window = [0.0, 0, 0]  # second it counts, lines logged in it, lines left out since the last
+_clock = time.monotonic
 
 
 def loggable_path(path: str) -> str:
@@ -133,18 +134,28 @@ def loggable_path(path: str) -> str:
     return quoted + ("..." if len(path) > MAX_LOGGED_PATH else "")
 
 
-def refusal(request_id: str, status: int, path: str) -> None:
-    """The line of a request refused on another route (``GET /v1/models``, ``/health``)."""
-    if not logger.isEnabledFor(logging.INFO):
-        return
-    now = int(time.monotonic())
+def refusal_line_allowed() -> int | None:
+    """Whether a refusal's line may be written now: None when this second's
+    lines are spent (it is counted), else how many were left out before it.
+    For the lines of requests refused before their key was known, on any route."""
+    now = int(_clock())
     if now != _window[0]:
         _window[0], _window[1] = now, 0
     if _window[1] >= MAX_REFUSAL_LINES_PER_S:
         _window[2] += 1
-        return
+        return None
     _window[1] += 1
     left_out, _window[2] = _window[2], 0
+    return left_out
+
+
+def refusal(request_id: str, status: int, path: str) -> None:
+    """The line of a request refused on another route (``GET /v1/models``, ``/health``)."""
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    left_out = refusal_line_allowed()
+    if left_out is None:
+        return
     logger.info(
         "request_id=%s key=- model=- served=- pg=- status=%d queue_ms=0.00 ttft_ms=- "
         "total_ms=0.00 prompt_tokens=- completion_tokens=- path=%s%s",

@@ -35,7 +35,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from typing import Any
 
 from letsinfer.gateway import access_log, adapters, cache, policy, protocol, stream_usage
@@ -175,7 +175,7 @@ def note_refusal(gw: Gateway, scope: Scope, key_name: str, err: GatewayError) ->
 def count_refusal(gw: Gateway, scope: Scope, err: GatewayError) -> None:
     """A refused request on a route other than the inference POSTs (``GET
     /v1/models``, ``/health`` with a bad key): counted in metrics and written to
-    the access log like theirs, so no 401 goes unseen."""
+    the access log like theirs (at the refusals' rate, see access_log)."""
     gw.metrics.error(err.code or "error")
     gw.metrics.request("-", err.status, 0.0, None)
     given = next((v for k, v in scope["headers"] if k == b"x-request-id"), None)
@@ -799,22 +799,31 @@ class InferenceEndpoints:
                 for ex in finished
                 if ex.key != "-"  # refused keys are counted as denials
             )
-        access_log.write_many(
-            (
-                ex.request_id,
-                ex.key,
-                ex.asked,
-                ex.served,
-                ex.pg,
-                ex.status,
-                ex.queue_s * 1000,
-                "-" if ex.ttft is None else f"{ex.ttft * 1000:.2f}",
-                ex.total * 1000,
-                "-" if ex.tokens[0] is None else ex.tokens[0],
-                "-" if ex.tokens[1] is None else ex.tokens[1],
-                _access_extra(ex),
-            )
-            for ex in finished
+        access_log.write_many(_access_lines(finished))
+
+
+def _access_lines(finished: list[Exchange]) -> Iterator[tuple[object, ...]]:
+    for ex in finished:
+        extra = _access_extra(ex)
+        if ex.key == "-":  # refused before its key was known: anyone's, at any rate
+            left_out = access_log.refusal_line_allowed()
+            if left_out is None:
+                continue
+            if left_out:
+                extra += f" refusals_not_logged={left_out}"
+        yield (
+            ex.request_id,
+            ex.key,
+            ex.asked,
+            ex.served,
+            ex.pg,
+            ex.status,
+            ex.queue_s * 1000,
+            "-" if ex.ttft is None else f"{ex.ttft * 1000:.2f}",
+            ex.total * 1000,
+            "-" if ex.tokens[0] is None else ex.tokens[0],
+            "-" if ex.tokens[1] is None else ex.tokens[1],
+            extra,
         )
 
 
