@@ -163,10 +163,9 @@ def _no_op() -> None:
     return None
 
 
-# What a client may send before its request starts (its headers, and the body
-# the gateway holds until it is whole, up to 64 KiB): past this the connection
-# gets 431 and is closed, instead of the parser buffering all a client sends
-# within the header deadline.
+# A request's headers, at most: past this the connection gets 431 and is
+# closed, instead of the parser buffering all a client sends within the
+# header deadline.
 MAX_HEAD_BYTES = 128 * 1024
 _HEAD_TOO_LARGE_TEXT = b"request headers are larger than 128 KiB\n"
 _HEAD_TOO_LARGE = (
@@ -185,7 +184,9 @@ class HeaderDeadline:
     release: Callable[[], None] = staticmethod(_no_op)  # set per connection
     _deadline: asyncio.TimerHandle | None = None
     _waiting_after: object = None
-    _head_bytes = 0
+    _head_bytes = 0  # of the headers in progress, read after the read they began in
+    _in_head = False
+    _began = False
 
     # uvicorn's protocols set these
     cycle: Any
@@ -197,23 +198,42 @@ class HeaderDeadline:
         super().connection_made(transport)  # type: ignore[misc]
         self._arm()
 
+    # The parser's callbacks (httptools'; h11 bounds its own headers) say
+    # when a request's headers begin and end: a read that ends inside them is
+    # held until they do, whatever request came before and however it ends.
+    def on_message_begin(self) -> None:
+        self._in_head, self._began, self._head_bytes = True, True, 0
+        super().on_message_begin()  # type: ignore[misc]
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        super().on_headers_complete()  # type: ignore[misc]
+
     def data_received(self, data: bytes) -> None:
         before = self.cycle
+        self._began = False
         super().data_received(data)  # type: ignore[misc]
+        # (A read in which the headers began counts for nothing: at most one
+        # read, 256 KiB, beyond the cap.)
+        if self._in_head and not self._began:
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self._too_large()
+                return
         if self._deadline is None:
             if self.cycle is before and (before is None or before.response_complete):
                 self._arm()  # the start of a request's headers, not all of them
         elif self._started():
             self._deadline.cancel()
             self._deadline = None
-        else:  # still not started: what it sent so far is held in memory
-            self._head_bytes += len(data)
-            if self._head_bytes > MAX_HEAD_BYTES:
-                self._deadline.cancel()
-                self._deadline = None
-                if not self.transport.is_closing():
-                    self.transport.write(_HEAD_TOO_LARGE)
-                    self.transport.close()
+
+    def _too_large(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        if not self.transport.is_closing():
+            self.transport.write(_HEAD_TOO_LARGE)
+            self.transport.close()
 
     def _started(self) -> bool:
         """Whether the awaited request has started: its headers are complete,
@@ -225,7 +245,6 @@ class HeaderDeadline:
 
     def _arm(self) -> None:
         self._waiting_after = self.cycle  # the request before the one awaited
-        self._head_bytes = 0
         self._deadline = self.loop.call_later(self.header_timeout_s, self._late)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -462,11 +481,14 @@ class GuardedServer(uvicorn.Server):
             sock.close()
             raise
         loop = asyncio.get_running_loop()
-        cls = guarded(config.http_protocol_class, self.limits.header_timeout_s, self.late.note)
+        cls = config.http_protocol_class
         if self.batch_writes:
             cls = type(f"Batched{cls.__name__}", (BatchedWrites, cls), {})
         if self.protocol_mixins:
             cls = type(cls.__name__, (*self.protocol_mixins, cls), {})
+        # Outermost: it hears of every request's start, even where a mixin
+        # (the gateway's direct path) takes the parser's callbacks itself.
+        cls = guarded(cls, self.limits.header_timeout_s, self.late.note)
 
         def protocol() -> asyncio.Protocol:
             return cls(  # type: ignore[no-any-return]

@@ -540,6 +540,9 @@ class MainNode:
         self.store.record_pg_observation(
             pg_id, state="failed", detail=why, generation=self.placements.generations.get(pg_id)
         )
+        task = self.placements.tasks.get(pg_id)
+        if task is not None:
+            self.store.record_task_observation(pg_id, task, "failed", why)
         service = self.placements.services.get(pg_id)
         if service:
             self.routing.withdraw(service, pg_id, why)

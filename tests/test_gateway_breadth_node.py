@@ -221,8 +221,8 @@ def test_a_key_made_again_under_a_revoked_name_carries_on_its_spending(
     )
     [old] = [line for line in made.splitlines() if line.startswith("li-")]
     assert "follows" not in made
-    while ask(node, "tiny", old).status_code == 200:
-        pass
+    statuses = [ask(node, "tiny", old).status_code for _ in range(12)]  # 30 tokens: a few
+    assert statuses[-1] == 429 and 200 in statuses, statuses
     ok(node.cli("auth", "key", "revoke", "rotated"))
     assert ask(node, "tiny", old).status_code == 401
 
@@ -246,6 +246,19 @@ def test_a_key_made_again_under_a_revoked_name_carries_on_its_spending(
     )  # fmt: skip
     assert fresh["succeeds_revoked"] == 0
     assert content(ask(node, "tiny", fresh["key"])) == SENTENCE
+
+
+def test_removing_the_only_model_of_a_key_is_refused_before_anything_drains(
+    node: RunningNode,
+) -> None:
+    ok(node.cli("auth", "key", "create", "only-tiny", "--model", "tiny"))
+    try:
+        refused = node.cli("model", "remove", "tiny", "--stop")
+        assert refused.returncode == 1, refused.stdout
+        assert "only-tiny may use only model tiny" in " ".join(refused.stderr.split())
+        assert content(ask(node, "tiny")) == SENTENCE  # still serving: nothing drained
+    finally:
+        ok(node.cli("auth", "key", "revoke", "only-tiny"))
 
 
 def test_a_spent_budget_stays_spent_across_a_restart(node: RunningNode) -> None:

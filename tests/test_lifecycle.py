@@ -43,7 +43,9 @@ class Lab:
         )
 
     def group(self, model: str) -> dict[str, object]:
-        show = json.loads(self.node.cli("model", "show", model, "--json").stdout)
+        shown = self.node.cli("model", "show", model, "--json")
+        assert shown.returncode == 0, shown.stderr
+        show = json.loads(shown.stdout)
         [pg] = show["placement_groups"]
         return pg  # type: ignore[no-any-return]
 

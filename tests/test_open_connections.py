@@ -5,6 +5,7 @@ and a JSON body too deep for the parser is refused before it is parsed."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import socket
@@ -184,6 +185,36 @@ def test_one_source_gets_at_most_its_share(
     finally:
         for sock in mine:
             sock.close()
+
+
+def test_headers_past_their_cap_are_refused_but_an_early_answer_s_body_is_not_headers(
+    served: Served,
+) -> None:
+    """A client that never ends its headers gets 431 once they pass 128 KiB
+    (not whatever it sends within the header timeout); a large body the server
+    answered before reading it (a 401 does) is not taken for headers."""
+    with served.connect() as endless:
+        endless.sendall(b"GET / HTTP/1.1\r\nHost: t\r\nX-Big: ")
+        answer, sent = b"", 0
+        try:
+            while sent < 4 << 20:
+                endless.sendall(b"a" * 16384)
+                sent += 16384
+        except OSError:
+            pass
+        with contextlib.suppress(OSError):
+            answer = endless.recv(4096)
+        assert sent < 4 << 20 or answer.startswith(b"HTTP/1.1 431"), (sent, answer[:80])
+        assert answer == b"" or answer.startswith(b"HTTP/1.1 431"), answer[:80]
+    with served.connect() as big:
+        big.sendall(b"POST / HTTP/1.1\r\nHost: t\r\ncontent-length: 1048576\r\n\r\n")
+        first = b""
+        while not first.endswith(b"ok"):  # answered before its body is read
+            first += big.recv(4096)
+        assert b"200 OK" in first
+        for _ in range(16):
+            big.sendall(b"x" * 65536)
+        assert b"200 OK" in ask(big)  # the same connection, after the unread body
 
 
 @pytest.mark.parametrize(

@@ -135,6 +135,7 @@ def test_refusal_lines_are_held_to_a_rate_and_write_no_field_of_the_client_s(
 
     caplog.set_level(logging.INFO, "letsinfer.access")
     monkeypatch.setattr(access_log, "_clock", lambda: 1000.0)  # one second
+    monkeypatch.setattr(access_log, "_window", [0.0, 0, 0])  # none left out before
     forged = "/v1/models/x status=200 key=admin\n" + "A" * 60000
     for i in range(access_log.MAX_REFUSAL_LINES_PER_S + 30):
         access_log.refusal(f"r{i}", 401, forged)

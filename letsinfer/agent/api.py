@@ -41,7 +41,7 @@ class EnrollRequest(BaseModel):
     main_address: str = Field(max_length=300)
     ca: str = Field(max_length=16384)
     token: str = Field(max_length=256)
-    expires_at: float
+    expires_at: float = Field(allow_inf_nan=False)
     gateway_url: str | None = Field(default=None, max_length=2048)
 
 

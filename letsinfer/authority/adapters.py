@@ -213,9 +213,9 @@ def remove_adapter(
     *,
     actor: str = "cli",
     role: str | None = None,
-) -> AdapterRecord:
+) -> tuple[AdapterRecord, list[str]]:
     """Forget an adapter (audited, a refusal too); its file goes when nothing
-    else uses it."""
+    else uses it. With the API keys whose model lists named it."""
     adapter = store.get_adapter(name)
     if adapter is None:
         with audited(store, actor, "model.adapter.remove", audit_target(name), role=role):
@@ -225,11 +225,10 @@ def remove_adapter(
                     "removes a model)"
                 )
             raise StoreError(f"no LoRA adapter {name!r} (see `letsinfer model adapter list`)")
-    keys = keys_naming(store, {name})
-    if keys.stranded:
-        with audited(store, actor, "model.adapter.remove", name, role=role):
+    with audited(store, actor, "model.adapter.remove", name, role=role), store.transaction():
+        keys = keys_naming(store, {name})
+        if keys.stranded:
             raise StoreError(keys.refusal(f"LoRA adapter {name}"))
-    with store.transaction():
         store.delete_adapter(name)
         keys.apply(store)
         store.append_audit(
@@ -246,7 +245,7 @@ def remove_adapter(
             ),
         )
     free_unused(store, model_store, adapter.artifact_digest)
-    return adapter
+    return adapter, list(keys.narrowed)
 
 
 def free_unused(store: AuthorityStore, model_store: Path, digest: str) -> bool:

@@ -104,6 +104,22 @@ def running_groups(store: AuthorityStore, service: str) -> list[str]:
     return [pg.id for pg in store.list_placement_groups(service=service) if pg.desired == "running"]
 
 
+def refuse_stranding_keys(
+    store: AuthorityStore, name: str, *, actor: str, role: str | None = None
+) -> None:
+    """Refuse (audited) to remove model ``name`` while an API key may use only
+    it or its adapters: checked before anything drains or stops."""
+    svc = store.resolve_service(name)
+    if svc is None:
+        return
+    adapters = store.list_adapters(svc.name)
+    keys = keys_naming(store, {svc.name, *(a.name for a in adapters)})
+    if keys.stranded:
+        why = keys.refusal(f"model {svc.name}" + (" and its LoRA adapters" if adapters else ""))
+        store.append_audit(actor, "model.remove", "denied", role=role, target=svc.name, detail=why)
+        raise Refused(why)
+
+
 def remove_model(
     store: AuthorityStore,
     model_store: Path,
@@ -121,11 +137,7 @@ def remove_model(
         raise NotFound(f"no model {name!r}")
     adapters = store.list_adapters(svc.name)  # removed with it (they only fit it)
     going = {svc.name, *(a.name for a in adapters)}
-    keys = keys_naming(store, going)
-    if keys.stranded:
-        why = keys.refusal(f"model {svc.name}" + (" and its LoRA adapters" if adapters else ""))
-        store.append_audit(actor, "model.remove", "denied", role=role, target=svc.name, detail=why)
-        raise Refused(why)
+    refuse_stranding_keys(store, name, actor=actor, role=role)
     running = running_groups(store, svc.name)
     if running and not stop:
         why = (
@@ -142,6 +154,9 @@ def remove_model(
         if other.fallback in going and other.name not in going
     ]
     with store.transaction():
+        keys = keys_naming(store, going)  # (as of this transaction: a key made meanwhile too)
+        if keys.stranded:
+            raise Refused(keys.refusal(f"model {svc.name}"))
         store.delete_service(svc.name)
         keys.apply(store)
         shared = [] if svc.is_external else store.services_using(svc.artifact_digest)

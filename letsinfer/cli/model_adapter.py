@@ -109,8 +109,12 @@ def remove(ctx: CliContext, name: str) -> None:
     model's groups then restart one at a time without it)."""
     store = open_authority(ctx.home)
     try:
-        gone = remove_adapter(store, ctx.home.model_store, name)
+        gone, narrowed = remove_adapter(store, ctx.home.model_store, name)
     finally:
         store.close()
     console.print(f"removed LoRA adapter [bold]{gone.name}[/bold] of {gone.service}")
+    if narrowed:
+        console.print(
+            f"  dropped from the model lists of API keys: {', '.join(narrowed)}", highlight=False
+        )
     _reload(ctx, gone.service)

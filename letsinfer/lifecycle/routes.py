@@ -151,6 +151,10 @@ def lifecycle_router(sv: Serving, model_store: Path) -> APIRouter:
         async def work() -> dict[str, Any]:
             svc = store.resolve_service(name)
             running = set(lifecycle.running_groups(store, svc.name)) if svc else set()
+            if body.stop and running:  # a refusal that needs no drain comes first
+                lifecycle.refuse_stranding_keys(
+                    store, name, actor=actor_of(store, p), role=p.identity.role
+                )
             cut = await sv.drain(running) if body.stop and running else 0
             try:
                 done = lifecycle.remove_model(

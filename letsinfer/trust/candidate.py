@@ -9,6 +9,7 @@ into the cluster in one atomic step (node.json is replaced last).
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import ssl
@@ -67,6 +68,8 @@ MAX_KEEP_S = 7 * 86400.0
 def store_request(home: Home, req: PendingRequest) -> bool:
     """Keep ``req``; False when an older request had to go to make room."""
     pki.load_cert(req.ca_pem.encode())  # refuse garbage before keeping it
+    if not math.isfinite(req.expires_at):
+        raise EnrollmentError(f"request {req.id}: its expiry is not a time")
     req = replace(req, expires_at=min(req.expires_at, req.received_at + MAX_KEEP_S))
     home.enrollment_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     path = _path(home, req.id)
