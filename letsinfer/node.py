@@ -536,13 +536,22 @@ class MainNode:
             facts = ReplicaFacts(now, load.slots_free, load.queue_depth, hottest(gpus, d.gpu_uuids))
             self.routing.observe(service, pg_id, facts)
 
-    def _pg_failed(self, pg_id: str, why: str) -> None:
+    def _observe(self, pg_id: str, state: str, detail: str | None, **observed: Any) -> None:
+        """A group of the main's own in the authority, and its one task, as a
+        child's report records them."""
         self.store.record_pg_observation(
-            pg_id, state="failed", detail=why, generation=self.placements.generations.get(pg_id)
+            pg_id,
+            state=state,
+            detail=detail,
+            generation=self.placements.generations.get(pg_id),
+            **observed,
         )
         task = self.placements.tasks.get(pg_id)
         if task is not None:
-            self.store.record_task_observation(pg_id, task, "failed", why)
+            self.store.record_task_observation(pg_id, task, state, detail)
+
+    def _pg_failed(self, pg_id: str, why: str) -> None:
+        self._observe(pg_id, "failed", why)
         service = self.placements.services.get(pg_id)
         if service:
             self.routing.withdraw(service, pg_id, why)
@@ -577,18 +586,14 @@ class MainNode:
         else:
             self.routing.withdraw(service, st.pg_id, st.detail or st.state)
         try:
-            self.store.record_pg_observation(
+            self._observe(
                 st.pg_id,
-                state=st.state,
+                st.state,
+                st.detail,
                 endpoint=st.base_url,
                 pid=st.pid,
                 capacity=self.settings.engine.parallel if st.state == "ready" else None,
                 restarts=st.restarts,
-                detail=st.detail,
-                generation=self.placements.generations.get(st.pg_id),
             )
-            task = self.placements.tasks.get(st.pg_id)
-            if task is not None:  # its one task, as a child's report says it
-                self.store.record_task_observation(st.pg_id, task, st.state, st.detail)
         except Exception:  # observation is best effort; routing already updated
             log.exception("could not record state of %s", st.pg_id)

@@ -138,8 +138,8 @@ def _create_key(
         if allowed not in canonical:
             canonical.append(allowed)
     secret = KEY_PREFIX + secrets.token_urlsafe(32)
-    earlier = len(store.list_api_keys(include_revoked=True, name=name))
     with store.transaction():
+        earlier = len(store.list_api_keys(include_revoked=True, name=name))
         record = store.add_api_key(
             uuid.uuid4().hex,
             name,

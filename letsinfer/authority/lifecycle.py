@@ -10,9 +10,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from letsinfer.authority.apikeys import keys_naming
+from letsinfer.authority.apikeys import KeysNaming, keys_naming
+from letsinfer.authority.refusals import audited
 from letsinfer.contracts.artifacts import artifact_path
-from letsinfer.store import AuthorityStore, NodeRecord, StoreError
+from letsinfer.store import AdapterRecord, AuthorityStore, NodeRecord, StoreError
 
 # Observed states of a group whose engine will not come back by itself.
 NOT_RESTARTING = ("parked", "failed")
@@ -112,12 +113,18 @@ def refuse_stranding_keys(
     svc = store.resolve_service(name)
     if svc is None:
         return
-    adapters = store.list_adapters(svc.name)
-    keys = keys_naming(store, {svc.name, *(a.name for a in adapters)})
+    with audited(store, actor, "model.remove", svc.name, role=role):
+        _keys_left(store, svc.name, store.list_adapters(svc.name))
+
+
+def _keys_left(store: AuthorityStore, model: str, adapters: list[AdapterRecord]) -> KeysNaming:
+    """What removing ``model`` and ``adapters`` does to API keys; Refused
+    while a key may use nothing else."""
+    keys = keys_naming(store, {model, *(a.name for a in adapters)})
     if keys.stranded:
-        why = keys.refusal(f"model {svc.name}" + (" and its LoRA adapters" if adapters else ""))
-        store.append_audit(actor, "model.remove", "denied", role=role, target=svc.name, detail=why)
-        raise Refused(why)
+        going = f"model {model}" + (" and its LoRA adapters" if adapters else "")
+        raise Refused(keys.refusal(going))
+    return keys
 
 
 def remove_model(
@@ -137,7 +144,6 @@ def remove_model(
         raise NotFound(f"no model {name!r}")
     adapters = store.list_adapters(svc.name)  # removed with it (they only fit it)
     going = {svc.name, *(a.name for a in adapters)}
-    refuse_stranding_keys(store, name, actor=actor, role=role)
     running = running_groups(store, svc.name)
     if running and not stop:
         why = (
@@ -153,10 +159,10 @@ def remove_model(
         for other in (*store.list_services(), *store.list_adapters())
         if other.fallback in going and other.name not in going
     ]
-    with store.transaction():
-        keys = keys_naming(store, going)  # (as of this transaction: a key made meanwhile too)
-        if keys.stranded:
-            raise Refused(keys.refusal(f"model {svc.name}"))
+    # The keys as of the transaction (a key made meanwhile too); a refusal is
+    # audited once the transaction has rolled back.
+    with audited(store, actor, "model.remove", svc.name, role=role), store.transaction():
+        keys = _keys_left(store, svc.name, adapters)
         store.delete_service(svc.name)
         keys.apply(store)
         shared = [] if svc.is_external else store.services_using(svc.artifact_digest)
