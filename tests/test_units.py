@@ -145,6 +145,10 @@ def test_refusal_lines_are_held_to_a_rate_and_write_no_field_of_the_client_s(
     assert " " not in path and "\n" not in path and "status=200" not in lines[0].split("path=")[0]
     assert path.startswith("/v1/models/x%20status=200%20key=admin%0AAAAA")  # one field
     assert len(lines[0]) < 500 and path.endswith("...")
+    # A model name is client text too: as it is when plain, else quoted and cut.
+    assert access_log.loggable("org/tiny-v2") == "org/tiny-v2"
+    odd = access_log.loggable("tiny status=200 " + "x" * 5000)
+    assert odd.startswith("tiny%20status=200%20x") and odd.endswith("...") and len(odd) < 300
     monkeypatch.setattr(access_log, "_clock", lambda: 1001.0)  # the next second
     access_log.refusal("later", 401, "/v1/models")
     assert caplog.records[-1].getMessage().endswith("path=/v1/models refusals_not_logged=30")

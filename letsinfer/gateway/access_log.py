@@ -121,17 +121,23 @@ def _emit_together(handler: logging.Handler, records: list[logging.LogRecord]) -
 
 # Requests refused before their key is known answer anyone, as fast as they
 # ask: their lines (any route) are held to a rate (the metrics and the audit's
-# denial counts keep every one), and the path a client chose is cut short and
-# quoted, so it can neither fill the disk nor write fields into a line.
+# denial counts keep every one). Text a client chose (a path, a model name) is
+# cut short and quoted, so it can neither fill the disk nor write fields into
+# a line.
 MAX_REFUSAL_LINES_PER_S = 20
-MAX_LOGGED_PATH = 200
+MAX_LOGGED_TEXT = 200
 _window = [0.0, 0, 0]  # second it counts, lines logged in it, lines left out since the last
 _clock = time.monotonic
 
 
-def loggable_path(path: str) -> str:
-    quoted = quote(path[:MAX_LOGGED_PATH], safe="/:@!$&'()*+,;=-._~")
-    return quoted + ("..." if len(path) > MAX_LOGGED_PATH else "")
+def loggable(text: str) -> str:
+    """A client's text as one field of a line: as it is when it is short,
+    printable and without spaces (a usual model name or path), else cut to
+    MAX_LOGGED_TEXT characters and percent-quoted."""
+    if len(text) <= MAX_LOGGED_TEXT and " " not in text and text.isprintable():
+        return text
+    quoted = quote(text[:MAX_LOGGED_TEXT], safe="/:@!$&'()*+,;=-._~")
+    return quoted + ("..." if len(text) > MAX_LOGGED_TEXT else "")
 
 
 def refusal_line_allowed() -> int | None:
@@ -161,6 +167,6 @@ def refusal(request_id: str, status: int, path: str) -> None:
         "total_ms=0.00 prompt_tokens=- completion_tokens=- path=%s%s",
         request_id,
         status,
-        loggable_path(path),
+        loggable(path),
         f" refusals_not_logged={left_out}" if left_out else "",
     )

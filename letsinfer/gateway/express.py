@@ -37,7 +37,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from letsinfer.gateway import adapters, protocol, stream_usage
+from letsinfer.gateway import access_log, adapters, protocol, stream_usage
 from letsinfer.gateway.engine_client import CallbackResponse, EngineError, EngineTimeout
 from letsinfer.gateway.errors import (
     GatewayError,
@@ -54,7 +54,6 @@ from letsinfer.gateway.serving import (
     Exchange,
     InferenceEndpoints,
     authenticate,
-    log_name,
     request_id_from,
     stream_error_event,
 )
@@ -325,7 +324,7 @@ class Express:
             return None
         lane = _Lane(request_id_from(given_id), self, cycle)
         lane.key = key.name
-        lane.asked = log_name(parsed["model"])
+        lane.asked = access_log.loggable(parsed["model"])
         lane.served = entry.name
         lane.endpoint = ENDPOINTS[path]
         lane.path = path

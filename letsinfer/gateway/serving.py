@@ -188,12 +188,6 @@ def request_id_from(given: bytes | None) -> str:
     return f"{_ID_PREFIX}{next(_ids):016x}"  # 32 hex digits, like a UUID
 
 
-def log_name(asked: str) -> str:
-    """A model name as the client gave it, for a log line: no spaces or control
-    characters to forge fields with."""
-    return asked if asked.isprintable() and " " not in asked else repr(asked)
-
-
 def too_large(limit: int) -> GatewayError:
     return GatewayError(
         413, f"Request body is larger than the limit of {limit} bytes.", code="request_too_large"
@@ -447,7 +441,7 @@ class InferenceEndpoints:
         ex.endpoint = ENDPOINTS[path]
         route = ROUTES[path]
         parsed = protocol.parse(body, route)
-        ex.asked = log_name(parsed["model"])
+        ex.asked = access_log.loggable(parsed["model"])
         if adapters.FIELD in parsed:
             raise adapters.client_lora()
         entry = gw.directory.current().names.get(parsed["model"])
