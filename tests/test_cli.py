@@ -182,6 +182,13 @@ def test_main_scope_commands_refuse_elsewhere(tmp_path: Path) -> None:
         assert refused.returncode == 3, args
         assert "10.9.8.7:8443" in refused.stderr and "main node only" in refused.stderr
     assert "Runs on: main" in letsinfer(child, "model", "add", "--help").stdout
+
+    candidate = tmp_path / "candidate"
+    save_identity(candidate / "etc" / "node.json", NodeIdentity.new_candidate("cand"))
+    refused = letsinfer(candidate, "model", "list")
+    assert refused.returncode == 3
+    assert "not enrolled" in refused.stderr and "letsinfer node add" in refused.stderr
+    assert "child of the main" not in refused.stderr
     assert letsinfer(child, "status").returncode == 0
 
 

@@ -43,6 +43,12 @@ def check_scope(scope: Scope, command: str, identity: NodeIdentity | None) -> No
     role = "child" if identity.role == "candidate" else identity.role
     if role == scope:
         return
+    if identity.role == "candidate":
+        raise ScopeError(
+            f"`{command}` runs on the main node only; this machine is a candidate, not enrolled "
+            "in a cluster yet. To enroll it: `letsinfer up` here, `letsinfer node add <this "
+            "address>` on the main, then `letsinfer node accept` here."
+        )
     if role == "child":
         where = identity.main_address or "the main node"
         raise ScopeError(
