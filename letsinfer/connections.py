@@ -414,9 +414,13 @@ class Listener:
             return False
         return True
 
-    async def close(self) -> None:
+    async def close(self, keep: Callable[[socket.socket], object] | None = None) -> None:
+        """Stop accepting; ``keep(sock)`` may give the listening socket to
+        another process first (a restart: waiting clients are not refused)."""
         self._closed = True
         self._pause()
+        if keep is not None:
+            keep(self.sock)
         for tally in (self.at_cap, self.crowded, self.refused, self.failed):
             tally.close()
         for task in self.pending:
@@ -443,6 +447,8 @@ class GuardedServer(uvicorn.Server):
         embedded: bool = False,
         batch_writes: bool = False,
         protocol_mixins: tuple[type, ...] = (),
+        inherited: socket.socket | None = None,
+        keep_listener: Callable[[socket.socket], object] | None = None,
     ) -> None:
         config.timeout_keep_alive = limits.idle_timeout_s  # type: ignore[assignment]
         super().__init__(config)
@@ -454,6 +460,10 @@ class GuardedServer(uvicorn.Server):
         self.batch_writes = batch_writes
         # In front of the HTTP protocol class (the gateway's inference path).
         self.protocol_mixins = protocol_mixins
+        # A restart's listening socket, kept open by the previous process
+        # (service/listener.py), and what hands ours on when we restart.
+        self.inherited = inherited
+        self.keep_listener = keep_listener
         self.listener: Listener | None = None
         self.late = Tally(
             f"{name}: closed %d connection(s) that sent no complete request headers "
@@ -474,7 +484,9 @@ class GuardedServer(uvicorn.Server):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         config = self.config
-        sock = listening_socket(config.host, config.port)  # fails before any startup work
+        # fails before any startup work
+        sock = self.inherited or listening_socket(config.host, config.port)
+        self.inherited = None
         try:
             await super().startup(sockets=[])  # lifespan only: uvicorn listens on nothing
         except BaseException:
@@ -518,6 +530,6 @@ class GuardedServer(uvicorn.Server):
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         if self.listener is not None:
-            await self.listener.close()
+            await self.listener.close(keep=self.keep_listener)
         await super().shutdown(sockets=sockets)
         self.late.close()

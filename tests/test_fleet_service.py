@@ -8,13 +8,22 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from letsinfer.engines.tinymodel import SENTENCE
-from tests.nodes import command_lines, free_port, letsinfer, loopback_env, processes_using
+from tests.nodes import (
+    command_lines,
+    free_port,
+    letsinfer,
+    loopback_env,
+    processes_using,
+    start_node,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -201,3 +210,94 @@ def test_up_writing_to_a_log_keeps_the_first_key_out_of_it_and_leaves_no_pid_fil
     assert not (home / "run/node.pid").exists()
     left = processes_using(home)
     assert left == [], (command_lines(left), log)
+
+
+def test_a_restart_of_the_main_refuses_no_client_connection(tmp_path: Path) -> None:
+    """Clients keep sending while `service restart` replaces the main's
+    process (as upgrade.yml does): each one waits in the gateway socket's
+    backlog, which the old process hands to the new, and gets its answer."""
+    home = tmp_path / "home"
+    port = free_port()
+    env = loopback_env(port)
+    try:
+        started = letsinfer(home, "service", "start", "--json", env=env, timeout=120)
+        assert started.returncode == 0, started.stderr
+        key = json.loads(started.stdout)["api_key"]
+        answers: list[int] = []
+        failures: list[str] = []
+        done = threading.Event()
+
+        def client() -> None:
+            while not done.is_set():
+                try:  # a new connection each time, as a script's request is
+                    reply = httpx.post(
+                        f"http://127.0.0.1:{port}/v1/chat/completions",
+                        headers={"Authorization": f"Bearer {key}", "Connection": "close"},
+                        json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}]},
+                        timeout=120,
+                    )
+                    answers.append(reply.status_code)
+                except httpx.HTTPError as exc:
+                    failures.append(f"{type(exc).__name__}: {exc}")
+                time.sleep(0.1)
+
+        sender = threading.Thread(target=client)
+        sender.start()
+        try:
+            time.sleep(1)
+            restarted = letsinfer(home, "service", "restart", env=env, timeout=180)
+            assert restarted.returncode == 0, restarted.stderr
+            time.sleep(1)
+        finally:
+            done.set()
+            sender.join(timeout=150)
+        assert failures == [], failures
+        assert answers and set(answers) == {200}, answers
+        assert "kept open for the next start" in (home / "var/logs/node.log").read_text()
+
+        letsinfer(home, "service", "stop", env=env, timeout=60)
+        with socket.socket() as probe:  # a stop closes the port: nothing keeps it
+            assert probe.connect_ex(("127.0.0.1", port)) != 0
+        assert processes_using(home) == [], command_lines(processes_using(home))
+    finally:
+        letsinfer(home, "service", "stop", env=env, timeout=60)
+
+
+@pytest.mark.parametrize(("job", "kept"), [("restart", True), ("stop", False)])
+def test_a_plain_systemctl_restart_keeps_engines_and_a_stop_does_not(
+    tmp_path: Path, job: str, kept: bool
+) -> None:
+    """systemd sends the same SIGTERM for `systemctl restart` and `systemctl
+    stop`; the node asks systemd which job it is. systemd does not run here,
+    so `systemctl` is a script answering `list-jobs` as systemd does."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    systemctl = bin_dir / "systemctl"
+    systemctl.write_text(
+        f'#!/bin/sh\n[ "$1" = list-jobs ] && echo "41 letsinfer.service {job} running"\nexit 0\n'
+    )
+    systemctl.chmod(0o755)
+    systemd = {
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "INVOCATION_ID": "8f1c6a0e2b7d4c3a9e5f0a1b2c3d4e5f",
+        "LETSINFER_SYSTEMD_UNIT": "letsinfer.service",
+    }
+    home = tmp_path / "home"
+    node = start_node(home, env=systemd)
+    try:
+        [engine] = node.engine_pids()
+        node.proc.send_signal(signal.SIGTERM)
+        node.proc.wait(timeout=60)
+        assert (engine in node.engine_pids()) is kept, node.log()
+        if kept:
+            again = start_node(home, env=systemd)
+            try:
+                assert again.engine_pids() == [engine], "the new process adopts the engine"
+                reply = again.client(node.key).chat.completions.create(
+                    model="tiny", messages=[{"role": "user", "content": "hi"}]
+                )
+                assert reply.choices[0].message.content == SENTENCE
+            finally:
+                again.stop()
+    finally:
+        node.stop()

@@ -194,8 +194,12 @@ def _run(ctx: CliContext, settings: config.Settings, name: str | None) -> None:
     if ctx.identity is not None and ctx.identity.role != "main":
         _run_agent(ctx, settings)
         return
+    from letsinfer.service import handover, listener
+
+    # A restart: the previous process kept the gateway's socket open for us.
+    inherited = listener.take(ctx.home, gw.host, gw.port)
     for host, port_ in (
-        (gw.host, gw.port),
+        *(() if inherited else ((gw.host, gw.port),)),
         (settings.control.host, settings.control.port),
         (settings.agent.api_host, settings.agent.api_port),
     ):
@@ -246,6 +250,8 @@ def _run(ctx: CliContext, settings: config.Settings, name: str | None) -> None:
         name="gateway",
         batch_writes=True,
         protocol_mixins=direct_path(app),
+        inherited=inherited,
+        keep_listener=lambda sock: handover.asked(ctx.home) and listener.hand_over(ctx.home, sock),
     )
     node.server = server
     server.run()

@@ -1,9 +1,11 @@
 """A restart that keeps engines serving: the request the old process acts on.
 
 ``letsinfer service restart`` writes ``<run>/handover.json`` naming the running
-node's pid, then stops that node as ``service stop`` would. A node that finds
-the request addressed to itself when it shuts down leaves its ready engines
-running (see agent/supervisor.py) for the next start to adopt; without it, a
+node's pid, then stops that node as ``service stop`` would; a plain
+``systemctl restart`` of the node role's unit is recognised by systemd's own
+job (:func:`systemd_restarting`). A node being restarted leaves its ready
+engines running (see agent/supervisor.py) for the next start to adopt, and
+keeps its gateway socket open for it (service/listener.py); without it, a
 stopping node stops its engines. The run folder is the node user's own (0700),
 so only who may signal the node may ask this.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 
 from letsinfer.home import Home
@@ -32,16 +35,49 @@ def cancel(home: Home) -> None:
     home.handover_request.unlink(missing_ok=True)
 
 
-def take(home: Home) -> bool:
-    """Whether a fresh request names this process; the request is used up."""
-    path = home.handover_request
+def asked(home: Home) -> bool:
+    """Whether this process is being restarted (the request stays): a fresh
+    request names it, or systemd is restarting its unit."""
+    return _requested(home) or systemd_restarting()
+
+
+def systemd_restarting() -> bool:
+    """A plain `systemctl restart` of the unit running this process: systemd
+    sends the same SIGTERM as for a stop, but the unit's job says restart.
+    The node role's unit names itself in LETSINFER_SYSTEMD_UNIT; INVOCATION_ID
+    is systemd's own mark on the processes it starts."""
+    unit = os.environ.get("LETSINFER_SYSTEMD_UNIT")
+    if not unit or not os.environ.get("INVOCATION_ID"):
+        return False
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        jobs = subprocess.run(
+            ["systemctl", "list-jobs", "--no-legend", "--plain", unit],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    # JOB UNIT TYPE STATE: "41 letsinfer.service restart running"
+    return any(line.split()[1:3] == [unit, "restart"] for line in jobs.splitlines())
+
+
+def _requested(home: Home) -> bool:
+    try:
+        fd = os.open(home.handover_request, os.O_RDONLY | os.O_NOFOLLOW)
         with os.fdopen(fd) as fh:
-            asked = json.load(fh)
+            request = json.load(fh)
     except (OSError, ValueError):
         return False
-    if asked.get("pid") != os.getpid():
+    if not isinstance(request, dict) or request.get("pid") != os.getpid():
         return False
-    path.unlink(missing_ok=True)
-    return isinstance(asked.get("at"), int | float) and time.time() - asked["at"] < _FRESH_S
+    at = request.get("at")
+    return isinstance(at, int | float) and time.time() - at < _FRESH_S
+
+
+def take(home: Home) -> bool:
+    """Whether a fresh request names this process; the request is used up."""
+    if not asked(home):
+        return False
+    home.handover_request.unlink(missing_ok=True)
+    return True
