@@ -46,16 +46,56 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 
+# Where the test setup notes the host's enabled units before it installs
+# anything; a test holds the host to that list afterwards (tests/test_units.py).
+ENABLED_BEFORE = BUILD / "enabled-units-before-test-setup.txt"
+# Debian's way to keep a package's maintainer scripts from starting services.
+POLICY_RC_D = Path("/usr/sbin/policy-rc.d")
+
+
+def enabled_units() -> set[str]:
+    """Unit files enabled at boot on this host (systemd need not be running)."""
+    if shutil.which("systemctl") is None:
+        return set()
+    listed = subprocess.run(
+        ["systemctl", "list-unit-files", "--state=enabled", "--no-legend", "--plain"],
+        capture_output=True,
+        text=True,
+    )
+    return {line.split()[0] for line in listed.stdout.splitlines() if line.strip()}
+
+
 @task
 def system_packages(c: Context) -> None:
-    """Install the Debian packages the test suite needs (as root, when missing)."""
+    """Install the Debian packages the test suite needs (as root, when missing):
+    no recommended extras, no service started, and any unit their install
+    enabled is disabled again, so the host boots as it did."""
     if shutil.which("dpkg-query") is None:
         return
+    before = enabled_units()
+    BUILD.mkdir(exist_ok=True)
+    if not ENABLED_BEFORE.exists():  # the first setup on this host saw it as it was
+        ENABLED_BEFORE.write_text("".join(f"{u}\n" for u in sorted(before)))
     missing = [p for p in TEST_SYSTEM_PACKAGES if not _installed(p)]
     if not missing:
         return
     c.run("apt-get update -qq", hide="out")
-    c.run("DEBIAN_FRONTEND=noninteractive apt-get install -y -qq " + " ".join(missing))
+    ours = not POLICY_RC_D.exists()
+    if ours:
+        POLICY_RC_D.write_text("#!/bin/sh\n# letsinfer's test setup: start no service\nexit 101\n")
+        POLICY_RC_D.chmod(0o755)
+    try:
+        c.run(
+            "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "
+            + " ".join(missing)
+        )
+    finally:
+        if ours:
+            POLICY_RC_D.unlink(missing_ok=True)
+    enabled = sorted(enabled_units() - before)
+    if enabled:
+        c.run("systemctl disable --quiet " + " ".join(enabled), warn=True)
+        print(f"test setup: disabled what the install enabled: {', '.join(enabled)}")
 
 
 @task
