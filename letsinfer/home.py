@@ -33,23 +33,36 @@ class Home:
         return cls(etc=root / "etc", var=root / "var", run=root / "run")
 
     @classmethod
-    def resolve(cls, explicit: str | Path | None = None) -> Home:
-        chosen = explicit or os.environ.get(HOME_ENV)
-        if chosen:
-            return cls.under(Path(chosen))
-        if os.geteuid() == 0:
-            return cls(
-                etc=Path("/etc/letsinfer"),
-                var=Path("/var/lib/letsinfer"),
-                run=Path("/run/letsinfer"),
-            )
+    def system(cls) -> Home:
+        """root's default: the FHS places, named by ``/etc/letsinfer``."""
+        return cls(
+            etc=Path("/etc/letsinfer"), var=Path("/var/lib/letsinfer"), run=Path("/run/letsinfer")
+        )
+
+    @classmethod
+    def user(cls) -> Home:
+        """An ordinary user's default: one directory under ~/.local/share."""
         data = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local/share")
         return cls.under(data / "letsinfer")
 
+    @classmethod
+    def resolve(cls, explicit: str | Path | None = None) -> Home:
+        """``--home DIR`` (or LETSINFER_HOME) means what :attr:`label` shows:
+        a directory holding etc, var and run, or ``/etc/letsinfer`` for
+        root's FHS places; without one, the default for this user."""
+        chosen = explicit or os.environ.get(HOME_ENV)
+        if chosen:
+            system = cls.system()
+            if Path(chosen).expanduser().absolute() == system.etc:
+                return system
+            return cls.under(Path(chosen))
+        return cls.system() if os.geteuid() == 0 else cls.user()
+
     @property
     def label(self) -> str:
-        """How messages name this home: DIR for ``--home DIR``, the config
-        directory (``/etc/letsinfer``) for root's defaults."""
+        """How messages name this home, and what ``--home`` accepts for it: DIR
+        for ``--home DIR``, the config directory (``/etc/letsinfer``) for
+        root's defaults."""
         root = self.etc.parent
         if self.etc.name == "etc" and self.var == root / "var" and self.run == root / "run":
             return str(root)

@@ -6,6 +6,8 @@ import hashlib
 import json
 import shutil
 import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -15,7 +17,7 @@ import pytest
 from letsinfer.engines.tinymodel import SENTENCE
 from letsinfer.identity import NodeIdentity, save_identity
 from tests import json_docs
-from tests.nodes import RunningNode, letsinfer
+from tests.nodes import RunningNode, letsinfer, start_node
 
 
 def store_files(node: RunningNode) -> list[str]:
@@ -468,3 +470,43 @@ def test_every_display_shows_a_paused_node_as_the_gateway_treats_it(
     assert waited.returncode == 0 and waited.stdout.startswith("model tiny: serving")
     assert tasks() == {"ready"}
     assert httpx.post(url, json=chat, headers=auth, timeout=60).status_code == 200
+
+
+def test_home_has_one_meaning_shown_and_accepted_alike(tmp_path: Path) -> None:
+    from letsinfer.cli import home_first
+    from letsinfer.home import Home
+
+    # root's FHS home is shown as /etc/letsinfer, and accepted as that
+    assert Home.system().label == "/etc/letsinfer"
+    assert Home.resolve("/etc/letsinfer") == Home.system()
+    assert Home.resolve(tmp_path / "h").label == str(tmp_path / "h")
+    assert home_first(["status", "--home", "D", "--json"]) == ["--home", "D", "status", "--json"]
+    assert home_first(["model", "add", "x", "--home=D"]) == ["--home=D", "model", "add", "x"]
+
+    made = tmp_path / "made"
+    assert letsinfer(made, "node", "init", "--main").returncode == 0
+    shown = json.loads(letsinfer(made, "status", "--json").stdout)["home"]
+    after = subprocess.run(
+        [sys.executable, "-m", "letsinfer", "status", "--json", "--home", shown],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert after.returncode == 0, after.stderr
+    assert json.loads(after.stdout)["initialised"] is True
+
+    nothing = letsinfer(tmp_path / "empty", "status")
+    assert nothing.returncode == 3, "asked for a node, there is none"
+    assert "no letsinfer node in" in nothing.stdout
+    assert letsinfer(tmp_path / "empty", "status", "--json").returncode == 0  # scripts read it
+
+    # a node running in another default home (here: a user's) is named
+    xdg = tmp_path / "xdg"
+    xdg.mkdir()
+    node = start_node(xdg / "letsinfer")
+    try:
+        pointed = letsinfer(tmp_path / "empty", "status", env={"XDG_DATA_HOME": str(xdg)})
+        assert pointed.returncode == 3
+        assert f"a node runs in {xdg / 'letsinfer'}" in " ".join(pointed.stdout.split())
+    finally:
+        node.stop()

@@ -203,5 +203,25 @@ def cli(ctx: click.Context, home: str | None) -> None:
     ctx.obj = load_context(home)
 
 
+def home_first(argv: list[str]) -> list[str]:
+    """``--home DIR`` is accepted after the subcommand too (``letsinfer status
+    --home DIR``): it moves in front, where click reads the group's options."""
+    front: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            rest.extend(argv[i:])
+            break
+        if word == "--home" and i + 1 < len(argv):
+            front += argv[i : i + 2]
+            i += 2
+            continue
+        (front if word.startswith("--home=") else rest).append(word)
+        i += 1
+    return front + rest
+
+
 def main() -> None:
-    cli(prog_name="letsinfer")
+    cli.main(args=home_first(sys.argv[1:]), prog_name="letsinfer")

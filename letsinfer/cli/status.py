@@ -13,6 +13,7 @@ import click
 
 from letsinfer.cli import cli
 from letsinfer.cli.scope import CliContext, scoped
+from letsinfer.home import Home
 from letsinfer.trust.presented import file_fingerprint, presented_cert
 
 
@@ -36,6 +37,17 @@ def _served(ctx: CliContext, node_id: str) -> dict[str, Any]:
         }
     finally:
         store.close()
+
+
+def _running_elsewhere(home: Home) -> Home | None:
+    """Another default home of this machine where a node runs, if any."""
+    for other in (Home.system(), Home.user()):
+        try:
+            if other != home and other.running_pid() is not None:
+                return other
+        except OSError:  # not ours to read
+            continue
+    return None
 
 
 @scoped(cli, "status", scope="all")
@@ -80,8 +92,14 @@ def status(ctx: CliContext, as_json: bool) -> None:
     from letsinfer.cli.output import console, emit
 
     if ident is None:
-        console.print(f"no letsinfer node in {info['home']} (start one with `letsinfer up`)")
-        return
+        elsewhere = _running_elsewhere(ctx.home)
+        hint = (
+            f"a node runs in {elsewhere.label}: `letsinfer --home {elsewhere.label} status`"
+            if elsewhere
+            else "start one with `letsinfer up`"
+        )
+        console.print(f"no letsinfer node in {info['home']} ({hint})", highlight=False)
+        raise SystemExit(3)  # as `service status`: asked for a node, there is none
     running = f"[green]running[/green] (pid {pid})" if pid else "[red]not running[/red]"
     if pid and info["paused"]:
         running += ", [yellow]paused[/yellow]: admits no new requests (`letsinfer node resume`)"
