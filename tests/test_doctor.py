@@ -310,9 +310,25 @@ def test_a_clean_cluster_passes_and_each_violation_is_named() -> None:
     assert "expired" in failed["certificate n2"]
     assert "sent no facts for 300s" in failed["facts n1"]
     assert "the chain was cut" in failed["audit n2"]
-    assert "no nftables table" in failed["firewall n3"]
-    assert "firewall n1" not in failed  # it cannot tell: a warning
+    assert "firewall n3" not in failed and "firewall n1" not in failed  # warnings (below)
     assert "stale" in failed["group pg-1"]
     assert "parked: failed to start 5 times" in failed["group pg-2"]
     assert "paused: data link n3-n2 lost" in failed["group pg-3"]
     assert "group pg-4" not in failed  # stopped on purpose: not meant to run
+
+
+def test_a_missing_firewall_table_gets_one_verdict_and_a_fix_that_works(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from letsinfer.doctor import firewall
+
+    monkeypatch.setattr(firewall, "RULES_FILE", tmp_path / "letsinfer.nft")  # not written
+    here = firewall.firewall_finding(False)
+    there = firewall.firewall_finding(False, node="n3")
+    assert here.level == there.level == "warn"
+    assert "no nftables table" in here.message and "no nftables table" in there.message
+    assert "nft -f" not in here.fix, "no file to load: the role writes it"
+    assert "letsinfer fleet apply firewall" in here.fix
+    (tmp_path / "letsinfer.nft").write_text("table inet letsinfer {}\n")
+    assert firewall.firewall_finding(False).fix == f"nft -f {tmp_path / 'letsinfer.nft'}"
+    assert firewall.firewall_finding(True).level == "ok"

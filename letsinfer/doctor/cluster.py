@@ -22,6 +22,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from letsinfer.doctor.findings import Finding, fail, ok, warn
+from letsinfer.doctor.firewall import firewall_finding
 from letsinfer.store import AuthorityStore, GpuClaim, NodeRecord, PlacementGroupRecord
 
 NEAR_EXPIRY_S = 7 * 86400  # children renew at 10 days left: under 7, renewal is failing
@@ -171,27 +172,8 @@ def _node(s: ClusterState, n: NodeRecord) -> list[Finding]:
                 "see docs/audit.md; run letsinfer audit verify there",
             )
         )
-    # firewall
-    loaded = (n.facts or {}).get("firewall")
-    if loaded is True:
-        out.append(ok(f"firewall {name}", "table inet letsinfer loaded"))
-    elif loaded is False:
-        out.append(
-            fail(
-                f"firewall {name}",
-                f"{name} reports no nftables table inet letsinfer: its control, agent and "
-                "engine ports are open to any host that reaches them",
-                "run playbooks/firewall.yml",
-            )
-        )
-    else:
-        out.append(
-            warn(
-                f"firewall {name}",
-                f"{name} cannot tell whether its firewall is loaded (no nft, or not root)",
-                "install nftables on it and run letsinfer as root",
-            )
-        )
+    # firewall: the same verdict `doctor` gives on that host
+    out.append(firewall_finding((n.facts or {}).get("firewall"), node=name))
     if n.paused:
         out.append(
             warn(

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from letsinfer.agent.firewall import table_loaded
 from letsinfer.doctor import mdns, system
 from letsinfer.doctor.clock import MAIN_NO_REFERENCE, NO_REFERENCE, TimeSource, check_clock
-from letsinfer.doctor.findings import Finding, ok, warn
+from letsinfer.doctor.findings import Finding
+from letsinfer.doctor.firewall import firewall_finding
 from letsinfer.doctor.gpus import check_gpus, open_probe
 from letsinfer.doctor.ports import Port, check_port
 from letsinfer.home import Home
@@ -33,25 +34,6 @@ class HostPlan:
     # run first; empty before install.
     extra: list[Callable[[], list[Finding]]] = field(default_factory=list)
     installed: bool = True
-
-
-def firewall_finding(loaded: bool | None, installed: bool = True) -> Finding:
-    if loaded:
-        return ok("firewall", "nftables table inet letsinfer is loaded")
-    if not installed:
-        return ok("firewall", "table inet letsinfer not loaded yet: the firewall role loads it")
-    if loaded is None:
-        return warn(
-            "firewall",
-            "cannot tell whether nftables table inet letsinfer is loaded (no nft, or not root)",
-            "install nftables and run doctor as root",
-        )
-    return warn(
-        "firewall",
-        "nftables table inet letsinfer is not loaded: the control, agent and engine ports "
-        "are open to any host that reaches them",
-        "run playbooks/firewall.yml (or nft -f /etc/nftables.d/letsinfer.nft)",
-    )
 
 
 def check_host(plan: HostPlan) -> list[Finding]:
