@@ -87,8 +87,8 @@ def control_limits(
     cap = max(16, min(max_connections, file_limit // 4))
     if cap < max_connections:
         log.info(
-            "control plane: at most %d open connections (max_connections is %d, but the "
-            "file limit is %d)",
+            "control plane: takes at most %d connections at once, not max_connections = %d: "
+            "this process may open only %d files, and the control plane keeps to a quarter",
             cap,
             max_connections,
             file_limit,
@@ -116,8 +116,9 @@ def gateway_limits(
     cap = max(1, min(max_connections, room))
     if cap < max_connections:
         log.info(
-            "gateway: at most %d open connections (max_connections is %d, but the file "
-            "limit is %d; raise LimitNOFILE to allow more)",
+            "gateway: takes at most %d connections at once, not max_connections = %d: this "
+            "process may open only %d files, and each client may need a second one to its "
+            "engine (raise LimitNOFILE, or ulimit -n, to allow more)",
             cap,
             max_connections,
             file_limit,

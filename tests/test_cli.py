@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -510,3 +512,38 @@ def test_home_has_one_meaning_shown_and_accepted_alike(tmp_path: Path) -> None:
         assert f"a node runs in {xdg / 'letsinfer'}" in " ".join(pointed.stdout.split())
     finally:
         node.stop()
+
+
+@pytest.mark.timeout(90)  # top that writes nothing blocks the read below
+def test_top_writes_a_view_per_interval_when_its_output_is_not_a_terminal(
+    main_node: RunningNode,
+) -> None:
+    """`top | tee file` (or a log) gets views while top runs, not only at its end."""
+    top = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "letsinfer",
+            "--home",
+            str(main_node.home),
+            "top",
+            "--interval",
+            "0.3",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **main_node.env},
+    )
+    assert top.stdout is not None
+    seen: list[str] = []
+    try:
+        for line in top.stdout:  # blocks until top writes; the suite's timeout bounds it
+            seen.append(line)
+            if sum("tiny" in s for s in seen) >= 4:  # two views, each naming it twice
+                break
+        assert top.poll() is None, "views arrive while top runs"
+    finally:
+        top.send_signal(signal.SIGINT)
+        top.communicate(timeout=30)
+    assert top.returncode == 0

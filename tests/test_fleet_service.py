@@ -210,6 +210,8 @@ def test_up_writing_to_a_log_keeps_the_first_key_out_of_it_and_leaves_no_pid_fil
     assert not (home / "run/node.pid").exists()
     left = processes_using(home)
     assert left == [], (command_lines(left), log)
+    assert proc.returncode == 0 and "Aborted!" not in log, "a Ctrl-C is a clean stop"
+    assert log.rstrip().endswith("letsinfer: stopped (Ctrl-C)")
 
 
 def test_a_restart_of_the_main_refuses_no_client_connection(tmp_path: Path) -> None:

@@ -229,8 +229,15 @@ def test_a_source_not_admitted_is_closed_as_accepted(served: Served) -> None:
     assert httpx.get(f"http://127.0.0.1:{served.server.port}/").text == "ok"
 
 
-def test_the_gateway_cap_stays_below_the_file_limit() -> None:
-    limits = gateway_limits(10_000, 1_000, 10, 5, file_limit=4096)
+def test_the_gateway_cap_stays_below_the_file_limit(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("INFO", logger="letsinfer.connections"):
+        limits = gateway_limits(10_000, 1_000, 10, 5, file_limit=4096)
+    # said plainly: what it takes, what it was asked, why, and what allows more
+    assert (
+        "gateway: takes at most 1536 connections at once, not max_connections = 10000: "
+        "this process may open only 4096 files" in caplog.text
+    )
+    assert "LimitNOFILE" in caplog.text
     # each client connection may hold an engine connection too; 1024 kept aside
     assert limits.max_connections == (4096 - 1024) // 2
     assert gateway_limits(10_000, 1_000, 10, 5, file_limit=1 << 20).max_connections == 10_000

@@ -41,7 +41,8 @@ def _metrics_url(ctx: CliContext) -> str:
 def top(ctx: CliContext, interval: float, once: bool) -> None:
     """A live view of the cluster: models (ready groups, queue, requests and
     tokens per second), placement groups, nodes and GPUs, from the main's
-    metrics endpoint (the same numbers Prometheus scrapes). Ctrl-C to leave."""
+    metrics endpoint (the same numbers Prometheus scrapes). Ctrl-C to leave.
+    When the output is not a terminal, it prints one view per interval."""
     from rich.live import Live
 
     from letsinfer.telemetry.top import render, scrape
@@ -53,6 +54,15 @@ def top(ctx: CliContext, interval: float, once: bool) -> None:
             time.sleep(interval)
             console.print(render(prev, scrape(url)))
             return
+        if not console.is_terminal:
+            # Not a terminal (a pipe, a file): no live redraw to write into;
+            # one whole view per interval, one after another, as `top -b` does.
+            while True:
+                time.sleep(interval)
+                cur = scrape(url)
+                console.print(render(prev, cur))
+                console.file.flush()
+                prev = cur
         with Live(render(None, prev), console=console, auto_refresh=False) as live:
             while True:
                 time.sleep(interval)

@@ -159,6 +159,8 @@ def up(
     lock = _lock_pid_file(ctx)
     try:
         _run(ctx, settings, name)
+    except KeyboardInterrupt:  # uvicorn raises the Ctrl-C again once it has stopped
+        click.echo("letsinfer: stopped (Ctrl-C)")
     finally:
         _release_pid_file(ctx, lock)
 
