@@ -10,10 +10,14 @@ The story, run once for the module (it is what an operator does):
    README says for a new machine), not yet in the inventory and with no
    firewall. The outsider plants an enrollment request on it, sent by its own
    main named after the real main's address.
+   It also sends one forged with the real main's CA and node certificates
+   (both public), naming the real main and the latest expiry a candidate
+   keeps, but signed by a key of its own.
 3. n2 is added to the inventory and site.yml runs again.
 
 Then: n2 is a child of the real main; the planted request was rejected and
-audited on n2; the outsider's main never lists n2; the outsider never reached
+audited on n2, the forged one refused as it arrived, each recorded under the
+outsider's address; the outsider's main never lists n2; the outsider never reached
 the control, agent, engine or metrics ports of a firewalled member (n2's only
 before its table was loaded, never after); it reaches the gateway. Needs root,
 like CI.
@@ -21,6 +25,7 @@ like CI.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import ctypes
 import errno
@@ -298,6 +303,8 @@ class Story:
     pending_on_n2: list[dict[str, object]]  # n2's `node requests --json` after the plant
     refused_accept: subprocess.CompletedProcess[str]
     requests_after_refusal: list[dict[str, object]]
+    forged: list[tuple[dict[str, object], str, str]]  # with the real main's CA; n2's answers
+    requests_after_forgery: list[dict[str, object]]
     run1: subprocess.CompletedProcess[str]
     run2: subprocess.CompletedProcess[str]
     watch: Watch
@@ -362,6 +369,8 @@ def story(lab: Lab, wheels: Path) -> Iterator[Story]:
             timeout=120,
         )
         after_refusal = json.loads(by_hand(lab, "n2", "node", "requests", "--json"))
+        forged = forge_requests(lab, main_ca)
+        after_forgery = json.loads(by_hand(lab, "n2", "node", "requests", "--json"))
 
         watch.phase = "run 2"
         # the lab inventory has main and n1; this one adds n2 to the children
@@ -378,10 +387,60 @@ def story(lab: Lab, wheels: Path) -> Iterator[Story]:
         pending,
         refused,
         after_refusal,
+        forged,
+        after_forgery,
         run1,
         run2,
         watch,
     )
+
+
+def forge_requests(lab: Lab, main_ca: str) -> list[tuple[dict[str, object], str, str]]:
+    """The outsider sends n2 enrollment requests with the real main's CA
+    certificate (public: any member presents it), the real main's id, name and
+    address, and the latest expiry a candidate keeps (a week): one as an old
+    release's main would send it, and one that also carries the real main's
+    node certificate (public too) with a signature by a key of the outsider's
+    own, since the main's key is what it cannot have. Each with n2's HTTP
+    status and answer."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    pki_dir = f"/etc/letsinfer/clusters/{main_ca[:16]}"
+    ca_pem = sh(lab, "main", f"cat {pki_dir}/ca.crt") + "\n"
+    main_cert = sh(lab, "main", f"cat {pki_dir}/node.crt") + "\n"
+    main = status(lab, "main")
+    plain = {
+        "enrollment_id": "enr-forged000001",
+        "main_id": str(main["node_id"]),
+        "main_name": str(main["name"]),
+        "main_address": f"{lab.hosts['main'].address}:8443",
+        "ca": ca_pem,
+        "token": "f" * 43,
+        "expires_at": time.time() + 7 * 86400,
+        "gateway_url": None,
+    }
+    signed = {**plain, "enrollment_id": "enr-forged000002", "main_cert": main_cert}
+    own_key = ec.generate_private_key(ec.SECP256R1())
+    signature = own_key.sign(json.dumps(signed, sort_keys=True).encode(), ec.ECDSA(hashes.SHA256()))
+    signed["signature"] = base64.b64encode(signature).decode()
+    out = []
+    for n, forged in enumerate((plain, signed)):
+        body = Path(lab.hosts["outsider"].workdir) / f"forged{n}.json"
+        body.write_text(json.dumps(forged))
+        answer = subprocess.run(
+            lab.hosts["outsider"].nsenter(
+                *("curl", "-sk", "-m", "10", "-w", "\n%{http_code}"),
+                *("-H", "content-type: application/json", "--data-binary", f"@{body}"),
+                f"https://{lab.hosts['n2'].address}:8444/v1/enroll/request",
+            ),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        text, _, code = answer.stdout.rpartition("\n")
+        out.append((forged, code, text))
+    return out
 
 
 # -- what the operator and the attacker see --------------------------------------
@@ -432,6 +491,43 @@ def test_site_yml_enrolls_the_child_with_the_real_main_and_rejects_the_planted_r
     assert [r["detail"] for r in accepted] == [f"cluster sha256:{main['ca_fingerprint']}"]
 
 
+def test_a_request_forged_with_the_real_main_s_ca_never_takes_the_main_s_place(
+    lab: Lab, story: Story
+) -> None:
+    """The CA certificate is public and a request names its own expiry: a request
+    that does not prove the main's key is refused as it arrives, touches nothing
+    n2 kept, and site.yml enrolls n2 with the real main on the first run. n2's
+    audit names the address each request came from, not the one it claims."""
+    outsider, real_main = lab.hosts["outsider"].address, lab.hosts["main"].address
+    main = status(lab, "main")
+    for forged, code, answer in story.forged:
+        assert forged["ca"] and forged["main_address"] == f"{real_main}:8443"
+        assert code == "403", (forged["enrollment_id"], code, answer)
+        assert "does not prove the key of the main it names" in answer, answer
+    assert story.requests_after_forgery == story.requests_after_refusal  # nothing kept, none gone
+
+    assert story.run2.returncode == 0, story.run2.stdout[-6000:]
+    n2 = status(lab, "n2")
+    assert n2["role"] == "child" and n2["ca_fingerprint"] == main["ca_fingerprint"]
+
+    audit = json.loads(sh(lab, "n2", f"{LETSINFER} audit list --json"))
+    asked = [r for r in audit if r["action"] == "node.enroll.request"]
+    refused = [r for r in asked if r["outcome"] == "denied"]
+    assert refused and {r["actor"] for r in refused} == {f"anonymous:{outsider}"}, refused
+    assert all("does not prove the key" in str(r["detail"]) for r in refused), refused
+    kept = [str(r["detail"]) for r in asked if r["outcome"] == "ok"]
+    planted = f"{story.planted['id']} from {outsider}, cluster CA sha256:"
+    assert [d for d in kept if d.startswith(planted)] == [
+        planted + str(story.outsider["ca_fingerprint"])
+    ], kept
+    real = [
+        d
+        for d in kept
+        if d.endswith(f"from {real_main}, cluster CA sha256:{main['ca_fingerprint']}")
+    ]
+    assert len(real) == 1 and not any("forged" in d for d in kept), kept
+
+
 def test_no_moment_of_onboarding_opens_a_member_s_planes_to_the_outsider(
     lab: Lab, story: Story
 ) -> None:
@@ -478,14 +574,39 @@ def test_the_member_set_follows_the_inventory_on_every_run(lab: Lab, story: Stor
         assert re.search(r"tcp dport 9400 drop", rules), rules
 
 
-def test_opting_out_of_the_firewall_is_loud(lab: Lab, wheels: Path, story: Story) -> None:
-    before = sh(lab, "n1", "nft list table inet letsinfer")
-    result = playbook(lab, wheels, "firewall.yml", "--limit", "n1", "-e", "firewall_enabled=false")
-    assert result.returncode == 0, result.stdout
-    out = " ".join((result.stdout + result.stderr).split())  # Ansible warns on stderr
-    assert "[WARNING]: firewall_enabled is false: n1 gets no letsinfer firewall table" in out
-    assert "reachable from any host that can reach it, members or not" in out
-    assert sh(lab, "n1", "nft list table inet letsinfer") == before
+def test_opting_out_of_the_firewall_removes_the_table_loudly(
+    lab: Lab, wheels: Path, story: Story
+) -> None:
+    """firewall_enabled=false leaves no letsinfer table behind: the outsider then
+    reaches n1's agent port, as the warning says; the next run with the
+    firewall on closes it again."""
+    n1_agent = (lab.hosts["n1"].address, 8444)
+    outsider_ns = lab.hosts["outsider"].namespace
+    assert in_namespace(outsider_ns, lambda: connects([n1_agent])) == set()
+    n2_added = inventory_file(lab, "n2", {}, {"n2": {"ansible_host": lab.hosts["n2"].address}})
+    try:
+        result = playbook(
+            lab,
+            wheels,
+            "firewall.yml",
+            *("--limit", "n1", "-e", "firewall_enabled=false"),
+            inventories=(n2_added,),
+        )
+        assert result.returncode == 0, result.stdout
+        # what the warning says is what the host has: the outsider reaches its agent
+        assert in_namespace(outsider_ns, lambda: connects([n1_agent])) == {n1_agent}
+        assert on(lab, "n1", "nft list table inet letsinfer").returncode != 0
+        assert on(lab, "n1", "test -e /etc/nftables.d/letsinfer.nft").returncode != 0
+        out = " ".join((result.stdout + result.stderr).split())  # Ansible warns on stderr
+        assert "[WARNING]: firewall_enabled is false: n1 gets no letsinfer firewall table" in out
+        assert "reachable from any host that can reach it, members or not" in out
+        assert "the nftables table inet letsinfer that an earlier run loaded on n1 is deleted" in (
+            out
+        )
+    finally:  # the firewall back on n1, for the tests after this one
+        again = playbook(lab, wheels, "firewall.yml", "--limit", "n1", inventories=(n2_added,))
+    assert again.returncode == 0, again.stdout
+    assert in_namespace(outsider_ns, lambda: connects([n1_agent])) == set()
 
 
 def site_alone(lab: Lab, inventory: str, *args: str) -> subprocess.CompletedProcess[str]:

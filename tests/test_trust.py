@@ -335,12 +335,9 @@ print(r.status_code, r.text)
 # An outsider's attempts to make a node hold what it sends: bodies, headers,
 # a body that never ends, and enrollment requests a candidate would keep.
 EXHAUST = """
-import datetime, json, socket, ssl, sys, time
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
+import json, socket, ssl, sys, time
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
-main, candidate = sys.argv[1], sys.argv[2]
+main, candidate, candidate_id = sys.argv[1], sys.argv[2], sys.argv[3]
 ctx = ssl.create_default_context()
 ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE  # no CA, no certificate
 out = {}
@@ -428,24 +425,32 @@ except OSError:
 out["headers"] = {"sent": sent, "status": status(answer(s))}
 s.close()
 
-# 6. Enrollment requests at a candidate, each kept for decades if it could.
-key = ec.generate_private_key(ec.SECP256R1())
-name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "a cluster of my own")])
-now = datetime.datetime.now(datetime.timezone.utc)
-ca = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-      .public_key(key.public_key()).serial_number(1).not_valid_before(now)
-      .not_valid_after(now + datetime.timedelta(days=9000))
-      .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-      .sign(key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM).decode())
+# 6. Enrollment requests at a candidate, each kept for decades if it could:
+# from a cluster of its own (its own CA and main key, as letsinfer makes them),
+# so each proves its main's key; and one that proves nothing.
+from letsinfer.trust import pki, request_proof
+ca_key, ca_cert = pki.create_ca("a cluster of my own")
+ca = pki.cert_pem(ca_cert).decode()
+main_key = ec.generate_private_key(ec.SECP256R1())
+main_cert = pki.cert_pem(pki.issue(ca_key, ca_cert, main_key.public_key(), kind="node",
+                                   subject_id="m0", role="main", days=30)).decode()
 statuses = []
-for i in range(40):
-    request = {"enrollment_id": f"enr-flood{i:04d}", "main_id": f"m{i}", "main_name": "x" * 200,
+for i in range(41):
+    request = {"enrollment_id": f"enr-flood{i:04d}", "main_id": "m0", "main_name": "x" * 200,
                "main_address": "192.0.2.9:8443", "ca": ca, "token": "t" * 43,
-               "expires_at": time.time() + 30 * 365 * 86400}
+               "expires_at": time.time() + 30 * 365 * 86400, "gateway_url": None}
+    if i < 38:
+        fields = {k: v for k, v in request.items() if k != "ca"}
+        fields["ca_pem"] = ca
+        signed = request_proof.message(candidate_id=candidate_id, **fields)
+        request["main_cert"] = main_cert
+        request["signature"] = request_proof.sign(main_key, signed)
     if i == 38:
         request["expires_at"] = float("nan")  # never expires, never shown
     if i == 39:
         request["main_name"] = "x" * 100000  # no field takes that much
+    if i == 40:
+        request["enrollment_id"] = "enr-unproven"  # signed by no one: refused
     body = json.dumps(request).encode()
     s = connect(candidate, 8444, True)
     head = b"content-length: %d\\r\\nconnection: close\\r\\n\\r\\n" % len(body)
@@ -481,7 +486,8 @@ def test_an_outsider_cannot_make_a_node_hold_what_it_sends(cluster: Cluster) -> 
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
-        done = c.lab.run("second", PY, "-c", EXHAUST, main, candidate, timeout=600)
+        candidate_id = json.loads(c.ok("other", "status", "--json"))["node_id"]
+        done = c.lab.run("second", PY, "-c", EXHAUST, main, candidate, candidate_id, timeout=600)
     finally:
         stop.set()
         watcher.join()
@@ -504,6 +510,7 @@ def test_an_outsider_cannot_make_a_node_hold_what_it_sends(cluster: Cluster) -> 
     enroll = seen["enroll"]
     assert all(x.startswith("HTTP/1.1 200") for x in enroll[:38]), enroll
     assert enroll[38].startswith("HTTP/1.1 422") and enroll[39].startswith("HTTP/1.1 422"), enroll
+    assert enroll[40].startswith("HTTP/1.1 403"), enroll  # proves no main's key
     pending = json.loads(c.ok("other", "node", "requests", "--json"))
     flood = [r for r in pending if r["id"].startswith("enr-flood")]
     assert len(pending) <= 32 and len(flood) == len(pending)
@@ -511,11 +518,12 @@ def test_an_outsider_cannot_make_a_node_hold_what_it_sends(cluster: Cluster) -> 
     week = time.time() + 7 * 86400 + 60
     assert all(datetime.fromisoformat(r["expires"]).timestamp() < week for r in flood)
     records = [r for r in c.audit("other") if r["action"] == "node.enroll.request"][len(before) :]
-    assert len(records) <= 32 + 3, records  # one each while there is room, then counted
+    # one each while there is room, then counted (and the unproven one refused)
+    assert len(records) <= 32 + 4, records
     c.wait(
         lambda: sum(counted(c, "other", f"anonymous:{c.lab.hosts['second']}",
-                            "node.enroll.request")) == 38 - 32,
-        "the requests past the room counted as a flood",
+                            "node.enroll.request")) == 38 - 32 + 1,
+        "the requests past the room counted as a flood, and the unproven one",
         timeout=DENIAL_INTERVAL_S * 4,
     )  # fmt: skip
     assert json.loads(c.ok("main", "status", "--json"))["state"] in ("running", "active")

@@ -43,6 +43,10 @@ class EnrollRequest(BaseModel):
     token: str = Field(max_length=256)
     expires_at: float = Field(allow_inf_nan=False)
     gateway_url: str | None = Field(default=None, max_length=2048)
+    # The main's node certificate and its signature over this request (see
+    # trust/request_proof): without them a request proves nothing and is refused.
+    main_cert: str | None = Field(default=None, max_length=16384)
+    signature: str | None = Field(default=None, max_length=256)
 
 
 class LinkChallenge(BaseModel):
@@ -89,6 +93,9 @@ def create_agent_app(
     @app.post("/v1/enroll/request")
     async def enroll_request(body: EnrollRequest, request: Request) -> dict[str, Any]:
         ident = identity()
+        # Anyone may ask (an open path): its records name the address it came
+        # from, never the name or address the request gives itself.
+        client = request.client.host if request.client else "?"
         if ident.enrolled:
             window = adoption_window(home)
             if window is None or window["main"] != body.main_address:
@@ -98,31 +105,37 @@ def create_agent_app(
                     "it is never adopted silently: run `letsinfer node move-into "
                     f"--main {body.main_address}` on it first"
                 )
-                # Anyone may ask (an open path): counted by address, not by the
-                # name the request gives itself.
-                client = request.client.host if request.client else "?"
                 denials.note(
                     f"anonymous:{client}",
                     "node.enroll.request",
                     "already belongs to a cluster: adoption needs `node move-into` first",
                 )
                 raise HTTPException(409, why)
+        req = candidate.PendingRequest(
+            id=body.enrollment_id,
+            main_id=body.main_id,
+            main_name=body.main_name,
+            main_address=body.main_address,
+            ca_pem=body.ca,
+            token=body.token,
+            expires_at=body.expires_at,
+            received_at=time.time(),
+            gateway_url=body.gateway_url,
+            main_cert=body.main_cert,
+            signature=body.signature,
+            received_from=client,
+        )
         try:
-            room = candidate.store_request(
-                home,
-                candidate.PendingRequest(
-                    id=body.enrollment_id,
-                    main_id=body.main_id,
-                    main_name=body.main_name,
-                    main_address=body.main_address,
-                    ca_pem=body.ca,
-                    token=body.token,
-                    expires_at=body.expires_at,
-                    received_at=time.time(),
-                    gateway_url=body.gateway_url,
-                ),
+            room = candidate.store_request(home, req, ident.node_id)
+        except candidate.UnprovenRequest as exc:
+            # Dropped before anything kept is touched; counted by source address.
+            denials.note(
+                f"anonymous:{client}",
+                "node.enroll.request",
+                "the request does not prove the key of the main it names",
             )
-        except (candidate.EnrollmentError, ValueError) as exc:
+            raise HTTPException(403, f"enrollment request refused: {exc}") from exc
+        except (candidate.EnrollmentError, pki.CertificateError, ValueError) as exc:
             raise HTTPException(400, f"malformed enrollment request: {exc}") from exc
         if room:
             audit.append_audit(
@@ -130,14 +143,14 @@ def create_agent_app(
                 "node.enroll.request",
                 "ok",
                 target=ident.name,
-                detail=body.enrollment_id,
+                detail=f"{req.id} from {client}, cluster CA sha256:{req.ca_fingerprint}",
             )
         else:  # a flood: counted by address, one record a window, not one each
-            client = request.client.host if request.client else "?"
             denials.note(
                 f"anonymous:{client}",
                 "node.enroll.request",
-                f"more than {candidate.MAX_PENDING} pending requests: the oldest made room",
+                f"more than {candidate.MAX_PENDING} pending requests: "
+                "the oldest of the sender holding the most made room",
             )
         return {
             "status": "pending",

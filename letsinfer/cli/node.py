@@ -158,6 +158,7 @@ def add(
             "expires_at": offer.record.expires_at,
             "gateway_url": None,
         }
+        body |= _proof(ctx, body, cand_id)
         try:
             status, answer, _ = _pinned(
                 target, "POST", "/v1/enroll/request", body, fingerprint, settings
@@ -190,6 +191,31 @@ def add(
         f"enrollment request [bold]{offer.record.id}[/bold] sent to {offer.record.name} at {target}"
     )
     click.echo(f"on that node, run: letsinfer node accept {offer.record.id}")
+
+
+def _proof(ctx: CliContext, body: dict[str, Any], candidate_id: str) -> dict[str, str]:
+    """The main's node certificate and its key's signature over ``body`` for
+    ``candidate_id``: what lets the candidate tell this request from one a LAN
+    host made with the (public) CA certificate."""
+    from letsinfer.trust import request_proof
+    from letsinfer.trust.material import ensure_node_key, tls_files
+
+    assert ctx.identity is not None
+    signed = request_proof.message(
+        enrollment_id=body["enrollment_id"],
+        candidate_id=candidate_id,
+        main_id=body["main_id"],
+        main_name=body["main_name"],
+        main_address=body["main_address"],
+        ca_pem=body["ca"],
+        token=body["token"],
+        expires_at=body["expires_at"],
+        gateway_url=body["gateway_url"],
+    )
+    return {
+        "main_cert": tls_files(ctx.home, ctx.identity).cert.read_text(),
+        "signature": request_proof.sign(ensure_node_key(ctx.home), signed),
+    }
 
 
 def _control_address(settings: config.Settings) -> str:
@@ -227,9 +253,10 @@ class PinMismatchRefused(click.ClickException):
 def requests(ctx: CliContext, as_json: bool) -> None:
     """Enrollment requests this node has received, each with the fingerprint of the
     requesting main's cluster CA: compare it with the main's `letsinfer status`
-    before `node accept ID --ca-fingerprint SHA256`. The name and address are the
-    requester's own words and prove nothing. A node in a cluster receives one
-    only while `node move-into` allows it."""
+    before `node accept ID --ca-fingerprint SHA256`. Each was signed by the key
+    of a main of that CA (one that was not is never kept); the name and main
+    address are that main's own words, `from` the address it came from. A node
+    in a cluster receives one only while `node move-into` allows it."""
     from letsinfer.trust import candidate
 
     rows = [
@@ -239,16 +266,22 @@ def requests(ctx: CliContext, as_json: bool) -> None:
             "main_id": r.main_id,
             "main": r.main_name,
             "main_address": r.main_address,
-            "expires": _when(r.expires_at),
+            "from": r.received_from,
+            "expires": _when(r.keep_until),
         }
-        for r in candidate.list_requests(ctx.home)
+        for r in candidate.list_requests(ctx.home, _candidate_id(ctx))
     ]
     emit(
         rows,
-        ["id", "ca_fingerprint", "main_id", "main", "main_address", "expires"],
+        ["id", "ca_fingerprint", "main_id", "main", "main_address", "from", "expires"],
         as_json=as_json,
         title="enrollment requests",
     )
+
+
+def _candidate_id(ctx: CliContext) -> str:
+    """This node's id, which a request must be signed for (none: no request is)."""
+    return ctx.identity.node_id if ctx.identity is not None else ""
 
 
 def _refuse_move(ctx: CliContext, store: AuthorityStore, action: str, target: str) -> str | None:
@@ -302,7 +335,7 @@ def accept(ctx: CliContext, request_id: str, ca_fingerprint: str | None) -> None
 
     if ctx.identity is None:
         raise click.ClickException("this home is not a node yet: run `letsinfer node init`")
-    req = candidate.get_request(ctx.home, request_id)
+    req = candidate.get_request(ctx.home, request_id, ctx.identity.node_id)
     was_main = ctx.identity.role == "main"
     store = open_authority(ctx.home)
     note = None
@@ -382,7 +415,7 @@ def reject(ctx: CliContext, request_id: str) -> None:
     from letsinfer.authority.anchor import open_authority
     from letsinfer.trust import candidate
 
-    req = candidate.get_request(ctx.home, request_id)
+    req = candidate.get_request(ctx.home, request_id, _candidate_id(ctx))
     candidate.drop_request(ctx.home, req.id)
     store = open_authority(ctx.home)
     try:
@@ -391,7 +424,8 @@ def reject(ctx: CliContext, request_id: str) -> None:
             "node.reject",
             "ok",
             target=req.main_name,
-            detail=f"{req.id} from {req.main_address}, cluster CA sha256:{req.ca_fingerprint}",
+            detail=f"{req.id} from {req.received_from or '?'} (main address "
+            f"{req.main_address}), cluster CA sha256:{req.ca_fingerprint}",
         )
     finally:
         store.close()

@@ -1,6 +1,7 @@
 """A candidate's side of enrollment: requests it received, and local acceptance.
 
-A request is kept (0600) until it is accepted, rejected or expires. Accepting
+A request is kept (0600) only when it proves the main's key (see
+``request_proof``), until it is accepted, rejected or expires. Accepting
 sends a CSR for this node's own key to the main named in the request,
 verifying the main against the CA in that request, then switches this node
 into the cluster in one atomic step (node.json is replaced last).
@@ -14,6 +15,7 @@ import os
 import shutil
 import ssl
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -21,13 +23,17 @@ import httpx
 
 from letsinfer.home import Home
 from letsinfer.identity import NodeIdentity, load_identity, save_identity
-from letsinfer.trust import pki
+from letsinfer.trust import pki, request_proof
 from letsinfer.trust.client import PeerMismatch, peer_certificate
 from letsinfer.trust.material import ensure_node_key
 
 
 class EnrollmentError(Exception):
     pass
+
+
+class UnprovenRequest(EnrollmentError):
+    """A request its sender could have made without the main's key."""
 
 
 @dataclass(frozen=True)
@@ -38,17 +44,51 @@ class PendingRequest:
     main_address: str
     ca_pem: str
     token: str
-    expires_at: float
+    expires_at: float  # as its main signed it; kept until `keep_until`
     received_at: float
     gateway_url: str | None = None
+    main_cert: str | None = None  # the main's node certificate, and its signature
+    signature: str | None = None
+    received_from: str | None = None  # the address it came from (not its own words)
 
     @property
     def ca_fingerprint(self) -> str:
         return pki.fingerprint(pki.load_cert(self.ca_pem.encode()))
 
+    def prove(self, candidate_id: str) -> None:
+        """Raise EnrollmentError unless the main named in this request, of the
+        cluster of its CA, signed it for the candidate ``candidate_id``."""
+        try:
+            request_proof.verify(
+                request_proof.message(
+                    enrollment_id=self.id,
+                    candidate_id=candidate_id,
+                    main_id=self.main_id,
+                    main_name=self.main_name,
+                    main_address=self.main_address,
+                    ca_pem=self.ca_pem,
+                    token=self.token,
+                    expires_at=self.expires_at,
+                    gateway_url=self.gateway_url,
+                ),
+                main_cert_pem=self.main_cert,
+                signature=self.signature,
+                ca_pem=self.ca_pem,
+                main_id=self.main_id,
+            )
+        except (request_proof.RequestProofError, pki.CertificateError) as exc:
+            raise UnprovenRequest(
+                f"request {self.id} does not prove the key of the main it names: {exc}"
+            ) from exc
+
+    @property
+    def keep_until(self) -> float:
+        """Its expiry, and at most MAX_KEEP_S after it arrived."""
+        return min(self.expires_at, self.received_at + MAX_KEEP_S)
+
     @property
     def expired(self) -> bool:
-        return time.time() > self.expires_at
+        return time.time() > self.keep_until
 
 
 def _path(home: Home, request_id: str) -> Path:
@@ -59,22 +99,34 @@ def _path(home: Home, request_id: str) -> Path:
 
 # Requests arrive on an open path, so what a candidate keeps is bounded: a
 # request lives at most a week here (whatever expiry it names), and past
-# MAX_PENDING the oldest received goes (a flood cannot fill the disk, and a
-# main's request sent again once the flood ends is kept).
+# MAX_PENDING the oldest of the sender (address) that holds the most goes: a
+# flood cannot fill the disk, and one sender's flood (of requests its own
+# cluster signed) makes room from its own requests, not the main's.
 MAX_PENDING = 32
 MAX_KEEP_S = 7 * 86400.0
 
 
-def store_request(home: Home, req: PendingRequest) -> bool:
-    """Keep ``req``; False when an older request had to go to make room."""
+def store_request(home: Home, req: PendingRequest, candidate_id: str) -> bool:
+    """Keep ``req`` once it proves the main's key (UnprovenRequest otherwise:
+    nothing kept, nothing else touched); False when an older request had to
+    go to make room."""
     pki.load_cert(req.ca_pem.encode())  # refuse garbage before keeping it
     if not math.isfinite(req.expires_at):
         raise EnrollmentError(f"request {req.id}: its expiry is not a time")
-    req = replace(req, expires_at=min(req.expires_at, req.received_at + MAX_KEEP_S))
+    req.prove(candidate_id)  # before anything is evicted or replaced
     home.enrollment_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     path = _path(home, req.id)
-    kept = [r for r in list_requests(home) if r.id != req.id]
-    evicted = sorted(kept, key=lambda r: r.received_at)[: max(0, len(kept) + 1 - MAX_PENDING)]
+    kept = _kept(home)  # each proven as it came
+    same = [r for r in kept if r.id == req.id]
+    if same and (same[0].main_id, same[0].ca_pem) != (req.main_id, req.ca_pem):
+        raise EnrollmentError(f"request {req.id} is already pending from another main")
+    kept = [r for r in kept if r.id != req.id]
+    evicted = []
+    while len(kept) + 1 > MAX_PENDING:
+        held = Counter(r.received_from for r in [*kept, req])
+        victim = min(kept, key=lambda r: (-held[r.received_from], r.received_at))
+        kept.remove(victim)
+        evicted.append(victim)
     for old in evicted:
         _path(home, old.id).unlink(missing_ok=True)
     fd = os.open(path.with_suffix(".tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -84,8 +136,8 @@ def store_request(home: Home, req: PendingRequest) -> bool:
     return not evicted
 
 
-def list_requests(home: Home) -> list[PendingRequest]:
-    """Pending requests; expired ones are dropped on the way."""
+def _kept(home: Home) -> list[PendingRequest]:
+    """The requests on disk; expired ones are dropped on the way."""
     out = []
     if not home.enrollment_dir.exists():
         return out
@@ -98,8 +150,23 @@ def list_requests(home: Home) -> list[PendingRequest]:
     return out
 
 
-def get_request(home: Home, request_id: str) -> PendingRequest:
-    for req in list_requests(home):
+def list_requests(home: Home, candidate_id: str) -> list[PendingRequest]:
+    """Pending requests for the candidate ``candidate_id`` (this node). One
+    that does not prove the main's key (kept by a release that did not check)
+    is dropped on the way, like an expired one."""
+    out = []
+    for req in _kept(home):
+        try:
+            req.prove(candidate_id)
+        except UnprovenRequest:
+            drop_request(home, req.id)
+            continue
+        out.append(req)
+    return out
+
+
+def get_request(home: Home, request_id: str, candidate_id: str) -> PendingRequest:
+    for req in list_requests(home, candidate_id):
         if req.id == request_id:
             return req
     raise EnrollmentError(

@@ -15,15 +15,20 @@ description:
     and sends a certificate-pinned enrollment request to the candidate
     (C(letsinfer node add --address HOST:PORT --fingerprint SHA256)).
     O(state=accepted) runs on the candidate and accepts the pending request
-    whose cluster CA fingerprint is O(ca_fingerprint)
+    O(request_id) (the id the main's request step returned) when its cluster CA
+    fingerprint is O(ca_fingerprint)
     (C(letsinfer node accept ID --ca-fingerprint SHA256)).
   - Enrollment is bound to the main's identity, never to names or addresses. A
-    request names its main and address in words the requester chose, so any
-    host on the LAN can send one naming the real main. With O(state=accepted),
-    every other pending request on the candidate is rejected
-    (C(letsinfer node reject ID), audited on the candidate). Read
-    O(ca_fingerprint) from the inventory's main itself (C(ca_fingerprint) in its
-    C(letsinfer status --json)), never from the candidate.
+    request names its main, address and expiry in words the requester chose,
+    and the CA certificate it carries is public, so any host on the LAN can
+    send one naming the real main and its CA. The candidate keeps only requests
+    signed by the key of a main of the CA they carry (others are refused as
+    they arrive), and this module takes the exact request O(request_id), so no
+    other request costs it its place. With O(state=accepted), every other
+    pending request on the candidate is rejected (C(letsinfer node reject ID),
+    audited on the candidate). Read O(ca_fingerprint) from the inventory's main
+    itself (C(ca_fingerprint) in its C(letsinfer status --json)), never from
+    the candidate.
   - A node that already belongs to a cluster is left as it is when that is the
     cluster of O(ca_fingerprint); one of another cluster fails, since moving it
     is an explicit adoption, never done here.
@@ -63,6 +68,15 @@ options:
       - Only a request from that cluster is accepted; every other pending one is rejected.
       - Empty in check mode when the main does not exist yet (this run would create it).
     type: str
+  request_id:
+    description:
+      - With O(state=accepted), the id of the request the main sent (C(id) in
+        the O(state=requested) result, C(request.id)); only that request is
+        accepted.
+      - Without it (the module run on its own), the newest pending request of
+        the cluster of O(ca_fingerprint) is taken; every request a candidate
+        keeps is signed by its main, so its expiry is the main's own.
+    type: str
   executable:
     description: Path of the C(letsinfer) command on the host.
     type: path
@@ -87,11 +101,13 @@ EXAMPLES = r"""
     address: "{{ hostvars[item].ansible_host }}:8444"
     fingerprint: "{{ child_status.node.fingerprint }}"
   delegate_to: "{{ groups['letsinfer_main'][0] }}"
+  register: sent
 
-- name: Enroll | Accept the main's request on the child, bound to the main's CA
+- name: Enroll | Accept exactly that request on the child, bound to the main's CA
   letsinfer.cluster.letsinfer_enrollment:
     state: accepted
     ca_fingerprint: "{{ main_node.node.ca_fingerprint }}"
+    request_id: "{{ sent.request.id | default(omit) }}"
 """
 
 RETURN = r"""
@@ -196,9 +212,10 @@ class Enrollment:
             request = self.cli.json(*args)
         return {"changed": True, "role": "main", "request": request}
 
-    def accept(self, ca_fingerprint):
-        """On the candidate: accept the pending request from the cluster whose CA
-        fingerprint is ``ca_fingerprint``; reject every other pending request."""
+    def accept(self, ca_fingerprint, request_id=None):
+        """On the candidate: accept the pending request ``request_id`` (or, without
+        one, the newest) from the cluster whose CA fingerprint is
+        ``ca_fingerprint``; reject every other pending request."""
         predicted = self._predicted("child")
         if predicted:
             return predicted
@@ -224,19 +241,28 @@ class Enrollment:
                     "explicit adoption (`letsinfer node move-into`), not done by this module"
                 )
             return {"changed": False, "role": "child"}
+        # The candidate lists only requests signed by a main of the CA they
+        # carry, so a LAN host holding the (public) CA cannot list one here.
         pending = self.cli.json("node", "requests", "--json")
         ours = [r for r in pending if wanted and _normalized(r.get("ca_fingerprint")) == wanted]
-        # A main that sent again (an earlier run stopped before accepting) left
-        # several; the newest is the one it waits for.
-        chosen = max(ours, key=lambda r: str(r.get("expires") or "")) if ours else None
+        if request_id:
+            # Exactly the request the main just sent: nothing else can take its place.
+            chosen = next((r for r in ours if str(r.get("id")) == str(request_id)), None)
+        else:
+            # A main that sent again (an earlier run stopped before accepting)
+            # left several; the newest, by the expiry its main signed, is the
+            # one it waits for.
+            chosen = max(ours, key=lambda r: str(r.get("expires") or "")) if ours else None
         rejected = [r for r in pending if r is not chosen]
         if not self.check_mode:
             for r in rejected:
                 self.cli.run("node", "reject", str(r["id"]))
         if chosen is None and not self.check_mode:
             raise EnrollmentError(
-                f"no pending enrollment request from the cluster of CA sha256:{wanted}"
-                + (f" (rejected {len(rejected)} from other clusters)" if rejected else "")
+                "no pending enrollment request "
+                + (f"{request_id} " if request_id else "")
+                + f"from the cluster of CA sha256:{wanted}"
+                + (f" (rejected {len(rejected)} other pending)" if rejected else "")
             )
         # In check mode without a request from the main yet: this run's own
         # (skipped) request step would send it.
@@ -255,6 +281,7 @@ def main():
             "address": {"type": "str"},
             "fingerprint": {"type": "str"},
             "ca_fingerprint": {"type": "str"},
+            "request_id": {"type": "str"},
             "executable": {"type": "path", "default": "/opt/letsinfer/current/bin/letsinfer"},
             "home": {"type": "path"},
         },
@@ -273,7 +300,7 @@ def main():
         if p["state"] == "requested":
             result = enrollment.request(p["address"], p["fingerprint"])
         else:
-            result = enrollment.accept(p["ca_fingerprint"])
+            result = enrollment.accept(p["ca_fingerprint"], p["request_id"])
     except EnrollmentError as exc:
         module.fail_json(msg=str(exc))
     except CliError as exc:
