@@ -79,6 +79,18 @@ class FakeNode:
             aliases = [args[i + 1] for i, a in enumerate(args) if a == "--alias"]
             self.models.append({"name": args[2], "aliases": aliases})
             return 0, "added", ""
+        if args[:2] == ["model", "pull"]:
+            opt = {a: args[i + 1] for i, a in enumerate(args) if a.startswith("--")}
+            self.models.append(
+                {
+                    "name": opt["--name"],
+                    "aliases": [],
+                    "repo": args[2],
+                    "commit": opt["--revision"],
+                    "files": [{"name": opt["--file"]}],
+                }
+            )
+            return 0, "pulled", ""
         if args[:1] == ["node"]:
             if not self.has_node_commands:
                 return 2, "", "Error: No such command 'node'."
@@ -208,6 +220,48 @@ def test_model_refuses_a_missing_file_even_in_check_mode(exe: str, tmp_path: Pat
     assert fake.calls == []
 
 
+def test_model_of_a_name_the_site_uses_for_other_bytes_is_refused_saying_which(
+    exe: str, tmp_path: Path
+) -> None:
+    # A new main already serves its tiny model; a bundle brings another "tiny".
+    fake = FakeNode(initialised=True, role="main")
+    fake.models.append({"name": "tiny", "aliases": [], "sha256": "a" * 64, "repo": None})
+    gguf = tmp_path / "tiny.gguf"
+    gguf.write_bytes(b"GGUF")
+    models = Models(LetsinferCli(fake, exe))
+
+    for check_mode in (True, False):
+        models.check_mode = check_mode
+        with pytest.raises(ModelError) as refused:
+            models.ensure("tiny", str(gguf), sha256="B" * 64)
+        assert "model 'tiny' already exists and serves sha256 " + "a" * 64 in str(refused.value)
+        assert "b" * 64 in str(refused.value) and "nothing changed" in str(refused.value)
+    assert fake.calls == []
+    # The same bytes under that name are the model already served.
+    assert models.ensure("tiny", str(gguf), sha256="A" * 64)["changed"] is False
+
+
+def test_model_from_a_hub_repository_is_pulled_with_its_provenance_once(exe: str) -> None:
+    fake = FakeNode(initialised=True, role="main")
+    commit = "c0" * 20
+    models = Models(LetsinferCli(fake, exe))
+    name = "org/tiny-gguf:tiny-gguf-Q8_0"
+
+    first = models.ensure_pulled(name, "org/tiny-gguf", commit, "tiny-gguf-Q8_0.gguf")
+
+    assert first["changed"] is True
+    pull = ["model", "pull", "org/tiny-gguf", "--file", "tiny-gguf-Q8_0.gguf"]
+    assert fake.calls == [[*pull, "--revision", commit, "--name", name]]
+    assert models.ensure_pulled(name, "org/tiny-gguf", commit, "tiny-gguf-Q8_0.gguf") == {
+        "changed": False,
+        "model": fake.models[0],
+        "diff": first["diff"] | {"before": f"{name}\n"},
+    }
+    with pytest.raises(ModelError, match=f"serves org/tiny-gguf@{commit} .*not org/tiny-gguf@"):
+        models.ensure_pulled(name, "org/tiny-gguf", "d1" * 20, "tiny-gguf-Q8_0.gguf")
+    assert len(fake.calls) == 1
+
+
 def test_model_add_failure_carries_letsinfer_s_message(exe: str, tmp_path: Path) -> None:
     gguf = tmp_path / "b.gguf"
     gguf.write_text("x")
@@ -290,6 +344,29 @@ def test_enrollment_accepts_the_newest_request_of_the_main_s_cluster_and_rejects
         ["node", "accept", "new", "--ca-fingerprint", CA_MAIN],
     ]
     assert cand.state["ca_fingerprint"] == CA_MAIN and cand.requests == []
+
+
+def test_enrollment_takes_exactly_the_request_the_main_sent(exe: str) -> None:
+    """A request with the main's (public) CA and a later expiry never takes the
+    place of the one the main just sent: the accept step takes its id."""
+    cand = FakeNode(initialised=True, running=True, role="candidate")
+    cand.requests = [
+        request("sent", CA_MAIN, "2026-01-01T00:10:00+00:00"),
+        request("late", CA_MAIN, "2026-01-08T00:00:00+00:00"),
+    ]
+    result = Enrollment(LetsinferCli(cand, exe)).accept(CA_MAIN, request_id="sent")
+    assert result["request"]["id"] == "sent" and [r["id"] for r in result["rejected"]] == ["late"]
+    assert cand.calls[-2:] == [
+        ["node", "reject", "late"],
+        ["node", "accept", "sent", "--ca-fingerprint", CA_MAIN],
+    ]
+
+    gone = FakeNode(initialised=True, running=True, role="candidate")
+    gone.requests = [request("late", CA_MAIN, "2026-01-08T00:00:00+00:00")]
+    with pytest.raises(EnrollmentError, match="no pending enrollment request sent from the "):
+        Enrollment(LetsinferCli(gone, exe)).accept(CA_MAIN, request_id="sent")
+    assert gone.state["role"] == "candidate"
+    assert ["node", "accept", "late", "--ca-fingerprint", CA_MAIN] not in gone.calls
 
 
 def test_enrollment_is_bound_to_the_main_s_ca_and_never_adopts(exe: str) -> None:

@@ -30,14 +30,13 @@ from letsinfer import config
 from letsinfer.authority.bootstrap import init_main
 from letsinfer.bundle.archive import BundleError, open_bundle
 from letsinfer.engines.releases import xllamacpp_cpu
-from letsinfer.engines.tinymodel import SENTENCE
+from letsinfer.engines.tinymodel import SENTENCE, write_tiny_model
 from letsinfer.home import Home
 from letsinfer.mirror.fetching import FetchError, fetch_artifact
 from letsinfer.mirror.layout import MirrorLayout
 from letsinfer.mirror.serving import artifact_router
 from letsinfer.release.keys import generate, load_private
 from letsinfer.release.signatures import sign_bytes
-from letsinfer.store import AuthorityStore
 from tests.nodes import RunningNode, free_port, letsinfer, loopback_env
 
 Entries = list[tuple[tarfile.TarInfo, bytes]]
@@ -472,6 +471,22 @@ def test_a_node_that_trusts_no_key_imports_nothing(small_bundle: Path, tmp_path:
     assert not (tmp_path / "home" / "var" / "mirror").exists()
 
 
+def test_a_bundle_refused_at_its_files_leaves_a_fresh_home_as_it_was(
+    small_bundle: Path, keys: dict[str, tuple[Path, str]], tmp_path: Path
+) -> None:
+    # A machine before letsinfer: its home holds only the trusted key.
+    home = tmp_path / "home"
+    trust(home, keys["site"][1])
+    tampered = write_bundle(tmp_path / "site.tar", flip_one_byte(read_entries(small_bundle)))
+
+    result = import_bundle(home, tampered)
+
+    assert result.returncode == 1
+    assert "does not match its sha256 in the manifest" in result.stderr
+    left = sorted(str(p.relative_to(home)) for p in home.rglob("*"))
+    assert left == ["etc", "etc/config.toml"], "the refused import left folders behind"
+
+
 # -- import, inspect, mirror -------------------------------------------------
 @pytest.fixture
 def fresh_site(tmp_path: Path, keys: dict[str, tuple[Path, str]]) -> Path:
@@ -535,7 +550,12 @@ def test_verify_checks_a_bundle_against_given_keys_and_writes_nothing(
     doc = json.loads(result.stdout)
     assert doc["sha256"] == sha256_of(small_bundle)
     assert doc["models"] == [
-        {"name": "tiny", "path": "models/tiny.gguf", "sha256": sha256_of(tiny_gguf)}
+        {
+            "name": "tiny",
+            "path": "models/tiny.gguf",
+            "sha256": sha256_of(tiny_gguf),
+            "source": None,  # a file, not a hub model
+        }
     ]
     assert doc["runtimes"] == ["llama.cpp-llama-server-cpu"]
     assert (doc["wheelhouse"], doc["letsinfer_version"]) == (False, None)  # made with --no-wheels
@@ -597,55 +617,54 @@ def test_mirror_remove_refuses_what_the_authority_still_uses(
     assert import_bundle(fresh_site, small_bundle).returncode == 0
     tiny, llama = sha256_of(tiny_gguf), sha256_of(binaries["cpu"])
 
-    # The node serves the tiny model: the same bytes, so the same digest.
+    # The node serves the tiny model (the same bytes, so the same digest), and
+    # the import made the bundle's llama-server a runtime release.
     unused = json.loads(letsinfer(fresh_site, "mirror", "unused", "--json").stdout)
-    assert [a["digest"] for a in unused] == [llama]
+    assert unused == []
 
     refused = letsinfer(fresh_site, "mirror", "remove", tiny)
     assert refused.returncode == 1
     assert "still referenced by model service 'tiny'" in refused.stderr
 
-    store = AuthorityStore(fresh_site / "var" / "authority.db")
-    try:
-        store.ensure_release(
-            "llama.cpp-llama-server-cpu",
-            "llama-server",
-            "local",
-            "cpu",
-            {"llama-server": llama},
-            {},
-        )
-    finally:
-        store.close()
     refused = letsinfer(fresh_site, "mirror", "remove", llama[:12])
     assert refused.returncode == 1
-    assert "runtime release 'llama.cpp-llama-server-cpu'" in refused.stderr
+    assert "runtime release 'llama.cpp-llama-server-cpu-" in refused.stderr
     assert {a["digest"] for a in mirror_list(fresh_site)} == {tiny, llama}
 
 
 def test_mirror_remove_deletes_an_unused_artifact_everywhere(
-    fresh_site: Path, small_bundle: Path, binaries: dict[str, Path]
+    fresh_site: Path, keys: dict[str, tuple[Path, str]], tmp_path: Path
 ) -> None:
-    report = json.loads(import_bundle(fresh_site, small_bundle, "--json").stdout)
-    llama = sha256_of(binaries["cpu"])
+    # A model no service uses (another name gives other bytes).
+    spare_file = write_tiny_model(tmp_path / "spare.gguf", name="spare")
+    spare_bundle = create(
+        tmp_path / "builder",
+        tmp_path / "spare.tar",
+        keys["site"][0],
+        "--no-wheels",
+        "--model",
+        f"spare={spare_file}",
+    )
+    report = json.loads(import_bundle(fresh_site, spare_bundle, "--json").stdout)
+    spare, path = sha256_of(spare_file), "models/spare.gguf"
 
-    removed = letsinfer(fresh_site, "mirror", "remove", llama[:12])
+    removed = letsinfer(fresh_site, "mirror", "remove", spare[:12])
 
     assert removed.returncode == 0, removed.stderr
-    assert llama not in {a["digest"] for a in mirror_list(fresh_site)}
-    assert not (fresh_site / "var" / "mirror" / "sha256" / llama).exists()
-    assert not (Path(report["path"]) / LLAMA).exists()
+    assert spare not in {a["digest"] for a in mirror_list(fresh_site)}
+    assert not (fresh_site / "var" / "mirror" / "sha256" / spare).exists()
+    assert not (Path(report["path"]) / path).exists()
     [bundle] = mirror_list(fresh_site, "--bundles")
-    assert bundle["removed_files"] == [LLAMA]
+    assert bundle["removed_files"] == [path]
     audit = json.loads(letsinfer(fresh_site, "audit", "list", "--json").stdout)
     assert [a["action"] for a in audit[-2:]] == ["bundle.import", "mirror.remove"]
 
-    gone = letsinfer(fresh_site, "mirror", "remove", llama)
+    gone = letsinfer(fresh_site, "mirror", "remove", spare)
     assert gone.returncode == 1 and "no artifact" in gone.stderr
 
     # Importing the bundle again restores what was removed.
-    assert import_bundle(fresh_site, small_bundle).returncode == 0
-    assert (Path(report["path"]) / LLAMA).read_bytes() == binaries["cpu"].read_bytes()
+    assert import_bundle(fresh_site, spare_bundle).returncode == 0
+    assert (Path(report["path"]) / path).read_bytes() == spare_file.read_bytes()
 
 
 def test_mirror_unused_refuses_to_answer_without_a_readable_catalog(

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import stat
+import tomllib
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.nodes import letsinfer
 
@@ -43,6 +45,22 @@ def signed(tmp_path: Path, signing_keys: dict[str, tuple[Path, str]]) -> tuple[P
     result = letsinfer(tmp_path / "signer", "release", "sign", str(release), "--key", str(key))
     assert result.returncode == 0, result.stderr
     return release, key, public
+
+
+def test_keygen_prints_the_trust_lines_for_config_toml_and_for_an_ansible_inventory(
+    tmp_path: Path,
+) -> None:
+    result = letsinfer(tmp_path / "home", "release", "keygen", "--out", str(tmp_path / "k"))
+    assert result.returncode == 0, result.stderr
+    public = (tmp_path / "k.pub").read_text().strip()
+    lines = result.stdout.splitlines()
+
+    toml_at = lines.index("[release]")
+    assert tomllib.loads("\n".join(lines[toml_at : toml_at + 2])) == {
+        "release": {"trusted_keys": [public]}
+    }
+    yaml_at = lines.index("node_release_trusted_keys:")
+    assert yaml.safe_load("\n".join(lines[yaml_at:])) == {"node_release_trusted_keys": [public]}
 
 
 def test_keygen_writes_a_private_key_only_its_owner_can_read(tmp_path: Path) -> None:

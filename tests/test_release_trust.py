@@ -6,11 +6,14 @@ import hashlib
 import json
 import sys
 import time
+import zipfile
 from dataclasses import replace
+from importlib import metadata
 from pathlib import Path
 
 import pytest
 
+from letsinfer.engines import package
 from letsinfer.engines.binary import BinaryError, BinaryIdentity
 from letsinfer.engines.releases import check_binary, for_engine_kind, llama_server, xllamacpp_cpu
 from letsinfer.home import Home
@@ -81,6 +84,55 @@ def test_a_llama_server_release_is_bound_to_its_binarys_bytes(tmp_path: Path) ->
         check_binary(again)
     with pytest.raises(BinaryError, match="not found on PATH"):
         for_engine_kind("llama-server", "no-such-llama-server-here")
+
+
+def fake_package(site: Path, version: str, native: bytes) -> metadata.Distribution:
+    """An installed stand-in for xllamacpp: a module, a "native" library, its dist-info."""
+    files = {"xllamacpp/__init__.py": b"", "xllamacpp/xllamacpp.abi3.so": native}
+    info = site / f"xllamacpp-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: xllamacpp\nVersion: {version}\n")
+    (info / "INSTALLER").write_text("pip\n")
+    for name, data in files.items():
+        (site / name).parent.mkdir(parents=True, exist_ok=True)
+        (site / name).write_bytes(data)
+    listed = [*files, f"{info.name}/METADATA", f"{info.name}/INSTALLER", f"{info.name}/RECORD"]
+    (info / "RECORD").write_text("".join(f"{name},,\n" for name in listed))
+    return metadata.Distribution.at(info)
+
+
+def test_an_xllamacpp_release_is_bound_to_its_installed_bytes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    dist = fake_package(tmp_path / "site", "1.0", b"\x7fELF genuine build")
+    release = xllamacpp_cpu(dist)
+    digest = release.artifacts["xllamacpp"]
+    assert release.id == f"llama.cpp-xllamacpp-1.0-cpu-{digest[:12]}"
+    check_binary(release, dist)  # the released bytes: runs
+
+    # A wheel of the same files names the same release: what a bundle carries.
+    wheel = tmp_path / "xllamacpp-1.0-cp310-abi3-linux_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for path in sorted((tmp_path / "site").rglob("*")):
+            if path.is_file():
+                zf.write(path, path.relative_to(tmp_path / "site").as_posix())
+    assert package.wheel_digest(wheel) == digest
+
+    # Another build under the same version: refused, naming both digests.
+    (tmp_path / "site" / "xllamacpp" / "xllamacpp.abi3.so").write_bytes(b"\x7fELF other build")
+    with pytest.raises(BinaryError) as refused:
+        check_binary(release, dist)
+    said = str(refused.value)
+    assert "changed since runtime release" in said and digest in said
+    assert "--replace-existing" in said
+    again = xllamacpp_cpu(dist)
+    assert again.id != release.id and again.version == release.version
+    check_binary(again, dist)
+    # A release made before releases were bound to bytes still runs (an
+    # upgrade of letsinfer must not stop every cluster's groups), said in the log.
+    with caplog.at_level("WARNING", logger="letsinfer.engines"):
+        check_binary(replace(again, artifacts={}, id="llama.cpp-xllamacpp-1.0-cpu"), dist)
+    assert "records no digest of the xllamacpp package" in caplog.text
 
 
 def test_the_node_refuses_to_run_an_unsigned_release(main_node: RunningNode) -> None:

@@ -19,6 +19,8 @@ from letsinfer.authority.models import check_model_name
 from letsinfer.authority.modelstore import check_gguf
 from letsinfer.bundle.archive import BundleError
 from letsinfer.contracts.artifacts import ModelFileError, artifact_path
+from letsinfer.engines import package
+from letsinfer.engines.binary import BinaryError
 from letsinfer.home import Home
 from letsinfer.store import AuthorityStore, StoreError
 
@@ -121,13 +123,13 @@ def _wheel_version(wheel: str) -> str:
 
 def resolve_runtime(
     spec: RuntimeSpec,
-    wheelhouse: Mapping[str, str],
+    wheelhouse: Mapping[str, tuple[str, Path]],
     download: Callable[[str], Path],
     add_file: Callable[[str, Path, Kind], None],
 ) -> BundledRuntime:
     """Turn a spec into a release whose artifacts are files of the bundle.
 
-    ``wheelhouse`` maps wheel file names to their bundle paths; ``download``
+    ``wheelhouse`` maps wheel file names to their bundle paths and local files; ``download``
     fetches one requirement's wheel for the target; ``add_file`` adds a file.
     """
     if spec.engine == "llama-server":
@@ -150,7 +152,8 @@ def resolve_runtime(
         if name.startswith("xllamacpp-") and (wanted is None or _wheel_version(name) == wanted)
     ]
     if in_house:
-        wheel_name, path = in_house[0], wheelhouse[in_house[0]]
+        wheel_name = in_house[0]
+        path, wheel = wheelhouse[wheel_name]
     else:
         version = wanted or metadata.version("xllamacpp")
         wheel = download(f"xllamacpp=={version}")
@@ -158,8 +161,13 @@ def resolve_runtime(
         path = f"runtimes/{xllamacpp_release_id(version)}/{wheel_name}"
         add_file(path, wheel, "runtime")
     version = _wheel_version(wheel_name)
+    try:
+        # The id the installed wheel's release has on a node (engines/releases.py).
+        digest = package.wheel_digest(wheel)
+    except BinaryError as exc:
+        raise BundleError(f"--runtime xllamacpp: {exc}") from exc
     return BundledRuntime(
-        id=xllamacpp_release_id(version),
+        id=f"{xllamacpp_release_id(version)}-{digest[:12]}",
         engine="xllamacpp",
         version=version,
         target="cpu",

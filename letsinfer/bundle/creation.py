@@ -41,6 +41,7 @@ from letsinfer.bundle.manifest import (
 )
 from letsinfer.bundle.paths import MANIFEST_NAME, SIGNATURE_NAME
 from letsinfer.bundle.progress import Progress, Silent
+from letsinfer.bundle.wheelpins import LISTING_NAME, LISTING_SIGNATURE, signed_listing
 from letsinfer.home import Home
 from letsinfer.release.keys import load_private, public_key_of
 from letsinfer.release.signatures import sha256_file, sign_bytes
@@ -172,15 +173,22 @@ def create_bundle(home: Home, request: CreateRequest, progress: Progress | None 
     target = (request.platforms, request.python_version)
     with tempfile.TemporaryDirectory(prefix=".bundle-", dir=out.parent) as tmp:
         work = Path(tmp)
-        wheel_paths: dict[str, str] = {}
+        wheel_paths: dict[str, tuple[str, Path]] = {}
         if source is not None:
             with _step(progress, "building the letsinfer wheel"):
                 built = wheelhouse.build_letsinfer_wheel(source, work)
             with _step(progress, "downloading dependency wheels for the target"):
                 wheels = wheelhouse.download_wheels([str(built)], work / "wheelhouse", *target)
             for wheel in wheels:
-                wheel_paths[wheel.name] = f"wheelhouse/{wheel.name}"
-                files.add(wheel_paths[wheel.name], wheel, "wheel")
+                wheel_paths[wheel.name] = (f"wheelhouse/{wheel.name}", wheel)
+                files.add(f"wheelhouse/{wheel.name}", wheel, "wheel")
+            # The wheelhouse carries its own signed list, so that it is checked
+            # again where it is installed from, apart from the bundle.
+            for name, content in zip(
+                (LISTING_NAME, LISTING_SIGNATURE), signed_listing(wheels, private), strict=True
+            ):
+                (work / "wheelhouse" / name).write_bytes(content)
+                files.add(f"wheelhouse/{name}", work / "wheelhouse" / name, "wheel")
 
         def download(requirement: str) -> Path:
             dest = work / "runtimes" / hashlib.sha256(requirement.encode()).hexdigest()[:12]

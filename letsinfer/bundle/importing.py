@@ -253,6 +253,15 @@ def verify_bundle(
     )
 
 
+def _missing_folders(path: Path) -> list[Path]:
+    """``path`` and each of its parents that does not exist yet, deepest first."""
+    missing = []
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    return missing
+
+
 def import_bundle(
     home: Home,
     bundle: Path,
@@ -266,7 +275,7 @@ def import_bundle(
     with open_verified(bundle, trusted, expected_sha256, progress) as opened:
         manifest = opened.manifest
         with layout.locked():
-            root_existed = layout.root.exists()
+            made = _missing_folders(layout.root)  # what a refusal must take away again
             layout.root.mkdir(parents=True, exist_ok=True)
             workdir = Path(tempfile.mkdtemp(prefix=".import-", dir=layout.root))
             placed = None
@@ -288,10 +297,12 @@ def import_bundle(
                 ) from exc
             finally:
                 discard(workdir)
-                if placed is None and not root_existed:
-                    # A refused import leaves no trace, not even the folder.
-                    with contextlib.suppress(OSError):
-                        layout.root.rmdir()
+                if placed is None:
+                    # A refused import leaves no trace, not even the folders
+                    # (a fresh home's var/ included).
+                    for folder in made:
+                        with contextlib.suppress(OSError):
+                            folder.rmdir()
     assert placed is not None
     return placed, manifest
 

@@ -20,6 +20,8 @@ from rich.progress import (
 from letsinfer.authority.anchor import open_authority
 from letsinfer.bundle.creation import CreateRequest, create_bundle
 from letsinfer.bundle.importing import import_bundle, inspect_bundle, verify_bundle
+from letsinfer.bundle.manifest import Manifest
+from letsinfer.bundle.runtimes import Installed, install_runtimes
 from letsinfer.cli import cli
 from letsinfer.cli.output import brief, emit, errors
 from letsinfer.cli.release import (
@@ -80,6 +82,17 @@ def audit_on_main(ctx: CliContext, action: str, target: str, detail: str) -> Non
         store.append_audit("cli", action, "ok", target=target, detail=detail)
     finally:
         store.close()
+
+
+def _install_runtimes(ctx: CliContext, manifest: Manifest, bundle_id: str) -> Installed:
+    """Install the bundle's runtimes here; on the main, register their releases."""
+    on_main = ctx.identity is not None and ctx.identity.role == "main"
+    store = open_authority(ctx.home) if on_main and ctx.home.database.is_file() else None
+    try:
+        return install_runtimes(ctx.home, manifest, store, bundle_id)
+    finally:
+        if store is not None:
+            store.close()
 
 
 @cli.group()
@@ -193,6 +206,8 @@ def import_(ctx: CliContext, file: Path, expected: str | None, as_json: bool) ->
         audit_on_main(
             ctx, "bundle.import", placed.bundle.id, f"sha256:{placed.bundle.manifest_sha256}"
         )
+    with refusals():
+        runtimes_made = _install_runtimes(ctx, manifest, placed.bundle.id)
     digest_of = {f.path: f.sha256 for f in manifest.files}
     wheelhouse = tree / "wheelhouse" if any(f.kind == "wheel" for f in manifest.files) else None
     models = [
@@ -200,6 +215,7 @@ def import_(ctx: CliContext, file: Path, expected: str | None, as_json: bool) ->
         for mod in manifest.models
     ]
     runtimes = [r.id for r in manifest.runtimes]
+    made_ids = [r.id for r in runtimes_made.releases]
     if as_json:
         doc = {
             "bundle": placed.bundle.id,
@@ -212,6 +228,8 @@ def import_(ctx: CliContext, file: Path, expected: str | None, as_json: bool) ->
             "wheelhouse": str(wheelhouse) if wheelhouse else None,
             "models": models,
             "runtimes": runtimes,
+            "releases": made_ids,  # each runtime's release (registered on the main)
+            "registered": runtimes_made.registered,
         }
         click.echo(json.dumps(doc))
         return
@@ -225,7 +243,12 @@ def import_(ctx: CliContext, file: Path, expected: str | None, as_json: bool) ->
     click.echo(f"  bundle      {tree}")
     if wheelhouse:
         click.echo(f"  wheelhouse  {wheelhouse}")
-        click.echo(f"  install     pip install --no-index --find-links {wheelhouse} letsinfer")
+        # Only the signed wheels, by their sha256 (wheels.json in the wheelhouse).
+        click.echo(f"  install     letsinfer wheelhouse verify {wheelhouse} > requirements.txt")
+        click.echo(
+            f"              pip install --require-hashes --no-index --find-links {wheelhouse} "
+            "-r requirements.txt"
+        )
     for mod, spec in zip(models, manifest.models, strict=True):
         if spec.source is not None:
             s = spec.source
@@ -235,8 +258,9 @@ def import_(ctx: CliContext, file: Path, expected: str | None, as_json: bool) ->
             )
         else:
             click.echo(f"  model       letsinfer model add {mod['name']} --gguf {mod['path']}")
-    for rid in runtimes:
-        click.echo(f"  runtime     {rid}")
+    for release in runtimes_made.releases:
+        new = " (registered)" if release.id in runtimes_made.registered else ""
+        click.echo(f"  runtime     release {release.id}{new}")
 
 
 @scoped(bundle, "verify", scope="all")
@@ -270,7 +294,20 @@ def verify(
             "letsinfer_version": m.wheel_version("letsinfer"),
             "wheelhouse": any(f.kind == "wheel" for f in m.files),
             "models": [
-                {"name": mod.name, "path": mod.path, "sha256": digest_of[mod.path]}
+                {
+                    "name": mod.name,
+                    "path": mod.path,
+                    "sha256": digest_of[mod.path],
+                    # A hub model: what `model pull` takes it as (the bundle
+                    # role serves it so, with its provenance).
+                    "source": mod.source
+                    and {
+                        "repo": mod.source.repo,
+                        "revision": mod.source.revision,
+                        "commit": mod.source.commit,
+                        "file": mod.source.files[0].name,
+                    },
+                }
                 for mod in m.models
             ],
             "runtimes": [r.id for r in m.runtimes],

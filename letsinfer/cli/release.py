@@ -100,6 +100,10 @@ def keygen(ctx: CliContext, out: Path | None, as_json: bool) -> None:
     click.echo(f"fingerprint  {public.fingerprint}")
     click.echo("To trust it on a node, add to that node's config.toml:")
     click.echo(f'[release]\ntrusted_keys = ["{public.text}"]')
+    # An Ansible site writes config.toml from this variable (the node role),
+    # and the bundle role checks bundles against it on the workstation.
+    click.echo("On an Ansible site, add to the inventory's group_vars/all.yml instead:")
+    click.echo(f'node_release_trusted_keys:\n  - "{public.text}"')
 
 
 def _signature_path(file: Path) -> Path:

@@ -7,11 +7,13 @@ always means the same engine build.
 from __future__ import annotations
 
 import hashlib
+import logging
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
-from letsinfer.engines.binary import BinaryIdentity, check_bytes, identify
+from letsinfer.engines import package
+from letsinfer.engines.binary import BinaryError, BinaryIdentity, check_bytes, identify
 
 
 @dataclass(frozen=True)
@@ -26,13 +28,27 @@ class Release:
     launch: dict[str, Any] = field(default_factory=dict)
 
 
-def xllamacpp_cpu() -> Release:
-    version = metadata.version("xllamacpp")
+XLLAMACPP_ARTIFACT = "xllamacpp"  # an xllamacpp release's installed package, by digest
+_UNBOUND_SAID: set[str] = set()  # releases from before the binding, warned about once
+log = logging.getLogger("letsinfer.engines")
+
+
+def xllamacpp_cpu(dist: metadata.Distribution | None = None) -> Release:
+    """The release of the xllamacpp this letsinfer imports, by its installed bytes
+    (see engines/package.py): another build of the same version is another release."""
+    dist = dist or package.installed("xllamacpp")
+    return xllamacpp_release(dist.version, package.distribution_digest(dist))
+
+
+def xllamacpp_release(version: str, digest: str) -> Release:
+    """The xllamacpp release of the package whose ``engines.package`` digest this is
+    (installed here, or in a bundle's wheel)."""
     return Release(
-        id=f"llama.cpp-xllamacpp-{version}-cpu",
+        id=f"llama.cpp-xllamacpp-{version}-cpu-{digest[:12]}",
         engine="xllamacpp",
         version=version,
         target="cpu",
+        artifacts={XLLAMACPP_ARTIFACT: digest},
         launch={"module": "letsinfer.engines.llamacpp_launcher"},
     )
 
@@ -54,14 +70,44 @@ def llama_server(binary: BinaryIdentity, target: str = "cpu") -> Release:
     )
 
 
-def check_binary(release: Release) -> None:
-    """Before a llama-server release starts: its binary must still be the
-    released bytes (raises BinaryError saying which path and both digests)."""
+def check_binary(release: Release, dist: metadata.Distribution | None = None) -> None:
+    """Before a llama-server or xllamacpp release starts: its binary (or installed
+    package, ``dist`` standing in for xllamacpp's) must still be the released bytes
+    (raises BinaryError saying what and both digests)."""
     if release.engine == "llama-server":
         check_bytes(
             str(release.launch.get("binary", "")),
             release.artifacts.get(LLAMA_SERVER_ARTIFACT),
             f"runtime release {release.id}",
+        )
+    elif release.engine == "xllamacpp":
+        _check_package(release, dist or package.installed("xllamacpp"))
+
+
+def _check_package(release: Release, dist: metadata.Distribution) -> None:
+    again = (
+        "Release it again: `letsinfer model install MODEL --node NODE --replace-existing` "
+        "releases the installed package as it is now"
+    )
+    released = release.artifacts.get(XLLAMACPP_ARTIFACT)
+    if not released:
+        # Made before releases were bound to bytes: it runs as it always did
+        # (an upgrade must not stop every cluster's groups), said once; a
+        # release made now is bound.
+        if release.id not in _UNBOUND_SAID:
+            _UNBOUND_SAID.add(release.id)
+            log.warning(
+                "runtime release %s records no digest of the xllamacpp package (made before "
+                "releases were bound to bytes): it runs unchecked. %s",
+                release.id,
+                again,
+            )
+        return
+    now = package.distribution_digest(dist)
+    if now != released or dist.version != release.version:
+        raise BinaryError(
+            f"the installed xllamacpp {dist.version} changed since runtime release {release.id} "
+            f"was made: released sha256:{released}, now sha256:{now}. {again}"
         )
 
 

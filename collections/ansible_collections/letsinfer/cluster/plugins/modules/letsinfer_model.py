@@ -8,15 +8,21 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: letsinfer_model
-short_description: Make sure the cluster serves a model from a GGUF file
+short_description: Make sure the cluster serves a model from a GGUF file or a hub repository
 version_added: "1.0.0"
 description:
   - Runs on the main node. Compares the model services listed by
-    C(letsinfer model list --json) with the wanted one and adds it with
-    C(letsinfer model add) when it is missing. The file is checked, hashed,
-    proven in its engine (one real answer) and copied into the node's model
-    store by letsinfer itself; a file the engine cannot serve fails the task
-    with the engine's own error, and nothing is added.
+    C(letsinfer model list --json) with the wanted one and adds it when it is
+    missing, with C(letsinfer model add) for a file (O(gguf)) or with
+    C(letsinfer model pull) for a hub repository at a commit (O(repo)), which
+    takes it from the hub or, when the hub is off or out of reach, from the
+    node's mirror, and records repo, commit and sha256 with it. The file is
+    checked, hashed, proven in its engine (one real answer) and copied into
+    the node's model store by letsinfer itself; a file the engine cannot
+    serve fails the task with the engine's own error, and nothing is added.
+  - A name the site already uses for other bytes (another O(sha256), another
+    repository or commit) is refused, saying what the name serves now;
+    nothing is changed. The same model under the same name is left alone.
   - A model that exists with other aliases is reported as an error, not
     changed, since letsinfer has no command to change aliases yet.
 extends_documentation_fragment:
@@ -34,9 +40,22 @@ options:
     type: str
     required: true
   gguf:
-    description: Path of the GGUF file on the main node.
+    description: Path of the GGUF file on the main node (or give O(repo)).
     type: path
-    required: true
+  sha256:
+    description:
+      - The sha256 of O(gguf). A model of this name with other bytes is
+        refused rather than taken as present.
+    type: str
+  repo:
+    description: A hub repository (such as C(org/model-GGUF)) to pull from (or give O(gguf)).
+    type: str
+  revision:
+    description: The commit (or branch, tag) of O(repo); required with O(repo).
+    type: str
+  file:
+    description: The GGUF file in O(repo) (a split model's first part); required with O(repo).
+    type: str
   aliases:
     description: Other names clients may use.
     type: list
@@ -68,6 +87,13 @@ EXAMPLES = r"""
     name: qwen2.5-7b
     gguf: /srv/models/qwen2.5-7b-instruct-q4_k_m.gguf
     aliases: [qwen]
+
+- name: Models | Serve a hub model (from the mirror on an air-gapped site)
+  letsinfer.cluster.letsinfer_model:
+    name: org/model-GGUF:model-Q4_K_M
+    repo: org/model-GGUF
+    revision: 0123456789abcdef0123456789abcdef01234567
+    file: model-Q4_K_M.gguf
 """
 
 RETURN = r"""
@@ -104,10 +130,57 @@ class Models:
             raise ModelError(f"letsinfer is not installed at {self.cli.executable}")
         return self.cli.json("model", "list", "--json")
 
-    def ensure(self, name, gguf, aliases=(), engine=None):
+    def ensure(self, name, gguf, aliases=(), engine=None, sha256=None):
+        """The model from the file ``gguf`` (``model add``)."""
+
+        def other_bytes(have):
+            if sha256 and have.get("sha256") != sha256.lower():
+                return f"sha256 {have.get('sha256')}, not {gguf}'s {sha256.lower()}"
+            return None
+
+        def add():
+            if not self._exists(gguf):
+                raise ModelError(f"{gguf}: no such file on this host")
+            return ["model", "add", name, "--gguf", gguf]
+
+        return self._ensure(name, aliases, engine, other_bytes, add)
+
+    def ensure_pulled(self, name, repo, revision, file, aliases=(), engine=None):
+        """The model ``file`` of ``repo`` at ``revision`` (``model pull``: from the hub,
+        or from the node's mirror when the hub is off or out of reach)."""
+
+        def other_bytes(have):
+            files = [f.get("name") for f in have.get("files") or []]
+            if (
+                have.get("repo") == repo
+                and revision in (have.get("commit"), have.get("revision"))
+                and file in files
+            ):
+                return None
+            if have.get("repo"):
+                now = f"{have['repo']}@{have.get('commit')} ({', '.join(files)})"
+            else:
+                now = f"a file of its own (sha256 {have.get('sha256')})"
+            return f"{now}, not {repo}@{revision} ({file})"
+
+        def pull():
+            return ["model", "pull", repo, "--file", file, "--revision", revision, "--name", name]
+
+        return self._ensure(name, aliases, engine, other_bytes, pull)
+
+    def _ensure(self, name, aliases, engine, other_bytes, command):
         models = {m["name"]: m for m in self.listed()}
         before = sorted(models)
         if name in models:
+            # A name already in use is never taken as this model unless it
+            # serves the same bytes: saying "ok" would hide that it does not.
+            other = other_bytes(models[name])
+            if other:
+                raise ModelError(
+                    f"model {name!r} already exists and serves {other}: refused, nothing "
+                    "changed (give the new model another name, or remove the existing one "
+                    "with `letsinfer model remove` first)"
+                )
             have = sorted(models[name].get("aliases") or [])
             if aliases and have != sorted(aliases):
                 raise ModelError(
@@ -115,11 +188,9 @@ class Models:
                     "letsinfer cannot change aliases yet"
                 )
             return {"changed": False, "model": models[name], "diff": self._diff(before, before)}
-        if not self._exists(gguf):
-            raise ModelError(f"{gguf}: no such file on this host")
+        args = command()
         model = {"name": name, "aliases": list(aliases)}
         if not self.check_mode:
-            args = ["model", "add", name, "--gguf", gguf]
             for alias in aliases:
                 args += ["--alias", alias]
             if engine:
@@ -143,13 +214,20 @@ def main():
     module = AnsibleModule(
         argument_spec={
             "name": {"type": "str", "required": True},
-            "gguf": {"type": "path", "required": True},
+            "gguf": {"type": "path"},
+            "sha256": {"type": "str"},
+            "repo": {"type": "str"},
+            "revision": {"type": "str"},
+            "file": {"type": "str"},
             "aliases": {"type": "list", "elements": "str", "default": []},
             "engine": {"type": "str", "choices": ["xllamacpp", "llama-server"]},
             "state": {"type": "str", "choices": ["present"], "default": "present"},
             "executable": {"type": "path", "default": "/opt/letsinfer/current/bin/letsinfer"},
             "home": {"type": "path"},
         },
+        required_one_of=[("gguf", "repo")],
+        mutually_exclusive=[("gguf", "repo"), ("sha256", "repo")],
+        required_by={"repo": ("revision", "file")},
         supports_check_mode=True,
     )
     p = module.params
@@ -157,9 +235,13 @@ def main():
         lambda argv: module.run_command(argv), executable=p["executable"], home=p["home"]
     )
     try:
-        result = Models(cli, module.check_mode).ensure(
-            p["name"], p["gguf"], p["aliases"], p["engine"]
-        )
+        models = Models(cli, module.check_mode)
+        if p["repo"]:
+            result = models.ensure_pulled(
+                p["name"], p["repo"], p["revision"], p["file"], p["aliases"], p["engine"]
+            )
+        else:
+            result = models.ensure(p["name"], p["gguf"], p["aliases"], p["engine"], p["sha256"])
     except ModelError as exc:
         module.fail_json(msg=str(exc))
     except CliError as exc:
