@@ -158,7 +158,7 @@ def start_mock(work: Path, plan: Plan) -> Server:
         [
             sys.executable,
             "-m",
-            "letsinfer.gateway.mock_upstream",
+            "benchmarks.mock_upstream",
             "--port",
             str(mock_port),
             "--tokens",

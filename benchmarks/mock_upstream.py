@@ -14,7 +14,7 @@ away. Faults for tests: ``drop`` closes the connection before any response,
 ``unavailable`` answers 503, ``break_after`` cuts a stream after that many
 events.
 
-Run alone (the benchmark does): ``python -m letsinfer.gateway.mock_upstream
+Run alone (the benchmark does), from the checkout: ``python -m benchmarks.mock_upstream
 --port 9000 --tokens 16 --interval-ms 5``.
 """
 

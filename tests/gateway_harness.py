@@ -20,12 +20,12 @@ from typing import Any, TypeVar
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from benchmarks.mock_upstream import MockBehaviour, MockUpstream
 from letsinfer.authority.apikeys import create_key
 from letsinfer.batched_writes import BatchedWrites
 from letsinfer.config import GatewaySettings, TracingSettings
 from letsinfer.gateway.app import Gateway, create_app, direct_path
 from letsinfer.gateway.directory import Directory
-from letsinfer.gateway.mock_upstream import MockBehaviour, MockUpstream
 from letsinfer.gateway.routing import Replica, RoutingTable
 from letsinfer.store import AuthorityStore
 from letsinfer.usage.recorder import RequestLog

@@ -1,6 +1,7 @@
 """A small load client, run inside a namespace by the cluster tests.
 
-python tests/load_client.py URL KEY MODEL REQUESTS THREADS  -> JSON list of statuses
+python tests/load_client.py URL KEY MODEL REQUESTS THREADS [PROMPT]  -> JSON list of statuses
+    (PROMPT: the user message, "hi" when not given)
 python tests/load_client.py stream URL KEY MODEL FLAG_FILE  -> reads a long stream,
     pausing after the first chunk until FLAG_FILE exists; prints JSON summary
 python tests/load_client.py streams URL KEY MODEL STOP_FILE THREADS -> streams one
@@ -19,8 +20,8 @@ from pathlib import Path
 import httpx
 
 
-def load(url: str, key: str, model: str, n: int, threads: int) -> None:
-    body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+def load(url: str, key: str, model: str, n: int, threads: int, prompt: str = "hi") -> None:
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}]}
     headers = {"authorization": f"Bearer {key}"}
     with httpx.Client(timeout=30) as client:
 
@@ -109,4 +110,11 @@ if __name__ == "__main__":
     elif sys.argv[1] == "streams":
         streams(*sys.argv[2:6], int(sys.argv[6]))
     else:
-        load(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+        load(
+            sys.argv[1],
+            sys.argv[2],
+            sys.argv[3],
+            int(sys.argv[4]),
+            int(sys.argv[5]),
+            *sys.argv[6:7],
+        )

@@ -4,11 +4,24 @@ clock the test moves)."""
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import json
+import time
 from pathlib import Path
 
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
 from letsinfer.authority.audit import verify_chain
+from letsinfer.authority.audit_echo import line
 from letsinfer.authority.denials import MAX_KINDS, OTHER_SOURCES, DenialLog, record_denial
+from letsinfer.authority.facts import FactLedger
+from letsinfer.contracts.facts import Facts
+from letsinfer.control.facts_route import PATH, FactsRoute
 from letsinfer.store import AuthorityStore
+from letsinfer.trust import pki
+from letsinfer.trust.peer import Peer
 
 
 def denied(store: AuthorityStore) -> list[tuple[str, str, int | None]]:
@@ -80,4 +93,93 @@ def test_short_lived_processes_aggregate_through_the_store(tmp_path: Path) -> No
         ("cli:alice", "runs on main only", 1),
         ("cli:alice", "runs on main only", 29),
     ]
+    store.close()
+
+
+# -- refused facts: a peer's text, bounded --------------------------------------
+
+
+class _Reports:
+    """The main's report intake, reduced to the ledger's real checks."""
+
+    def __init__(self) -> None:
+        self.ledger = FactLedger()
+
+    def admit(self) -> None:
+        return None
+
+    async def report(
+        self, peer: Peer, der: bytes, envelope: dict[str, object]
+    ) -> dict[str, object]:
+        self.ledger.accept(peer, der, envelope)
+        return {}
+
+
+def _post(route: FactsRoute, peer: Peer, der: bytes, body: bytes) -> tuple[int, bytes]:
+    scope = {
+        "type": "http",
+        "path": PATH,
+        "method": "POST",
+        "state": {"peer": peer},
+        "extensions": {"tls": {"client_cert_der": der}},
+    }
+    sent: list[dict[str, object]] = []
+
+    async def receive() -> dict[str, object]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+
+    asyncio.run(route(scope, receive, send))
+    return int(sent[0]["status"]), bytes(sent[1]["body"])  # type: ignore[call-overload]
+
+
+def test_refused_facts_keep_a_peers_text_bounded_in_answers_audit_and_log(
+    tmp_path: Path,
+) -> None:
+    """An enrolled node signs facts carrying unknown fields with huge, varied
+    names: each answer, the audit record and its log line stay small, and the
+    refusals are counted as one kind."""
+    ca = pki.create_ca("cluster")
+    key = pki.new_key()
+    cert = pki.issue(
+        ca[0], ca[1], key.public_key(), kind="node", subject_id="n1", role="child", days=1
+    )
+    der = cert.public_bytes(serialization.Encoding.DER)
+    peer = Peer(identity=pki.identity_of(cert), address=None)
+    store = AuthorityStore(tmp_path / "authority.db")
+    log = DenialLog(store, interval_s=60)
+    route = FactsRoute(
+        None,  # type: ignore[arg-type]  # (only its own path is asked for)
+        _Reports(),
+        lambda p, reason: log.note(f"node:{p.identity.id}", "node.facts", reason),
+        heartbeat_interval_s=1,
+    )
+    for i in range(20):
+        facts = Facts(
+            node_id="n1",
+            seq=i + 1,
+            ts=time.time(),
+            cpus=1,
+            memory_bytes=1,
+            targets=["cpu"],
+            version="x",
+        ).model_dump(mode="json")
+        facts[f"{i}" + "x" * 200_000] = 1  # signed by the node: only its content is refused
+        body = json.dumps(facts, sort_keys=True, separators=(",", ":")).encode()
+        signature = base64.b64encode(key.sign(body, ec.ECDSA(hashes.SHA256()))).decode()
+        envelope = json.dumps({"facts": body.decode(), "signature": signature}).encode()
+        status, answer = _post(route, peer, der, envelope)
+        assert status == 422 and len(answer) < 1000, (status, len(answer))
+        assert "unknown field" in json.loads(answer)["error"]["message"]
+    # An unknown field of the envelope itself, too.
+    status, answer = _post(route, peer, der, json.dumps({"y" * 200_000: 1}).encode())
+    assert status == 422 and len(answer) < 1000, (status, len(answer))
+
+    log.flush()
+    records = [r for r in store.list_audit() if r.action == "node.facts"]
+    assert [(r.outcome, r.count) for r in records] == [("denied", 20)]
+    assert records[0].detail == "facts out of bounds or malformed (facts: unknown field)"
+    assert len(line(records[0])) < 300
     store.close()

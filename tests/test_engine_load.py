@@ -4,6 +4,7 @@ llama.cpp's /slots, waiting requests from its /metrics (a real engine here)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -23,23 +24,23 @@ from tests.nodes import free_port
 KEY = "engine-key-for-this-test"
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_gguf: Path) -> Iterator[str]:
-    """The bundled llama.cpp server, started as the agent starts it: 2 slots."""
+@contextlib.contextmanager
+def running_engine(model: Path, key: str, parallel: int, n_ctx: int) -> Iterator[str]:
+    """The bundled llama.cpp server, started as the agent starts it; its URL."""
     port = free_port()
     spec = {
-        "model": str(tiny_gguf),
+        "model": str(model),
         "alias": "tiny",
         "host": "127.0.0.1",
         "port": port,
         "threads": 1,
-        "n_ctx": 2 * 8192,
-        "parallel": 2,
+        "n_ctx": n_ctx,
+        "parallel": parallel,
         "embedding": False,
     }
     proc = subprocess.Popen(
         [sys.executable, "-m", "letsinfer.engines.llamacpp_launcher", json.dumps(spec)],
-        env={**os.environ, ENGINE_KEY_ENV: KEY},
+        env={**os.environ, ENGINE_KEY_ENV: key},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -58,6 +59,13 @@ def engine(tiny_gguf: Path) -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_gguf: Path) -> Iterator[str]:
+    """The bundled llama.cpp server, started as the agent starts it: 2 slots."""
+    with running_engine(tiny_gguf, KEY, parallel=2, n_ctx=2 * 8192) as url:
+        yield url
 
 
 def load_of(url: str, key: str = KEY) -> EngineLoad:

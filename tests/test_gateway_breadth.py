@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
+from benchmarks.mock_upstream import MockBehaviour
 from letsinfer.authority.apikeys import create_key, digest, set_policy
 from letsinfer.authority.external import add_external_model, set_fallback
 from letsinfer.authority.lifecycle import set_model_desired
@@ -27,7 +28,6 @@ from letsinfer.gateway import gateway as gateway_module
 from letsinfer.gateway.cache import ENTRY_OVERHEAD, ResponseCache
 from letsinfer.gateway.errors import GatewayError
 from letsinfer.gateway.limits import KeyLimits, Limiter, estimate_prompt, period_bounds
-from letsinfer.gateway.mock_upstream import MockBehaviour
 from letsinfer.store.requests import RequestStore
 from tests.gateway_harness import MODEL, GatewayHarness, chat
 from tests.nodes import free_port
@@ -785,7 +785,7 @@ def test_a_request_that_waited_through_two_limit_changes_is_held_to_the_last(
 
 
 def test_a_request_that_ends_as_its_keys_limits_change_is_counted(tmp_path: Path) -> None:
-    from letsinfer.gateway.serving import Exchange
+    from letsinfer.gateway.exchange import Exchange
 
     policies = {"team": {"budget_tokens": 1_000, "budget_period": "day"}}
     with GatewayHarness(

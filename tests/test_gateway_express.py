@@ -17,10 +17,10 @@ import httpx
 import pytest
 from prometheus_client import generate_latest
 
+from benchmarks.mock_upstream import MockBehaviour, MockUpstream
 from letsinfer.gateway.direct import DirectCycle
 from letsinfer.gateway.engine_client import CallbackResponse, EngineClient, EngineError
 from letsinfer.gateway.express import Express
-from letsinfer.gateway.mock_upstream import MockBehaviour, MockUpstream
 from letsinfer.store.requests import RequestStore
 from tests.gateway_harness import MODEL, GatewayHarness, chat
 

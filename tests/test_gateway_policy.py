@@ -86,6 +86,38 @@ def test_fresh_facts_steer_the_choice_and_stale_ones_exclude() -> None:
     assert policy.choose([stale], NOW, POLICY) is None
 
 
+def test_affinity_only_chooses_among_the_replicas_the_facts_allow() -> None:
+    fresh = NOW - 1
+    cool = replica("cool", slots_free=100, temperature_c=50.0, facts_at=fresh)
+    hints = [
+        policy.prefix_hash(f"conversation {i}: a system prompt long enough", POLICY)
+        for i in range(200)
+    ]
+    # Hot, no free slot and a queue: not one hinted request, whatever its prefix.
+    worst = replica("worst", temperature_c=99.0, queue_depth=40, slots_free=0, facts_at=fresh)
+    # Each of the facts alone is enough to pass a replica over.
+    hot = replica("hot", slots_free=100, temperature_c=95.0, facts_at=fresh)
+    queued = replica("queued", slots_free=100, queue_depth=3, facts_at=fresh)
+    no_slot = replica("no-slot", slots_free=0, facts_at=fresh)
+    for bad in (worst, hot, queued, no_slot):
+        placed: Counter[str] = Counter()
+        for hint in hints:
+            placed[take([bad, cool], hint)] += 1
+            bad.in_flight = cool.in_flight = 0  # each finishes before the next
+        assert placed == {"cool": 200}, bad.pg_id
+    # When none is clear, affinity still chooses among them all: a prefix
+    # sticks to one, and prefixes spread over both.
+    other = replica("other", temperature_c=99.0, slots_free=100, facts_at=fresh)
+    first = []
+    for hint in hints:
+        first.append(take([hot, other], hint))
+        hot.in_flight = other.in_flight = 0
+    assert set(first) == {"hot", "other"}
+    for hint, was in zip(hints, first, strict=True):
+        assert take([hot, other], hint) == was
+        hot.in_flight = other.in_flight = 0
+
+
 def test_paused_and_full_replicas_are_never_chosen() -> None:
     paused = replica("paused", paused=True)
     full = replica("full", in_flight=4, capacity=4)
@@ -339,6 +371,49 @@ def test_a_higher_band_keeps_a_free_slot_its_key_can_use_behind_an_adapter_reque
             task.cancel()
 
     asyncio.run(scenario())
+
+
+def test_under_steady_interactive_load_every_band_still_moves() -> None:
+    """Interactive requests keep coming, always some waiting: standard and batch
+    waiters still get a slot within a bounded number of admissions, and
+    interactive goes first until then."""
+
+    async def scenario() -> list[str]:
+        r = replica("a", capacity=1)
+        adm = admission(r)
+        slot = await adm.acquire("m", "holder")
+        waiting: dict[asyncio.Task[Replica], str] = {}
+
+        def wait(key: str, band: int) -> None:
+            waiting[asyncio.create_task(adm.acquire("m", key, band=band))] = key
+
+        wait("crawler", 2)
+        wait("office", 1)
+        for _ in range(3):
+            wait("human", 0)
+        await asyncio.sleep(0)
+        assert adm.depth("m") == 5
+        admitted: list[str] = []
+        while "crawler" not in admitted and len(admitted) < 100:
+            adm.release(slot)  # the one at the engine finishes: the next is admitted
+            done, _ = await asyncio.wait(
+                set(waiting), timeout=1, return_when=asyncio.FIRST_COMPLETED
+            )
+            [task] = done
+            admitted.append(waiting.pop(task))
+            slot = task.result()
+            if admitted[-1] == "human":
+                wait("human", 0)  # the interactive load never lets up
+                await asyncio.sleep(0)
+        for task in waiting:
+            task.cancel()
+        return admitted
+
+    admitted = asyncio.run(scenario())
+    assert "crawler" in admitted, "the batch request waited through 100 admissions"
+    # Eight in a row for interactive (band_aging), then the standard and the
+    # batch request, each passed over that many times.
+    assert admitted == ["human"] * 8 + ["office", "crawler"], admitted
 
 
 def test_per_key_concurrency_is_counted_and_refused_over_the_limit() -> None:

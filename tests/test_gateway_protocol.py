@@ -9,7 +9,7 @@ import json
 import pytest
 
 from letsinfer.gateway import protocol
-from letsinfer.gateway.errors import GatewayError
+from letsinfer.gateway.errors import GatewayError, engine_refusal
 
 MESSAGES = '"messages":[{"role":"user","content":"hi"}]'
 
@@ -95,3 +95,25 @@ def test_a_completion_of_several_prompts_is_refused(prompt: str) -> None:
 def test_the_most_a_request_lets_the_model_write(fields: str, limit: int | None) -> None:
     body = ('{"model":"m",' + MESSAGES + fields + "}").encode()
     assert protocol.completion_limit(protocol.parse(body, protocol.CHAT)) == limit
+
+
+def test_media_parts_are_found_whatever_else_the_parts_hold() -> None:
+    def chat(*parts: object) -> protocol.Body:
+        body = {"model": "m", "messages": [{"role": "user", "content": list(parts)}]}
+        return protocol.parse(json.dumps(body).encode(), protocol.CHAT)
+
+    for parts in ([{"type": "text", "text": "hi"}], [{"type": ["image_url"]}, {"x": 1}]):
+        protocol.refuse_media(chat(*parts), "m")  # text, and parts of no known type
+    with pytest.raises(GatewayError) as refused:
+        protocol.refuse_media(chat({"type": "text", "text": "hi"}, {"type": "input_audio"}), "m")
+    assert refused.value.status == 400 and refused.value.code == "unsupported_content"
+
+
+def test_an_engines_refusal_is_reshaped_and_bounded() -> None:
+    body = json.dumps({"error": {"code": 400, "message": "bad " + "x" * 10_000, "type": "x"}})
+    err = engine_refusal("m", 400, body.encode(), "/v1/completions")
+    error = json.loads(err.body())["error"]
+    assert err.status == 400 and error["code"] == "engine_refused" and len(error["message"]) < 600
+    assert engine_refusal("m", 404, b"not json", "/v1/completions").status == 404
+    # The engine refusing the gateway's own key is not the client's error.
+    assert engine_refusal("m", 401, body.encode(), "/v1/completions").status == 502

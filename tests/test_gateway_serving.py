@@ -12,11 +12,13 @@ import httpx
 import openai
 import pytest
 
+from benchmarks.mock_upstream import MockBehaviour
 from letsinfer.config import GatewaySettings
 from letsinfer.gateway.metrics import start_metrics_server
-from letsinfer.gateway.mock_upstream import MockBehaviour
+from letsinfer.gateway.routing import Replica
 from tests.gateway_harness import MODEL, GatewayHarness, chat
 from tests.nodes import free_port
+from tests.test_engine_load import running_engine
 
 SLOW = MockBehaviour(tokens=6, interval_s=0.02)
 
@@ -283,6 +285,88 @@ def test_bad_requests_get_openai_shaped_errors_and_reach_no_engine(tmp_path: Pat
             if code:
                 assert error["code"] == code
         assert h.mocks["pg-a"].stats.requests == 0
+
+
+def test_hinted_chats_pass_over_an_engine_whose_facts_say_hot_and_full(tmp_path: Path) -> None:
+    """Most chats carry a prefix-affinity hint (a system prompt long enough):
+    the facts still decide which engines may take them."""
+    with GatewayHarness(tmp_path, {"pg-a": MockBehaviour(), "pg-b": MockBehaviour()}) as h:
+        now = h.routing.clock()
+        h.publish("pg-a", temperature_c=99.0, queue_depth=40, slots_free=0, facts_at=now)
+        h.publish("pg-b", temperature_c=50.0, slots_free=4, facts_at=now)
+        with httpx.Client(timeout=30) as c:
+            for i in range(40):
+                prompt = f"Conversation {i}. You are a helpful assistant; answer briefly."
+                body = chat(content=prompt)
+                assert (
+                    c.post(h.url + "/v1/chat/completions", json=body, headers=h.auth()).status_code
+                    == 200
+                )
+        assert h.mocks["pg-a"].stats.requests == 0
+        assert h.mocks["pg-b"].stats.requests == 40
+
+
+def test_image_or_audio_for_a_text_only_model_is_the_clients_error_before_any_engine(
+    tmp_path: Path,
+) -> None:
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    audio = {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}
+    text = {"type": "text", "text": "What is in it?"}
+    with GatewayHarness(tmp_path, {"pg-a": MockBehaviour()}) as h, httpx.Client() as c:
+        url = h.url + "/v1/chat/completions"
+        for part, kind in ((image, "image"), (audio, "audio")):
+            for stream in (False, True):
+                body = {
+                    **chat(stream=stream),
+                    "messages": [{"role": "user", "content": [text, part]}],
+                }
+                r = c.post(url, json=body, headers=h.auth())
+                assert r.status_code == 400, r.text
+                error = r.json()["error"]
+                assert error["type"] == "invalid_request_error"
+                assert error["code"] == "unsupported_content" and error["param"] == "messages"
+                assert f"reads text only: it cannot take {kind} input" in error["message"]
+        assert h.mocks["pg-a"].stats.requests == 0
+        # Text given as parts is text.
+        body = {**chat(), "messages": [{"role": "user", "content": [text]}]}
+        assert c.post(url, json=body, headers=h.auth()).status_code == 200
+        # A client's model name is echoed bounded.
+        r = c.post(url, json={**chat(), "model": "m" * 100_000}, headers=h.auth())
+        assert r.status_code == 404 and len(r.content) < 1000, len(r.content)
+        assert "'" + "m" * 128 + "...'" in r.json()["error"]["message"]
+        r = c.get(h.url + "/v1/models/" + "m" * 50_000, headers=h.auth())
+        assert r.status_code == 404 and len(r.content) < 1000, len(r.content)
+
+
+def test_an_engine_refusal_comes_back_openai_shaped_as_the_clients_error(
+    tmp_path: Path, tiny_gguf: Path
+) -> None:
+    """The real tiny llama.cpp engine refuses a chat longer than its context:
+    the client gets OpenAI's shape and code, not the engine's own."""
+    with (
+        running_engine(tiny_gguf, "engine-key", parallel=1, n_ctx=512) as engine_url,
+        GatewayHarness(tmp_path, {}) as h,
+        httpx.Client(timeout=60) as c,
+    ):
+        real = Replica("pg-real", MODEL, engine_url, "Bearer engine-key", capacity=1)
+        h.in_loop(lambda: h.routing.publish(real))
+        url = h.url + "/v1/chat/completions"
+        many = {**chat(), "messages": [{"role": "user", "content": "hello there"}] * 100}
+        # The first through the handler; the engine then closes its connection,
+        # so a good answer leaves one idle for the express lane to take the
+        # second; the third (streamed) through the handler again.
+        for stream in (False, None, False, True):
+            if stream is None:
+                assert c.post(url, json=chat(), headers=h.auth()).status_code == 200
+                continue
+            r = c.post(url, json={**many, "stream": stream}, headers=h.auth())
+            assert r.status_code == 400, r.text
+            assert r.headers["content-type"].startswith("application/json")
+            error = r.json()["error"]
+            assert set(error) == {"message", "type", "param", "code"}, error
+            assert error["type"] == "invalid_request_error"
+            assert error["code"] == "context_length_exceeded" and error["param"] == "messages"
+            assert "reads at most 512 tokens" in error["message"], error
 
 
 def test_a_flood_of_bad_keys_writes_a_bounded_number_of_access_lines(

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.mock_upstream import MockBehaviour
 from letsinfer.gateway.direct import DirectCycle
 from letsinfer.gateway.express import Express
-from letsinfer.gateway.mock_upstream import MockBehaviour
 from letsinfer.store.requests import RequestRecord, RequestStore
 from tests.gateway_harness import GatewayHarness, chat
 

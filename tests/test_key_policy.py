@@ -6,7 +6,7 @@ from pathlib import Path
 
 import httpx
 
-from letsinfer.gateway.mock_upstream import MockBehaviour
+from benchmarks.mock_upstream import MockBehaviour
 from tests.gateway_harness import MODEL, GatewayHarness
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from benchmarks.mock_upstream import MockBehaviour
 from letsinfer.config import TracingSettings
-from letsinfer.gateway.mock_upstream import MockBehaviour
 from tests.gateway_harness import MODEL, GatewayHarness
 
 trace_service = pytest.importorskip(

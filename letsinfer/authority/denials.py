@@ -30,6 +30,9 @@ log = logging.getLogger("letsinfer.audit")
 # Distinct (source, action, reason) kept between writes; beyond this, new
 # sources are counted together, so spoofed sources cannot grow memory or rows.
 MAX_KINDS = 512
+# The most characters of a reason kept (a reason longer than this is a bug:
+# one that carries a sender's text).
+MAX_REASON = 300
 OTHER_SOURCES = "(other sources)"
 # How long the writer waits for more before it writes a new kind of refusal.
 _GATHER_S = 0.2
@@ -61,8 +64,9 @@ class DenialLog:
         self._new = threading.Event()
 
     def note(self, source: str, action: str, reason: str) -> None:
-        """One refusal. Cheap: a counter in memory."""
-        key = (source, action, reason)
+        """One refusal. Cheap: a counter in memory. ``reason`` is the kind of
+        refusal, never a sender's free text; cut to MAX_REASON all the same."""
+        key = (source, action, reason[:MAX_REASON])
         with self._lock:
             if key not in self._kinds:
                 if len(self._kinds) >= MAX_KINDS:

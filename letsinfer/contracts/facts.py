@@ -17,6 +17,8 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from letsinfer.bounded_text import bounded
+
 _ID = Field(max_length=64)
 _INT32 = 2**31 - 1
 _BYTES = 2**60  # more memory than any machine has, and still exact as JSON
@@ -146,8 +148,18 @@ def verify(envelope: dict[str, Any], public_key: ec.EllipticCurvePublicKey) -> F
         return Facts.model_validate_json(body)
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "facts"
+        loc = [str(p) for p in first["loc"]]
+        if first["type"] == "extra_forbidden" and loc:
+            # The field's name is the peer's text: shown bounded, and the kind
+            # of refusal (what the audit chain counts) is where, not which name.
+            name = bounded(loc.pop())
+            where = ".".join(loc) or "facts"
+            raise FactError(
+                f"facts out of bounds or malformed ({where}: unknown field '{name}')",
+                f"facts out of bounds or malformed ({where}: unknown field)",
+            ) from exc
+        where = ".".join(loc) or "facts"
         raise FactError(
-            f"facts out of bounds or malformed ({where}: {first['msg']})",
+            f"facts out of bounds or malformed ({where}: {bounded(first['msg'], 200)})",
             f"facts out of bounds or malformed ({where})",
         ) from exc

@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from letsinfer.authority.factwriter import NotRecorded
+from letsinfer.bounded_text import bounded
 from letsinfer.contracts.facts import FactError
 from letsinfer.jsondepth import too_deep, too_deep_message
 from letsinfer.trust.peer import Peer
@@ -77,7 +78,8 @@ class FactsRoute:
             envelope = FactEnvelope.model_validate_json(body)
         except ValidationError as exc:
             first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "body"
+            # (An unknown field's name is the peer's text: shown bounded.)
+            where = ".".join(bounded(str(p)) for p in first["loc"]) or "body"
             why = f"malformed fact envelope ({where}: {first['msg']})"
             await _answer(send, 422, _error(why, 422))
             return

@@ -8,6 +8,8 @@ from typing import Any
 
 from starlette.responses import Response
 
+from letsinfer.bounded_text import bounded
+
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 
@@ -88,7 +90,7 @@ def missing_key() -> GatewayError:
 def unknown_model(name: str) -> GatewayError:
     return GatewayError(
         404,
-        f"The model '{name}' does not exist or you do not have access to it.",
+        f"The model '{bounded(name, 128)}' does not exist or you do not have access to it.",
         code="model_not_found",
         param="model",
     )
@@ -127,6 +129,46 @@ def upstream_failed(name: str, detail: str) -> GatewayError:
         f"Model '{name}' failed while answering: {detail}.",
         type_="server_error",
         code="upstream_error",
+    )
+
+
+# What a request's body holds, by endpoint: the param a refusal of its size names.
+_INPUT_PARAM = {
+    "/v1/chat/completions": "messages",
+    "/v1/completions": "prompt",
+    "/v1/embeddings": "input",
+}
+
+
+def engine_refusal(name: str, status: int, body: bytes, path: str) -> GatewayError:
+    """A local engine's 4xx answer (llama.cpp's own shape) as OpenAI's: the
+    client's error, with the engine's reason. A prompt too long for the
+    context is ``context_length_exceeded``. The engine refusing the gateway's
+    own key is no fault of the client's: 502."""
+    if status in (401, 403):
+        return upstream_failed(name, f"its engine refused the gateway's key ({status})")
+    try:
+        error = json.loads(body)["error"]
+        reason = str(error["message"])
+        kind = error.get("type")
+    except (ValueError, KeyError, TypeError):
+        error, reason, kind = {}, body.decode("utf-8", "replace"), None
+    if kind == "exceed_context_size_error":
+        given, context = error.get("n_prompt_tokens"), error.get("n_ctx")
+        if isinstance(given, int) and isinstance(context, int):
+            reason = (
+                f"this request is {given} tokens long and model '{name}' reads at most "
+                f"{context} tokens at once; shorten it"
+            )
+        return GatewayError(
+            status,
+            f"The request is too long: {bounded(reason.rstrip('.'), 500)}.",
+            code="context_length_exceeded",
+            param=_INPUT_PARAM.get(path),
+        )
+    reason = bounded(reason.strip().rstrip("."), 500) or f"status {status}"
+    return GatewayError(
+        status, f"Model '{name}' refused the request: {reason}.", code="engine_refused"
     )
 
 

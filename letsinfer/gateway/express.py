@@ -35,33 +35,48 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable, MutableMapping
+from typing import Any, Protocol
 
 from letsinfer.gateway import access_log, adapters, protocol, stream_usage
 from letsinfer.gateway.engine_client import CallbackResponse, EngineError, EngineTimeout
 from letsinfer.gateway.errors import (
     GatewayError,
+    engine_refusal,
     internal_error,
     upstream_failed,
     upstream_timeout,
 )
+from letsinfer.gateway.exchange import Exchange, request_id_from, stream_error_event
 from letsinfer.gateway.routing import Replica
 from letsinfer.gateway.serving import (
     CLIENT_GONE,
     ENDPOINTS,
     FAILED_AT,
     ROUTES,
-    Exchange,
     InferenceEndpoints,
     authenticate,
-    request_id_from,
-    stream_error_event,
 )
 
-if TYPE_CHECKING:
-    from letsinfer.gateway.direct import DirectCycle
-
 log = logging.getLogger("letsinfer.gateway")
+
+
+class DirectCycle(Protocol):
+    """What the express lane uses of a request cycle of the gateway's own HTTP
+    path (letsinfer.gateway.direct's, which offers it requests): named here,
+    the lower side, so that the two modules do not import each other."""
+
+    protocol: Any  # the HTTP protocol: its transport and write flow
+    scope: MutableMapping[str, Any]
+    body: bytes
+    resumes: Callable[[], None] | None
+
+    def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None: ...
+    def start_response(self, status: int, headers: list[tuple[bytes, bytes]]) -> None: ...
+    def write(self, body: bytes, more: bool) -> None: ...
+    def watch(self, gone: Callable[[], None]) -> Callable[[], None]: ...
+    def unwatch(self) -> None: ...
+    def start(self) -> None: ...
 
 
 class _Lane(Exchange):
@@ -164,14 +179,18 @@ class _Lane(Exchange):
     def _answer(self, engine: CallbackResponse) -> None:
         self.express.leave(self)
         body = b"".join(self.parts)
-        self.status = engine.status
+        status, content_type = engine.status, engine.content_type
+        if 400 <= status < 500:  # the engine refused it: the client's error, in OpenAI's shape
+            refusal = engine_refusal(self.served, status, body, self.path)
+            status, content_type, body = refusal.status, b"application/json", refusal.body()
+        self.status = status
         self.responded = True
         self.tail = body
         self.ttft = time.perf_counter() - self.started
         self.cycle.respond(
-            engine.status,
+            status,
             [
-                (b"content-type", engine.content_type),
+                (b"content-type", content_type),
                 (b"x-request-id", self.request_id.encode()),
                 (b"content-length", str(len(body)).encode()),
             ],
@@ -322,6 +341,8 @@ class Express:
             or not key.allows(entry.name)
         ):
             return None
+        if entry.text_only and route.kind == "chat":
+            protocol.refuse_media(parsed, entry.name)  # (refused: the handler answers)
         lane = _Lane(request_id_from(given_id), self, cycle)
         lane.key = key.name
         lane.asked = access_log.loggable(parsed["model"])

@@ -4,13 +4,16 @@
    fresh, and that have a free slot by the gateway's own count are
    candidates: an engine never gets more requests than its capacity.
 2. A request whose prompt starts with at least ``affinity_min_chars``
-   characters carries an affinity hash of that leading part. Candidates are
-   ranked by rendezvous hashing (highest random weight) on that hash, so the
-   same prefix keeps going to the same replica, whose prompt cache already
-   holds it, and only 1/n of prefixes move when a replica comes or goes. The
-   first ranked replica whose load stays within ``load_bound`` times its fair
-   share takes it (consistent hashing with bounded loads), so one hot prefix
-   cannot pin all traffic to one replica.
+   characters carries an affinity hash of that leading part. Affinity only
+   chooses among the candidates the facts allow: a replica whose fresh facts
+   say its GPU is hot, its engine has no free slot or requests queued is left
+   out while another candidate is clear of all three. Those are ranked by
+   rendezvous hashing (highest random weight) on that hash, so the same
+   prefix keeps going to the same replica, whose prompt cache already holds
+   it, and only 1/n of prefixes move when a replica comes or goes. The first
+   ranked replica whose load stays within ``load_bound`` times its fair share
+   takes it (consistent hashing with bounded loads), so one hot prefix cannot
+   pin all traffic to one replica.
 3. Otherwise (no hint, or every ranked replica above its bound) the least
    loaded candidate wins: load is the share of its slots in use, plus the
    engine's own queue and a penalty for a hot GPU when fresh facts say so.
@@ -47,6 +50,20 @@ def usable(replica: Replica, now: float, policy: RoutingPolicy) -> bool:
     if replica.paused:
         return False
     return replica.facts_at is None or now - replica.facts_at <= policy.fact_max_age_s
+
+
+def held_back(replica: Replica) -> bool:
+    """Whether a usable replica's facts advise against it: its GPU is hot, or
+    its engine has no free slot or requests waiting. (Called on candidates
+    only, whose facts, when they report any, are fresh.)"""
+    if replica.facts_at is None:
+        return False
+    temperature = replica.temperature_c
+    return (
+        replica.slots_free == 0
+        or bool(replica.queue_depth)
+        or (temperature is not None and temperature > _HOT_C)
+    )
 
 
 def load(replica: Replica, now: float, policy: RoutingPolicy) -> float:
@@ -97,6 +114,16 @@ def choose(
     if len(candidates) == 1:
         return candidates[0]
     if prefix_hash is not None:
+        # Affinity never overrides the facts: a hot, full or queued replica is
+        # left out while another is clear (all held back: all stay in).
+        clear = [r for r in candidates if not held_back(r)]
+        if clear and len(clear) < len(candidates):
+            if len(clear) == 1:
+                return clear[0]
+            candidates, total, capacity = clear, 1, 0
+            for r in clear:
+                total += r.in_flight
+                capacity += max(r.capacity, 1)
         # The prefix's own replica first, then the next by weight, the first
         # under its bound (with a bound of at least 1 there is always one).
         # (A sort of a few, keyed in C, costs less than a max and a closure.)

@@ -128,6 +128,34 @@ def prompt_start(request: Body, kind: Kind, limit: int) -> str:
     return "".join(parts)[:limit]
 
 
+# Content parts a model needs a vision or audio projector for.
+_MEDIA = {"image_url": "image", "input_audio": "audio"}
+_MEDIA_PARTS = tuple(_MEDIA)
+
+
+def refuse_media(request: Body, model: str) -> None:
+    """Refuse (400) a chat with an image or audio part, for a model known to
+    read text only: the client's error, said before any engine sees it. Only
+    content given as a list of parts is looked into (plain text costs a
+    check per message)."""
+    for message in request["messages"]:
+        content = message.get("content")
+        if content.__class__ is not list:
+            continue
+        for part in content:
+            given = part.get("type")
+            if given in _MEDIA_PARTS:  # (compared, not hashed: any JSON value may be here)
+                kind = _MEDIA[given]
+                raise GatewayError(
+                    400,
+                    f"Model '{model}' reads text only: it cannot take {kind} input "
+                    f"(a '{given}' content part). Send text, or use a model "
+                    f"that reads {kind}.",
+                    param="messages",
+                    code="unsupported_content",
+                )
+
+
 def completion_limit(request: Body) -> int | None:
     """The most completion tokens a request lets its engine make; None when it
     sets no limit. llama.cpp reads ``n_predict`` (-1: none), then

@@ -29,13 +29,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import itertools
-import json
 import logging
-import os
-import re
 import time
-from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from letsinfer.gateway import access_log, adapters, cache, policy, protocol, stream_usage
@@ -48,10 +44,17 @@ from letsinfer.gateway.errors import (
     missing_key,
     unknown_model,
 )
+from letsinfer.gateway.exchange import (
+    Exchange,
+    access_lines,
+    answers_as,
+    renamed,
+    request_id_from,
+    stream_error_event,
+    usage_tokens,
+)
 from letsinfer.gateway.gateway import Gateway
-from letsinfer.gateway.limits import Admitted, estimate_prompt
-from letsinfer.gateway.routing import Replica
-from letsinfer.gateway.stream_usage import UsageFilter
+from letsinfer.gateway.limits import estimate_prompt
 from letsinfer.gateway.upstream import Started
 from letsinfer.store.requests import RequestRecord
 
@@ -66,12 +69,6 @@ ROUTES: dict[str, protocol.Route] = {
     "/v1/completions": protocol.COMPLETION,
     "/v1/embeddings": protocol.EMBEDDING,
 }
-
-_SANE_REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:-]{1,128}$")
-# Generated ids: a random per-process prefix and a counter (unique, and
-# cheaper than a UUID per request).
-_ID_PREFIX = os.urandom(8).hex()
-_ids = itertools.count(1)
 
 # Refusals of a key's use that land in the audit chain (never the key itself).
 _AUDITED = frozenset({"invalid_api_key", "concurrency_limit_exceeded"})
@@ -182,12 +179,6 @@ def count_refusal(gw: Gateway, scope: Scope, err: GatewayError) -> None:
     access_log.refusal(request_id_from(given), err.status, str(scope["path"]))
 
 
-def request_id_from(given: bytes | None) -> str:
-    if given and _SANE_REQUEST_ID.fullmatch(given):
-        return given.decode()
-    return f"{_ID_PREFIX}{next(_ids):016x}"  # 32 hex digits, like a UUID
-
-
 def too_large(limit: int) -> GatewayError:
     return GatewayError(
         413, f"Request body is larger than the limit of {limit} bytes.", code="request_too_large"
@@ -220,119 +211,6 @@ async def read_body(receive: Receive, declared: bytes | None, limit: int) -> byt
             raise too_large(limit)
         parts.append(chunk)
     return b"".join(parts)
-
-
-def answers_as(entry: ServiceEntry) -> bytes | None:
-    """The model name its answers carry, when the engine's would be another:
-    an adapter's (the engine names its base, which a key allowed only the
-    adapter is never told), an external model's (the provider names its own
-    model). None: the engine's name is the model's."""
-    if entry.base is None and entry.external is None:
-        return None
-    return json.dumps(entry.name).encode()
-
-
-# The answer's (or a stream event's) "model" field, outside any string.
-_MODEL_FIELD = re.compile(rb'(?<!\\)"model"(\s*:\s*)"(?:[^"\\]|\\.)*"')
-
-
-def renamed(answer: bytes, name: bytes) -> bytes:
-    """``answer`` (whole, or whole stream events) with its model named ``name``
-    (a JSON string)."""
-    return _MODEL_FIELD.sub(lambda m: b'"model"' + m[1] + name, answer)
-
-
-_PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s*(\d+)')
-_COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
-
-
-def usage_tokens(tail: bytes) -> tuple[int | None, int | None]:
-    """Prompt and completion tokens from the last ``usage`` object in ``tail``,
-    found by a byte search: cheap, and no JSON parse of the answer."""
-    at = tail.rfind(b'"usage"')
-    if at < 0:
-        return None, None
-    prompt = _PROMPT_TOKENS.search(tail, at)
-    completion = _COMPLETION_TOKENS.search(tail, at)
-    return (
-        int(prompt[1]) if prompt else None,
-        int(completion[1]) if completion else None,
-    )
-
-
-class Exchange:
-    """What one request did, for its access-log line and metrics."""
-
-    __slots__ = (
-        "admitted",
-        "arrived",
-        "asked",
-        "cache",
-        "cache_key",
-        "cut_off",
-        "done",
-        "endpoint",
-        "fallback",
-        "gone",
-        "key",
-        "node",
-        "pg",
-        "queue_s",
-        "renamed",
-        "request_id",
-        "responded",
-        "served",
-        "started",
-        "status",
-        "stream",
-        "tail",
-        "task",
-        "tokens",
-        "total",
-        "ttft",
-        "usage",
-    )
-
-    def __init__(self, request_id: str, task: asyncio.Task[Any] | None) -> None:
-        self.request_id = request_id
-        self.task = task
-        self.started = time.perf_counter()
-        self.arrived = time.time()
-        self.asked = self.served = self.pg = self.key = "-"
-        self.node: str | None = None
-        self.endpoint = "-"
-        self.stream = False
-        self.usage: UsageFilter | None = None  # every streamed completion
-        self.tokens: tuple[int | None, int | None] = (None, None)  # prompt, completion
-        self.total = 0.0  # seconds from arrival to the end
-        self.status = 0
-        self.queue_s = 0.0
-        self.ttft: float | None = None
-        self.tail = b""
-        self.done = False
-        self.gone = False
-        self.responded = False  # the status line went out
-        self.admitted: Admitted | None = None  # what its key's limits counted: charged at the end
-        self.cache: bytes | None = None  # hit, miss or bypass, for a key with a cache
-        self.cache_key: bytes | None = None  # where to keep the answer
-        self.fallback: str | None = None  # the model that answered instead
-        self.cut_off = False  # its answer ended early: a timeout, a broken stream, the client
-        # The name its answer gives as its model, when not the engine's own
-        # (an adapter's, or an external model's instead of the provider's).
-        self.renamed: bytes | None = None
-
-    def at_engine(self, replica: Replica | None) -> None:
-        """The replica working on the request now (None: none did any work)."""
-        if replica is None:
-            self.pg, self.node = "-", None
-        else:
-            self.pg, self.node = replica.pg_id, replica.node_id or None
-
-    def client_gone(self) -> None:
-        """The client left before its answer was complete: stop its request."""
-        if not self.done and self.task is not None:
-            self.gone = True
-            self.task.cancel()
 
 
 class InferenceEndpoints:
@@ -453,6 +331,8 @@ class InferenceEndpoints:
                     f"model {entry.name} is not in the key's allowlist",
                 )
             raise unknown_model(parsed["model"])
+        if entry.text_only and route.kind == "chat":
+            protocol.refuse_media(parsed, entry.name)
         ex.served = entry.name
         ex.renamed = answers_as(entry)
         ex.stream = stream = parsed.get("stream", False)
@@ -793,48 +673,4 @@ class InferenceEndpoints:
                 for ex in finished
                 if ex.key != "-"  # refused keys are counted as denials
             )
-        access_log.write_many(_access_lines(finished))
-
-
-def _access_lines(finished: list[Exchange]) -> Iterator[tuple[object, ...]]:
-    for ex in finished:
-        extra = _access_extra(ex)
-        if ex.key == "-":  # refused before its key was known: anyone's, at any rate
-            left_out = access_log.refusal_line_allowed()
-            if left_out is None:
-                continue
-            if left_out:
-                extra += f" refusals_not_logged={left_out}"
-        yield (
-            ex.request_id,
-            ex.key,
-            ex.asked,
-            ex.served,
-            ex.pg,
-            ex.status,
-            ex.queue_s * 1000,
-            "-" if ex.ttft is None else f"{ex.ttft * 1000:.2f}",
-            ex.total * 1000,
-            "-" if ex.tokens[0] is None else ex.tokens[0],
-            "-" if ex.tokens[1] is None else ex.tokens[1],
-            extra,
-        )
-
-
-def _access_extra(ex: Exchange) -> str:
-    extra = ""
-    if ex.cache is not None:
-        extra = f" cache={ex.cache.decode()}"
-    if ex.fallback is not None:
-        extra += f" fallback={ex.fallback}"
-    return extra
-
-
-def stream_error_event(message: str) -> bytes:
-    error = {
-        "message": message,
-        "type": "server_error",
-        "param": None,
-        "code": "upstream_stream_error",
-    }
-    return b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
+        access_log.write_many(access_lines(finished))

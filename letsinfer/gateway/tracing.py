@@ -34,7 +34,7 @@ from letsinfer.gateway.routing import Replica
 from letsinfer.gateway.upstream import Upstream
 
 if TYPE_CHECKING:
-    from letsinfer.gateway.serving import Exchange
+    from letsinfer.gateway.exchange import Exchange
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 # The engine exchange under way in this request's task (ended when its slot goes back).

@@ -29,7 +29,12 @@ from letsinfer.gateway.engine_client import (
     EngineResponse,
     EngineTimeout,
 )
-from letsinfer.gateway.errors import GatewayError, upstream_failed, upstream_timeout
+from letsinfer.gateway.errors import (
+    GatewayError,
+    engine_refusal,
+    upstream_failed,
+    upstream_timeout,
+)
 from letsinfer.gateway.metrics import GatewayMetrics
 from letsinfer.gateway.routing import Replica
 
@@ -154,6 +159,18 @@ class Upstream:
                         raise EngineError("empty stream", before_response=True)
                     return Started(replica, 200, response.content_type, first, response, queue_s)
                 content = await response.read(self.max_answer_bytes)
+                if 400 <= response.status < 500 and replica.external is None:
+                    # The engine refused it: the client's error, in OpenAI's shape.
+                    named = adapter or service  # (an adapter's key is never told its base)
+                    refusal = engine_refusal(named, response.status, content, path)
+                    return Started(
+                        replica,
+                        refusal.status,
+                        b"application/json",
+                        refusal.body(),
+                        None,
+                        queue_s,
+                    )
                 return Started(
                     replica,
                     response.status,
