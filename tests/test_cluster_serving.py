@@ -103,7 +103,7 @@ def wait_ready(c: Cluster, model: str, nodes: set[str], timeout: float = 90) -> 
     )
 
 
-def load(c: Cluster, model: str, n: int = 24, threads: int = 4) -> list[int]:
+def load(c: Cluster, model: str, n: int = 24, threads: int = 4, prompt: str = "hi") -> list[int]:
     url = f"http://{c.lab.hosts['main']}:8000"
     result = c.lab.run(
         "main",
@@ -114,6 +114,7 @@ def load(c: Cluster, model: str, n: int = 24, threads: int = 4) -> list[int]:
         model,
         str(n),
         str(threads),
+        prompt,
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
@@ -200,6 +201,12 @@ print(json.dumps({{"status": r.status_code, "code": error.get("code"),
 def release_add(c: Cluster, binary: Path, target: str = "cpu") -> str:
     out = c.ok("main", "release", "add", "--llama-server", str(binary), "--target", target)
     return out.split(": ", 1)[1].split()[0]
+
+
+def free_gpu(c: Cluster, node: str) -> str:
+    """A GPU of ``node`` that no group holds (a restart may move a group to another)."""
+    [n] = [n for n in json.loads(c.ok("main", "topology", "--json")) if n["name"] == node]
+    return next(str(g["uuid"]) for g in n["gpus"] if g["placement_group"] is None)
 
 
 def rollout(c: Cluster, *args: str) -> tuple[int, dict[str, Any]]:
@@ -307,15 +314,19 @@ def test_a_group_on_a_hot_gpu_gets_fewer_requests(cluster: Cluster) -> None:
 
         c.wait(reported, f"facts saying {hot}'s GPU is hot")
 
+    # "hi" carries no affinity hint; a chat with a long enough start does (one
+    # prefix for all: affinity alone would send every one to one group).
+    hinted = "You are a helpful assistant: answer in one short sentence, please."
     try:
         # Both ways round: a choice blind to the facts favours the same group twice.
         for hot, cool in (("n1", "n2"), ("n2", "n1")):
             heat(hot)
-            before = served_by(c, "warm")
-            assert load(c, "warm", n=10, threads=1) == [200] * 10
-            served = served_since(c, "warm", before, 10)
-            got = {n: served.get(on[n], 0) for n in (hot, cool)}
-            assert got[hot] < got[cool], (hot, got)
+            for prompt in ("hi", hinted):
+                before = served_by(c, "warm")
+                assert load(c, "warm", n=10, threads=1, prompt=prompt) == [200] * 10
+                served = served_since(c, "warm", before, 10)
+                got = {n: served.get(on[n], 0) for n in (hot, cool)}
+                assert got[hot] < got[cool], (hot, prompt, got)
     finally:
         for path, gpus in files.values():
             path.write_text(json.dumps(gpus))
@@ -723,8 +734,9 @@ def test_rollback_reinstalls_the_release_the_model_ran_before(cluster: Cluster) 
 def test_without_a_free_gpu_a_group_is_replaced_in_place_and_restored(cluster: Cluster) -> None:
     c = cluster
     c.ok("main", "model", "add", "gpu2", "--gguf", str(c.root / "shared.gguf"), "--no-serve")
-    c.ok("main", "model", "install", "gpu2", "--node", "n1", "--gpu", "GPU-n1-b", "--yes")
-    wait_ready(c, "gpu2", {"n1"})  # with big on GPU-n1-a, n1 has no GPU left
+    gpu = free_gpu(c, "n1")  # the last one: big and warm hold the others
+    c.ok("main", "model", "install", "gpu2", "--node", "n1", "--gpu", gpu, "--yes")
+    wait_ready(c, "gpu2", {"n1"})  # now n1 has no GPU left
     before = pgs(c, "gpu2")["n1"]
     broken = release_add(c, c.root / "llama-server-broken", "cuda")
     code, result = rollout(c, "upgrade", "gpu2", "--release", broken)
@@ -736,7 +748,7 @@ def test_without_a_free_gpu_a_group_is_replaced_in_place_and_restored(cluster: C
     assert (after["id"], after["release"], after["gpus"], after["state"]) == (
         before["id"],
         before["release"],
-        ["GPU-n1-b"],
+        [gpu],
         "ready",
     )
     assert load(c, "gpu2", n=2, threads=1) == [200, 200]
@@ -748,7 +760,7 @@ def test_without_a_free_gpu_a_group_is_replaced_in_place_and_restored(cluster: C
     assert load(c, "gpu2", n=1, threads=1) == [404]
     topo = json.loads(c.ok("main", "topology", "--json"))
     [n1] = [n for n in topo if n["name"] == "n1"]
-    assert {g["uuid"]: g["placement_group"] for g in n1["gpus"]}["GPU-n1-b"] is None
+    assert {g["uuid"]: g["placement_group"] for g in n1["gpus"]}[gpu] is None
 
 
 def test_restarting_a_child_keeps_its_engines_serving_a_stream(cluster: Cluster) -> None:
@@ -991,7 +1003,8 @@ def test_a_replaced_llama_server_binary_is_refused_until_released_again(cluster:
     c = cluster
     binary = c.root / "llama-server"  # the shim n1 runs for GPU placements
     c.ok("main", "model", "add", "bytes", "--gguf", str(c.root / "shared.gguf"), "--no-serve")
-    c.ok("main", "model", "install", "bytes", "--node", "n1", "--gpu", "GPU-n1-b", "--yes")
+    gpu = free_gpu(c, "n1")
+    c.ok("main", "model", "install", "bytes", "--node", "n1", "--gpu", gpu, "--yes")
     wait_ready(c, "bytes", {"n1"})
     first = pgs(c, "bytes")["n1"]
     released = hashlib.sha256(binary.read_bytes()).hexdigest()
@@ -1012,7 +1025,7 @@ def test_a_replaced_llama_server_binary_is_refused_until_released_again(cluster:
     # Released again: a new release of the binary as it is now, which serves.
     c.ok(
         "main",
-        *("model", "install", "bytes", "--node", "n1", "--gpu", "GPU-n1-b"),
+        *("model", "install", "bytes", "--node", "n1", "--gpu", gpu),
         *("--replace-existing", "--yes"),
     )
     wait_ready(c, "bytes", {"n1"})

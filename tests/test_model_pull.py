@@ -112,7 +112,8 @@ def test_pull_by_quant_is_served_with_repo_commit_and_sha256(
 ) -> None:
     commit = hub.repos["org/tiny-gguf"].commit
     q8 = published["tiny-gguf-Q8_0.gguf"]
-    result = node.cli("model", "pull", "org/tiny-gguf", "--quant", "Q8_0")
+    # The main's one GPU has no room: served on its CPU, as asked.
+    result = node.cli("model", "pull", "org/tiny-gguf", "--quant", "Q8_0", "--target", "cpu")
     out = ok(result)
     assert commit in out and sha256_of(q8) in out
 
@@ -220,6 +221,36 @@ def test_too_big_for_gpu_memory_plan_says_why_and_install_refuses(node: RunningN
     assert shown(node, "big")["placement_groups"] == []
 
 
+def test_pull_and_add_place_with_the_planner_and_refuse_what_fits_nowhere(
+    node: RunningNode, published: dict[str, Path]
+) -> None:
+    # auto on a main with a GPU means that GPU, as `model install` plans it: too small.
+    refused = node.cli("model", "pull", "org/tiny-gguf", "--quant", "Q8_0", "--name", "gpu-first")
+    assert refused.returncode == 1, refused.stdout
+    error = " ".join(refused.stderr.split())
+    assert "no node can take model 'gpu-first'" in error and "does not fit: needs" in error
+    assert f"{SMALL_GPU} has 16.0 MiB free" in error and error.endswith("Nothing changed.")
+    names = [m["name"] for m in json.loads(ok(node.cli("model", "list", "--json")))]
+    assert "gpu-first" not in names
+    audit = json.loads(ok(node.cli("audit", "list", "--json")))
+    assert any(
+        r["action"] == "model.add" and r["outcome"] == "denied" and r["target"] == "gpu-first"
+        for r in audit
+    )
+
+    # `model add` asks the same planner: a node it names that is not there is skipped.
+    q8 = published["tiny-gguf-Q8_0.gguf"]
+    ghost = node.cli("model", "add", "ghost-node", "--gguf", str(q8), "--node", "nowhere")
+    assert ghost.returncode == 1
+    assert "nowhere: no such node" in " ".join(ghost.stderr.split())
+    placed = ok(node.cli("model", "add", "on-cpu", "--gguf", str(q8), "--target", "cpu"))
+    assert "llama.cpp-xllamacpp-" in placed and "-cpu" in placed
+    [group] = shown(node, "on-cpu")["placement_groups"]  # type: ignore[misc]
+    assert group["gpus"] == []
+    both = node.cli("model", "add", "x", "--gguf", str(q8), "--no-serve", "--target", "cpu")
+    assert both.returncode == 2 and "--no-serve does not" in both.stderr
+
+
 def test_mirror_add_verifies_length_and_checksum_before_it_lists_anything(
     tmp_path: Path, published: dict[str, Path]
 ) -> None:
@@ -309,3 +340,72 @@ def test_a_host_with_no_route_to_the_hub_pulls_from_an_imported_bundle(
         assert info["sha256"] == sha256_of(published["tiny-gguf-Q8_0.gguf"])
     finally:
         lab.down()
+
+
+def test_a_bundled_hub_model_is_pulled_from_the_mirror_as_the_bundle_role_serves_it(
+    tmp_path: Path, hub: FakeHub, published: dict[str, Path]
+) -> None:
+    key = tmp_path / "site-key"
+    public = generate(key).text
+    bundle = tmp_path / "models.tar"
+    made = letsinfer(
+        tmp_path / "builder",
+        "bundle",
+        "create",
+        "--out",
+        str(bundle),
+        "--key",
+        str(key),
+        "--no-wheels",
+        "--model",
+        "org/tiny-gguf@main:Q8_0",
+        env=hub_env(hub, tmp_path),
+    )
+    ok(made)
+    # The workstation's verify tells the bundle role what each model is.
+    verify = ("bundle", "verify", str(bundle), "--key", public, "--json")
+    [model] = json.loads(ok(letsinfer(tmp_path / "workstation", *verify)))["models"]
+    commit = hub.repos["org/tiny-gguf"].commit
+    assert model["name"] == "org/tiny-gguf:tiny-gguf-Q8_0"
+    assert model["sha256"] == sha256_of(published["tiny-gguf-Q8_0.gguf"])
+    source = model["source"]
+    assert source == {
+        "repo": "org/tiny-gguf",
+        "revision": "main",
+        "commit": commit,
+        "file": "tiny-gguf-Q8_0.gguf",
+    }
+
+    # An air-gapped main with the hub off (node_hub_enabled: false writes this).
+    home = tmp_path / "airgap"
+    (home / "etc").mkdir(parents=True, mode=0o700)
+    (home / "etc" / "config.toml").write_text(
+        f'[release]\ntrusted_keys = ["{public}"]\n\n[hub]\nenabled = false\n'
+    )
+    ok(letsinfer(home, "node", "init", "--main", "--name", "airgap"))
+    ok(letsinfer(home, "bundle", "import", str(bundle)))
+    seen = len(hub.seen)
+    # What the role runs (letsinfer_model with repo, revision and file).
+    pulled = letsinfer(
+        home,
+        "model",
+        "pull",
+        source["repo"],
+        "--file",
+        source["file"],
+        "--revision",
+        source["commit"],
+        "--name",
+        model["name"],
+        "--no-serve",
+    )
+
+    ok(pulled)
+    assert "hub not used" in pulled.stderr and "the hub is off" in pulled.stderr
+    assert len(hub.seen) == seen
+    info = json.loads(ok(letsinfer(home, "model", "show", model["name"], "--json")))
+    assert (info["repo"], info["commit"], info["sha256"]) == (
+        "org/tiny-gguf",
+        commit,
+        model["sha256"],
+    )

@@ -14,7 +14,13 @@ from letsinfer.contracts.placement import from_wire, to_wire
 from letsinfer.engines import releases
 from letsinfer.engines.launch import EngineTask
 from letsinfer.engines.parallel_command import GroupTask, plan_parallel_command
-from letsinfer.engines.vllm import ParallelLayout, ParallelTask, plan_vllm, vllm_release
+from letsinfer.engines.vllm import (
+    NOT_SUPERVISED,
+    ParallelLayout,
+    ParallelTask,
+    plan_vllm,
+    vllm_release,
+)
 from letsinfer.store import AuthorityStore, StoreError
 
 TASKS = [
@@ -37,16 +43,27 @@ def test_a_two_task_group_is_published_only_when_both_tasks_are_ready() -> None:
     assert board.endpoint("pg", expected) is None
 
 
+VLLM_DIGEST = "a" * 64  # the vllm package's digest (engines/package.py)
+
+
+def test_a_vllm_release_is_bound_to_its_packages_bytes() -> None:
+    release = vllm_release("0.34.0", VLLM_DIGEST)
+    assert release.artifacts == {"vllm": VLLM_DIGEST}
+    # Another build under the same version is another release, never the same id.
+    assert vllm_release("0.34.0", "b" * 64).id != release.id
+    with pytest.raises(ValueError, match="not a sha256"):
+        vllm_release("0.34.0", "")
+
+
 def test_vllm_multi_node_plan_gives_every_task_its_gpus_and_the_head_address() -> None:
     plans = plan_vllm(
-        vllm_release("0.11.0"),
+        vllm_release("0.34.0", VLLM_DIGEST),
         "/models/m",
         "m",
         "lie-key",
         ParallelLayout(tensor=2, pipeline=2),
         TASKS,
         "ray-secret",
-        "/run/x",
     )
     head_ray, serve = plans["0"]
     [worker] = plans["1"]
@@ -56,7 +73,13 @@ def test_vllm_multi_node_plan_gives_every_task_its_gpus_and_the_head_address() -
     assert serve.argv[serve.argv.index("--tensor-parallel-size") + 1] == "2"
     assert serve.argv[serve.argv.index("--pipeline-parallel-size") + 1] == "2"
     assert serve.argv[serve.argv.index("--distributed-executor-backend") + 1] == "ray"
-    assert "lie-key" not in " ".join(serve.argv)  # the key travels in a 0600 file
+    # vLLM 0.34 has no --api-key-file: its key is VLLM_API_KEY, never on a command line.
+    assert "--api-key-file" not in serve.argv and serve.env["VLLM_API_KEY"] == "lie-key"
+    for plan in (head_ray, serve, worker):
+        assert "lie-key" not in " ".join(plan.argv) and "ray-secret" not in " ".join(plan.argv)
+        # Ray 2.60's token authentication, on every process of the Ray cluster.
+        assert (plan.env["RAY_AUTH_MODE"], plan.env["RAY_AUTH_TOKEN"]) == ("token", "ray-secret")
+    assert "VLLM_API_KEY" not in head_ray.env and "VLLM_API_KEY" not in worker.env
     assert serve.env["CUDA_VISIBLE_DEVICES"] == "GPU-a0,GPU-a1"
     assert worker.env["CUDA_VISIBLE_DEVICES"] == "GPU-b0,GPU-b1"
     assert worker.env["RAY_ADDRESS"] == "10.0.0.1:6379"
@@ -67,10 +90,18 @@ def test_vllm_multi_node_plan_gives_every_task_its_gpus_and_the_head_address() -
 
 def test_vllm_plan_refuses_a_layout_the_gpus_do_not_match() -> None:
     with pytest.raises(ValueError, match="needs 8 GPUs"):
-        plan_vllm(vllm_release("0.11.0"), "/m", "m", "k", ParallelLayout(4, 2), TASKS, "t", "/r")
+        plan_vllm(
+            vllm_release("0.34.0", VLLM_DIGEST), "/m", "m", "k", ParallelLayout(4, 2), TASKS, "t"
+        )
     with pytest.raises(ValueError, match="not parallel"):
         plan_vllm(
-            vllm_release("0.11.0"), "/m", "m", "k", ParallelLayout(2, 1), TASKS[:1], "t", "/r"
+            vllm_release("0.34.0", VLLM_DIGEST),
+            "/m",
+            "m",
+            "k",
+            ParallelLayout(2, 1),
+            TASKS[:1],
+            "t",
         )
 
 
@@ -93,7 +124,21 @@ def _cluster_store(tmp_path: Path, targets: list[str], gpus: int) -> AuthoritySt
     return store
 
 
-RUNTIMES = install.ParallelRuntimes(vllm_version="0.11.0", parallel_command="/opt/pc")
+RUNTIMES = install.ParallelRuntimes(vllm_version="0.34.0", parallel_command="/opt/pc")
+
+
+class _RunnableVllm(install.ParallelRuntimes):
+    """The cuda planning as it will be once agents run vLLM groups."""
+
+    def release_for(self, target: str) -> releases.Release:
+        return (
+            vllm_release(self.vllm_version, VLLM_DIGEST)
+            if target == "cuda"
+            else super().release_for(target)
+        )
+
+
+RUNNABLE_VLLM = _RunnableVllm(vllm_version="0.34.0", parallel_command="/opt/pc")
 
 
 def _req(*nodes: str, **kw: object) -> install.InstallRequest:
@@ -102,7 +147,7 @@ def _req(*nodes: str, **kw: object) -> install.InstallRequest:
 
 def test_install_makes_one_group_with_a_task_per_node_and_its_own_gpus(tmp_path: Path) -> None:
     store = _cluster_store(tmp_path, ["cpu", "cuda"], gpus=2)
-    plan = install.plan_parallel(store, _req("n1", "n2", gpus=2), RUNTIMES, 60)
+    plan = install.plan_parallel(store, _req("n1", "n2", gpus=2), RUNNABLE_VLLM, 60)
     assert plan.release.engine == "vllm"
     assert [(n.name, t.task, t.address, t.port, t.gpu_uuids) for n, t in plan.tasks] == [
         ("n1", "0", "10.0.0.1", 20000, ("GPU-n1-0", "GPU-n1-1")),
@@ -113,7 +158,7 @@ def test_install_makes_one_group_with_a_task_per_node_and_its_own_gpus(tmp_path:
     store.add_service("m2", "1" * 64, 1, "gguf", None)
     with pytest.raises(StoreError, match="n1 needs 1 free GPU"):
         install.plan_parallel(
-            store, install.InstallRequest("m2", ("n1", "n2"), parallel=True), RUNTIMES, 60
+            store, install.InstallRequest("m2", ("n1", "n2"), parallel=True), RUNNABLE_VLLM, 60
         )
 
     # Each node is told only its own task, the whole group, and the group key.
@@ -139,13 +184,28 @@ def test_install_refuses_what_it_cannot_run_as_one_atomic_group(tmp_path: Path) 
         install.plan_parallel(store, _req("n1", "n1"), RUNTIMES, 60)
     with pytest.raises(StoreError, match="no parallel runtime for cpu targets"):
         install.plan_parallel(
-            store, _req("n1", "n2"), install.ParallelRuntimes(vllm_version="0.11.0"), 60
+            store, _req("n1", "n2"), install.ParallelRuntimes(vllm_version="0.34.0"), 60
         )
     with pytest.raises(StoreError, match="main's own agent does not prove data links"):
         install.plan_parallel(store, _req("main", "n1"), RUNTIMES, 60)
     plan = install.plan_parallel(store, _req("n1", "n2"), RUNTIMES, 60)
     assert plan.release.engine == "parallel-command" and plan.release.target == "cpu"
     assert store.list_placement_groups() == []
+    store.close()
+
+
+def test_install_refuses_a_vllm_group_no_agent_can_run_and_stores_nothing(
+    tmp_path: Path,
+) -> None:
+    store = _cluster_store(tmp_path, ["cpu", "cuda"], gpus=2)
+    with pytest.raises(StoreError) as refused:
+        install.plan_parallel(store, _req("n1", "n2", gpus=2), RUNTIMES, 60)
+    assert NOT_SUPERVISED in str(refused.value)
+    assert "install without --parallel" in str(refused.value)
+    assert store.list_placement_groups() == []
+    # On cpu targets the configured parallel-command runtime still takes it.
+    plan = install.plan_parallel(store, _req("n1", "n2", target="cpu"), RUNTIMES, 60)
+    assert plan.release.engine == "parallel-command"
     store.close()
 
 

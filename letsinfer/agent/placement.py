@@ -29,6 +29,7 @@ from letsinfer.engines.binary import BinaryError
 from letsinfer.engines.launch import EngineTask, LaunchPlan, plan_llamacpp
 from letsinfer.engines.parallel_command import plan_parallel_command
 from letsinfer.engines.releases import check_binary
+from letsinfer.engines.vllm import NOT_SUPERVISED
 from letsinfer.release import runtime
 from letsinfer.release.keys import PublicKey
 from letsinfer.release.signatures import TrustError
@@ -259,9 +260,9 @@ class PlacementRunner:
         self.adapters[d.pg_id] = _loaded(d)
 
         if d.release.engine == "vllm":
-            # engines/vllm.py plans it (Ray head + vLLM serve, Ray workers); this
-            # agent does not yet supervise a task made of several processes.
-            self._refuse(d.pg_id, "refused to run: vLLM tasks are not supervised by agents yet")
+            # engines/vllm.py plans it (Ray head + vLLM serve, Ray workers); install
+            # refuses such groups, but one stored before it did still reaches here.
+            self._refuse(d.pg_id, f"refused to run: {NOT_SUPERVISED}")
             return
 
         def make_plan(port: int) -> LaunchPlan:

@@ -14,7 +14,9 @@ even for large models.
 
 Adding or removing an adapter changes what the base model's engines must
 load; they pick it up when they start next (a running node restarts them one
-group at a time, see letsinfer.lifecycle.adapters).
+group at a time, see letsinfer.lifecycle.adapters). Until its turn, each
+running group keeps the adapters it was launched with (pinned in the same
+transaction), so none restarts before then.
 """
 
 from __future__ import annotations
@@ -190,6 +192,7 @@ def add_adapter(
             raise AdapterRefused(f"adapter {name!r} refused: {exc}. Nothing changed.") from exc
         try:
             with store.transaction():
+                store.pin_adapters(svc.name)  # each group restarts in its turn, not at once
                 made = store.add_adapter(name, svc.name, staged.digest, staged.size, str(source))
                 staged.commit()
                 store.append_audit(
@@ -229,6 +232,7 @@ def remove_adapter(
         keys = keys_naming(store, {name})
         if keys.stranded:
             raise StoreError(keys.refusal(f"LoRA adapter {name}"))
+        store.pin_adapters(adapter.service)  # each group restarts in its turn, not at once
         store.delete_adapter(name)
         keys.apply(store)
         store.append_audit(

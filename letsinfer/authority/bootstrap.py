@@ -9,7 +9,7 @@ from pathlib import Path
 from letsinfer.authority.anchor import open_authority
 from letsinfer.authority.apikeys import create_key
 from letsinfer.authority.engine_keys import ensure_secret
-from letsinfer.authority.models import add_gguf_model
+from letsinfer.authority.models import FirstGroup, add_gguf_model
 from letsinfer.config import Settings
 from letsinfer.engines import releases
 from letsinfer.engines.binary import BinaryError
@@ -53,16 +53,17 @@ def init_main(
             )
             ensure_secret(store)
             if default_model:
+                signature = runtime.sign(home, release)
                 path = write_tiny_model(Path(tmp) / "tiny.gguf")
                 add_gguf_model(
                     store,
                     home.model_store,
                     DEFAULT_NAME,
                     path,
-                    node_id=identity.node_id,
                     release=release,
+                    place=lambda _: [FirstGroup(identity.node_id, release, signature)],
                     actor="up",
-                    release_signature=runtime.sign(home, release),
+                    release_signature=signature,
                     known_good=True,  # generated here, same bytes every time
                 )
             issued = create_key(store, "default", actor="up")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from letsinfer.engines import releases
 from letsinfer.engines.binary import BinaryError
@@ -85,8 +85,16 @@ def plan(
         raise StoreError(f"no model {req.service!r}: add it first with `letsinfer model add`")
     if svc.is_external:
         raise StoreError(f"model {svc.name} is external: its provider serves it, not a node")
-    out = InstallPlan(service=svc.name)
-    existing = {pg.node_id: pg.id for pg in store.list_placement_groups(service=svc.name)}
+    return plan_groups(store, replace(req, service=svc.name), fresh_within_s, main_id)
+
+
+def plan_groups(
+    store: AuthorityStore, req: InstallRequest, fresh_within_s: float, main_id: str
+) -> InstallPlan:
+    """The planner itself, for ``req.service`` by its canonical name: also for a
+    model `model add` and `model pull` are adding (not recorded yet)."""
+    out = InstallPlan(service=req.service)
+    existing = {pg.node_id: pg.id for pg in store.list_placement_groups(service=req.service)}
     now = time.time()
     made: dict[tuple[str, str], Release | BinaryError] = {}
 
@@ -218,9 +226,16 @@ class ParallelRuntimes:
 
     def release_for(self, target: str) -> Release:
         if target == "cuda":
-            from letsinfer.engines.vllm import vllm_release
+            from letsinfer.engines.vllm import NOT_SUPERVISED
 
-            return vllm_release(self.vllm_version)
+            # Planning and storing a group that every agent refuses would only
+            # leave the model dark; refuse it here until agents can run it
+            # (engines/vllm.py plans it, bound to the vllm package's bytes: vllm_release).
+            raise StoreError(
+                f"{NOT_SUPERVISED}; on cuda nodes install without --parallel (one "
+                "llama-server group per node), or use --target cpu with [engine] "
+                "parallel_command"
+            )
         if self.parallel_command:
             return releases.parallel_command(self.parallel_command, target)
         raise StoreError(
@@ -318,8 +333,8 @@ def plan_parallel(
                 )
             gpus = tuple(free[: req.gpus])
             if req.shape is not None:
-                # vLLM splits the model over every GPU of every task.
-                need = estimate(req.shape, "vllm", target, req.context, req.slots)
+                # The parallel runtime splits the model over every GPU of every task.
+                need = estimate(req.shape, release.engine, target, req.context, req.slots)
                 devices = len(nodes) * req.gpus
                 by_uuid = {g["uuid"]: g for g in (node.facts or {}).get("gpus", [])}
                 refusal = gpu_refusal(need, [by_uuid[u] for u in gpus if u in by_uuid], devices)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,14 +53,24 @@ def resolve_fallback(
     return target
 
 
+@dataclass(frozen=True)
+class FirstGroup:
+    """Where a model being added starts serving: a node, its release, its GPUs."""
+
+    node_id: str
+    release: Release
+    release_signature: str | None
+    gpus: tuple[str, ...] = ()
+
+
 def add_gguf_model(
     store: AuthorityStore,
     model_store: Path,
     name: str,
     source: Path,
     *,
-    node_id: str | None,
     release: Release,
+    place: Callable[[Path], Sequence[FirstGroup]] | None = None,
     aliases: tuple[str, ...] = (),
     actor: str = "cli",
     release_signature: str | None = None,
@@ -66,11 +78,13 @@ def add_gguf_model(
     door: Door | None = None,
     known_good: bool = False,
     fallback: str | None = None,
-) -> tuple[ServiceRecord, PlacementGroupRecord | None]:
-    """Check the file, prove it in ``release``'s engine (proof at the door: one
-    completion, or one embedding), store it, then record the service and its
-    first PG atomically. A refusal leaves the store and the authority as they
-    were. ``known_good``: letsinfer wrote the file itself (the tiny model), so
+) -> tuple[ServiceRecord, list[PlacementGroupRecord]]:
+    """Check the file, plan where it serves (``place``, given the checked file:
+    a StoreError from it refuses the model, before any engine loads it), prove it
+    in ``release``'s engine (proof at the door: one completion, or one embedding),
+    store it, then record the service and its first PGs atomically. A refusal
+    leaves the store and the authority as they were. ``place`` None: registered
+    only. ``known_good``: letsinfer wrote the file itself (the tiny model), so
     no trial engine runs. ``origin`` (from ``model pull``) says where the file
     came from: repository, commit and the sha256 the hub published for each file."""
     with audited(store, actor, "model.add", audit_target(name)):
@@ -86,6 +100,15 @@ def add_gguf_model(
         store.append_audit(actor, "model.add", "denied", target=name, detail=str(exc)[:1000])
         raise
     try:
+        groups: Sequence[FirstGroup] = ()
+        if place is not None:
+            try:
+                groups = place(staged.path)
+            except StoreError as exc:
+                store.append_audit(
+                    actor, "model.add", "denied", target=name, detail=str(exc)[:1000]
+                )
+                raise
         if not known_good:
             try:
                 prove_model_file(release, staged.path, staged.kind, door or Door())
@@ -114,10 +137,16 @@ def add_gguf_model(
                 kind=staged.kind,
                 fallback=fallback,
             )
-            pg = None
-            if node_id is not None:  # serve it on this node right away
-                pg = store.add_placement_group(
-                    f"pg-{uuid.uuid4().hex[:12]}", name, node_id, release.id, release.target
+            pgs = []
+            for g in groups:  # serve it right away
+                r = g.release
+                store.ensure_release(
+                    r.id, r.engine, r.version, r.target, r.artifacts, r.launch, g.release_signature
+                )
+                pgs.append(
+                    store.add_placement_group(
+                        f"pg-{uuid.uuid4().hex[:12]}", name, g.node_id, r.id, r.target, g.gpus
+                    )
                 )
             staged.commit()  # the file is in place before anyone reads the rows
             detail = f"sha256:{staged.digest}"
@@ -127,7 +156,7 @@ def add_gguf_model(
     except BaseException:
         staged.discard()
         raise
-    return svc, pg
+    return svc, pgs
 
 
 def _source_text(source: Path, origin: dict[str, Any] | None) -> str:

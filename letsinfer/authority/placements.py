@@ -69,7 +69,16 @@ def desired_for_node(
                 group_key=engine_keys.derive(secret, pg.id, "group") if group else None,
                 generation=pg.generation,
                 proof=svc.kind,
-                adapters=tuple((a.name, a.artifact_digest) for a in store.list_adapters(svc.name)),
+                adapters=_adapters(store, pg.id, svc.name),
             )
         )
     return out
+
+
+def _adapters(store: AuthorityStore, pg_id: str, service: str) -> tuple[tuple[str, str], ...]:
+    """What the group's engine loads: its model's adapters, or, while they change
+    and its turn to restart has not come, those it was launched with."""
+    pinned = store.pinned_adapters(pg_id)
+    if pinned is not None:
+        return pinned
+    return tuple((a.name, a.artifact_digest) for a in store.list_adapters(service))

@@ -74,17 +74,22 @@ def start(ctx: CliContext) -> None:
 @scoped(cluster, "restart", scope="main")
 @click.pass_obj
 def restart(ctx: CliContext) -> None:
-    """Restart every engine, node by node: a node's groups drain, start afresh and
-    are proven before the next node's; a model with replicas on several nodes
-    keeps serving throughout."""
+    """Restart every engine, node by node, one group at a time, each proven before
+    the next. Where spare capacity allows (free GPUs, or RAM for a cpu group) a
+    fresh engine starts beside the old one, which then drains and goes: the
+    model keeps serving. Otherwise the group restarts in place, and a model
+    with no other replica goes dark for it: said for each such model."""
     answer = _ask(ctx, "restart")
     if answer is None:
         raise click.ClickException(
             "no node runs on this home: a rolling restart needs the running main"
         )
     for step in answer["nodes"]:
-        groups = ", ".join(f"{pg} {how}" for pg, how in step["placement_groups"].items())
-        console.print(f"  {step['node']}: {groups}", highlight=False)
+        console.print(f"  {step['node']}:", highlight=False)
+        for pg, how in step["placement_groups"].items():
+            console.print(f"    {pg} {how}", highlight=False)
+    for line in answer.get("dark", []):
+        console.print(f"[yellow]{line}[/yellow]", highlight=False)
     if not answer["ok"]:
         raise click.ClickException("the restart stopped at a group that did not come back")
     console.print("cluster restarted")

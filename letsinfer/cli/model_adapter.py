@@ -23,13 +23,22 @@ def adapter() -> None:
 
 def _reload(ctx: CliContext, base: str) -> None:
     """With the node running, the base model's groups load the adapters again,
-    one at a time; otherwise they load them when the node starts."""
+    one at a time (each beside itself where capacity allows); otherwise they
+    load them when the node starts."""
     answer = ask_node(ctx.home, "POST", f"/v1/ops/models/{segment(base)}/reload", timeout=None)
     if answer is None:
+        store = open_authority(ctx.home)
+        try:  # no engine of the main runs: each loads the adapters as they are when it starts
+            store.unpin_adapters([pg.id for pg in store.list_placement_groups(service=base)])
+        finally:
+            store.close()
         console.print(f"no node runs here: {base}'s groups load it when the node starts")
         return
     for g in answer["placement_groups"]:
         console.print(f"  {g['group']} on {g['node']}: {g['outcome']}", highlight=False)
+    for g in answer["placement_groups"]:
+        if g.get("dark"):
+            console.print(f"[yellow]{g['group']} on {g['node']}: {g['dark']}[/yellow]")
     if not answer["ok"]:
         raise click.ClickException(
             f"{base}: a placement group did not come back with its adapters (see above)"

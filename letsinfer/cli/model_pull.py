@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from letsinfer.cli.model import admit_gguf, model
+from letsinfer.cli.model import Where, admit_gguf, model, placement_options
 from letsinfer.cli.output import console, errors
 from letsinfer.cli.scope import CliContext, scoped
 from letsinfer.store import StoreError
@@ -73,6 +73,7 @@ def _audit_denied(ctx: CliContext, target: str, why: str) -> None:
     is_flag=True,
     help="Only register it; place it later with `letsinfer model install`.",
 )
+@placement_options
 @click.pass_obj
 def pull(
     ctx: CliContext,
@@ -84,11 +85,15 @@ def pull(
     aliases: tuple[str, ...],
     engine: str | None,
     no_serve: bool,
+    nodes: tuple[str, ...],
+    target: str,
+    gpus: int,
 ) -> None:
     """Pull a GGUF model from a Hugging Face-compatible hub ([hub] endpoint), or from
     this node's mirror when the hub is off or unreachable: resolve the revision to
     a commit, download with resume, verify the published sha256, then add and
-    serve it like `model add`. Repo, commit and sha256 are recorded with it."""
+    serve it like `model add` (where it fits: this node by default, --node to
+    choose). Repo, commit and sha256 are recorded with it."""
     from letsinfer import config
     from letsinfer.authority.anchor import open_authority
     from letsinfer.authority.models import check_model_name
@@ -103,6 +108,8 @@ def pull(
 
     if file and quant:
         raise click.UsageError("give --file or --quant, not both")
+    where = Where(nodes, target, gpus)
+    where.refuse_with_no_serve(no_serve)
     request = PullRequest(repo=repo, revision=revision, file=file, quant=quant)
     name = name or request.default_name()
     check_model_name(name)
@@ -144,7 +151,9 @@ def pull(
     )
     try:
         with fetched(located, ctx.home.downloads, progress) as path:
-            svc = admit_gguf(ctx, name, path, aliases, engine, no_serve, origin=located.origin())
+            svc = admit_gguf(
+                ctx, name, path, aliases, engine, no_serve, where, origin=located.origin()
+            )
     except ChecksumMismatch as exc:
         _audit_denied(ctx, f"{repo}@{located.snapshot.commit}", str(exc))
         raise click.ClickException(f"{exc}. Nothing changed.") from exc

@@ -5,12 +5,18 @@ the exact command lines and environments of every task — is real and tested.
 Core hands a parallel placement group generic tasks (node, GPU UUIDs, ports,
 addresses, credentials); the runtime does the parallelism. Task "0" is the Ray
 head and serves the OpenAI API; the others join the head as Ray workers.
+
+The flags are those of vLLM 0.34.0 (``[engine] vllm_version``) and Ray 2.60, read from their
+wheels' argument parsers (see docs/architecture.md, "vLLM": what was and was
+not verified without a GPU). vLLM has no ``--api-key-file``: its key comes from
+``VLLM_API_KEY`` in the environment, never the command line. Ray's token
+authentication reads ``RAY_AUTH_MODE=token`` and ``RAY_AUTH_TOKEN``; every Ray
+process and ``vllm serve`` (a Ray client) carries both.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from letsinfer.engines.launch import LaunchPlan
 from letsinfer.engines.releases import Release
@@ -37,13 +43,30 @@ class ParallelLayout:
 
 RAY_PORT = 6379
 
+# Agents run one process per task; a vLLM task is several (the Ray head and
+# `vllm serve`), so no agent runs one yet. Install says so instead of placing
+# a group every agent would refuse.
+NOT_SUPERVISED = (
+    "vLLM groups cannot run yet: agents do not supervise a task made of several "
+    "processes (the Ray head and vllm serve)"
+)
 
-def vllm_release(version: str, executable: str = "vllm", ray: str = "ray") -> Release:
+
+VLLM_ARTIFACT = "vllm"  # a vLLM release's package, by digest
+
+
+def vllm_release(version: str, digest: str, executable: str = "vllm", ray: str = "ray") -> Release:
+    """A vLLM release by its package's bytes: ``digest`` is the vllm package's
+    ``engines.package`` digest (``distribution_digest`` where it is installed,
+    ``wheel_digest`` of its wheel), so another build of one version is another release."""
+    if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+        raise ValueError(f"vLLM {version}: {digest!r} is not a sha256 of its package")
     return Release(
-        id=f"vllm-{version}-cuda",
+        id=f"vllm-{version}-cuda-{digest[:12]}",
         engine="vllm",
         version=version,
         target="cuda",
+        artifacts={VLLM_ARTIFACT: digest},
         launch={"vllm": executable, "ray": ray},
     )
 
@@ -58,6 +81,10 @@ def _env(task: ParallelTask, head: ParallelTask) -> dict[str, str]:
     }
 
 
+def _ray_auth(token: str) -> dict[str, str]:
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
+
+
 def plan_vllm(
     release: Release,
     model_path: str,
@@ -66,7 +93,6 @@ def plan_vllm(
     layout: ParallelLayout,
     tasks: list[ParallelTask],
     ray_token: str,
-    run_dir: str,
 ) -> dict[str, list[LaunchPlan]]:
     """Per task, the commands to run in order (Ray first, then vLLM on the head)."""
     if not tasks or tasks[0].task != "0":
@@ -81,7 +107,7 @@ def plan_vllm(
         raise ValueError("a single-task, single-stage layout is not parallel: use one task")
     head = tasks[0]
     ray, vllm = release.launch["ray"], release.launch["vllm"]
-    key_file = f"{run_dir}/{served_name}.key"
+    multi = len(tasks) > 1
     plans: dict[str, list[LaunchPlan]] = {}
     base_url = f"http://{head.address}:{head.port}"
     ray_head = LaunchPlan(
@@ -95,7 +121,7 @@ def plan_vllm(
             f"--num-gpus={len(head.gpu_uuids)}",
             "--disable-usage-stats",
         ],
-        env={**_env(head, head), "RAY_CLUSTER_TOKEN": ray_token},
+        env={**_env(head, head), **_ray_auth(ray_token)},
         base_url=base_url,
     )
     serve = LaunchPlan(
@@ -114,15 +140,16 @@ def plan_vllm(
             "--pipeline-parallel-size",
             str(layout.pipeline),
             "--distributed-executor-backend",
-            "ray" if len(tasks) > 1 else "mp",
-            "--api-key-file",
-            key_file,
+            "ray" if multi else "mp",
         ],
-        env=_env(head, head),
+        env={
+            **_env(head, head),
+            "VLLM_API_KEY": engine_key,
+            **(_ray_auth(ray_token) if multi else {}),
+        },
         base_url=base_url,
-        files={Path(key_file): engine_key + "\n"},
     )
-    plans["0"] = [ray_head, serve] if len(tasks) > 1 else [serve]
+    plans["0"] = [ray_head, serve] if multi else [serve]
     for t in tasks[1:]:
         plans[t.task] = [
             LaunchPlan(
@@ -136,7 +163,7 @@ def plan_vllm(
                     f"--node-manager-port={t.port}",
                     "--disable-usage-stats",
                 ],
-                env={**_env(t, head), "RAY_CLUSTER_TOKEN": ray_token},
+                env={**_env(t, head), **_ray_auth(ray_token)},
                 base_url=f"http://{t.address}:{t.port}",
             )
         ]

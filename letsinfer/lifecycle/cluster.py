@@ -1,7 +1,8 @@
 """The whole cluster at once, run by the main: stop (drain, then every group
 stops and the gateway answers ``system_stopped``), start (exactly the groups
-the stop stopped), and a rolling restart, node by node, so a model with
-replicas on several nodes keeps serving throughout."""
+the stop stopped), and a rolling restart, node by node and group by group, so
+a model keeps serving throughout: from another replica, or from a fresh
+engine started beside the old one where capacity allows (lifecycle/restarts.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import logging
 from dataclasses import dataclass, field
 
 from letsinfer.authority import lifecycle
+from letsinfer.lifecycle import restarts
 from letsinfer.lifecycle.serving import Serving, Started
 
 log = logging.getLogger("letsinfer.lifecycle")
@@ -21,10 +23,9 @@ STOP_WAIT_S = 120.0
 class NodeRestart:
     node: str
     groups: dict[str, str] = field(default_factory=dict)  # pg id -> how it came back
-    cut: int = 0  # requests in flight cut after the drain timeout
 
     def to_json(self) -> dict[str, object]:
-        return {"node": self.node, "placement_groups": self.groups, "cut": self.cut}
+        return {"node": self.node, "placement_groups": self.groups}
 
 
 async def stop(sv: Serving, *, actor: str, role: str | None) -> dict[str, object]:
@@ -60,41 +61,46 @@ async def start(sv: Serving, *, actor: str, role: str | None) -> dict[str, objec
 
 
 async def restart(sv: Serving, *, actor: str, role: str | None) -> dict[str, object]:
-    """Node by node (children first, the main last): drain that node's groups,
-    start their engines afresh, wait until each is proven, admit again. Stops
-    at the first node whose group does not come back."""
+    """Node by node (children first, the main last), one group at a time: each
+    starts afresh beside itself where capacity allows, else in place (its model
+    goes dark meanwhile when nothing else serves it: said in ``dark``); each is
+    proven before the next. Stops at the first group that does not come back."""
     store = sv.store
     if lifecycle.cluster_state(store).stopped:
         raise lifecycle.Refused("the cluster is stopped; `letsinfer cluster start` starts it")
     nodes = sorted(store.list_nodes(), key=lambda n: (n.role == "main", n.name))
     done: list[NodeRestart] = []
+    dark: list[str] = []
     ok = True
     for node in nodes:
-        groups = {
-            pg.id for pg in store.list_placement_groups(node_id=node.id) if pg.desired == "running"
-        }
+        groups = sorted(
+            (pg for pg in store.list_placement_groups(node_id=node.id) if pg.desired == "running"),
+            key=lambda pg: pg.id,
+        )
         if not groups:
             continue
         step = NodeRestart(node.name)
         done.append(step)
         if not ok:
-            step.groups = dict.fromkeys(sorted(groups), "not tried")
+            step.groups = {pg.id: "not tried" for pg in groups}
             continue
         away = sv.unreachable(node.id)
         if away is not None:  # cannot be restarted now; they run on as they are
-            step.groups = dict.fromkeys(sorted(groups), f"skipped: {away}")
+            step.groups = {pg.id: f"skipped: {away}" for pg in groups}
             continue
         log.info("cluster restart: %s (%d placement group(s))", node.name, len(groups))
-        step.cut = await sv.drain(groups)
-        try:
-            store.restart_groups(sorted(groups))
-            sv.apply()
-            for pg_id in sorted(groups):
-                came = await sv.started(pg_id)
-                step.groups[pg_id] = came.why()
-                ok = ok and came.ready
-        finally:
-            sv.routing.undrain(groups)
+        for pg in groups:
+            if not ok:
+                step.groups[pg.id] = "not tried"
+                continue
+            fresh = store.get_placement_group(pg.id)  # its state now, after the ones before
+            if fresh is None:
+                continue
+            renewed = await restarts.restart_group(sv, fresh, node.name)
+            step.groups[pg.id] = renewed.how
+            ok = renewed.ready
+            if renewed.dark:
+                dark.append(f"{pg.id} on {node.name}: {renewed.dark}")
     store.append_audit(
         actor,
         "cluster.restart",
@@ -105,4 +111,4 @@ async def restart(sv: Serving, *, actor: str, role: str | None) -> dict[str, obj
         )[:2000]
         or None,
     )
-    return {"ok": ok, "nodes": [s.to_json() for s in done]}
+    return {"ok": ok, "nodes": [s.to_json() for s in done], "dark": dark}

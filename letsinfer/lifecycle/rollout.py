@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from letsinfer.authority.placements import release_of
 from letsinfer.engines.releases import is_parallel
-from letsinfer.lifecycle.serving import Serving
+from letsinfer.lifecycle.serving import Serving, Started
 from letsinfer.release import runtime
 from letsinfer.release.signatures import TrustError
 from letsinfer.store import (
@@ -114,7 +115,7 @@ def _node_name(store: AuthorityStore, node_id: str) -> str:
     return node.name if node is not None else node_id
 
 
-def _free_gpus(store: AuthorityStore, node_id: str) -> list[str]:
+def free_gpus(store: AuthorityStore, node_id: str) -> list[str]:
     node = store.get_node(node_id)
     known = [g["uuid"] for g in ((node.facts or {}) if node else {}).get("gpus", [])]
     held = store.gpus_in_use(node_id)
@@ -210,12 +211,57 @@ async def _replace(
             )
             return
     else:
-        free = _free_gpus(store, pg.node_id)
+        free = free_gpus(store, pg.node_id)
         beside = tuple(free[: len(own)]) if len(free) >= len(own) else None
     if beside is not None:
         await _beside(sv, pg, change.release, beside, event, out)
     else:
         await _in_place(sv, pg, change.release, event, out)
+
+
+@dataclass(frozen=True)
+class Swap:
+    """How a group started beside the one it replaces went."""
+
+    new_id: str
+    started: Started | None  # None: it could not even be recorded (``why``)
+    why: str | None = None
+    cut: int = 0  # requests still in flight when the old group's drain ended
+
+
+async def swap_beside(
+    sv: Serving,
+    pg: PlacementGroupRecord,
+    release_id: str,
+    gpus: tuple[str, ...],
+    proven: Callable[[str], None] = lambda new_id: None,
+) -> Swap:
+    """Start a new group of ``pg``'s model on its node beside it; once the new
+    one is ready (healthy and proven: ``proven`` is told its id), drain and
+    remove ``pg``. A new group that does not come up is removed, and ``pg``
+    serves on untouched. Used by rollouts and by restarts (lifecycle/restarts.py)."""
+    store = sv.store
+    new_id = f"pg-{uuid.uuid4().hex[:12]}"
+    try:
+        store.add_placement_group(
+            new_id, pg.service, pg.node_id, release_id, pg.target, gpus, event=None
+        )
+    except StoreError as exc:  # e.g. its GPUs were taken meanwhile
+        return Swap(new_id, None, str(exc))
+    sv.apply()
+    started = await sv.started(new_id)
+    if not started.ready:
+        store.delete_placement_group(new_id)
+        sv.apply()
+        sv.routing.forget(pg.service, new_id)
+        return Swap(new_id, started)
+    proven(new_id)
+    left = await sv.drain({pg.id})
+    store.delete_placement_group(pg.id)
+    sv.apply()
+    sv.routing.undrain({pg.id})
+    sv.routing.forget(pg.service, pg.id)
+    return Swap(new_id, started, cut=left)
 
 
 async def _beside(
@@ -228,35 +274,28 @@ async def _beside(
 ) -> None:
     """Start the replacement beside the old group; drain the old one after."""
     store = sv.store
-    new_id = f"pg-{uuid.uuid4().hex[:12]}"
-    try:
-        store.add_placement_group(
-            new_id, pg.service, pg.node_id, release_id, pg.target, gpus, event=None
-        )
-    except StoreError as exc:  # e.g. its GPUs were taken meanwhile
-        out.outcome, out.detail = SKIPPED, f"no room for a replacement beside it: {exc}"
+    swap = await swap_beside(
+        sv,
+        pg,
+        release_id,
+        gpus,
+        lambda new_id: store.add_release_history(pg.service, pg.node_id, new_id, release_id, event),
+    )
+    if swap.started is None:
+        out.outcome, out.detail = SKIPPED, f"no room for a replacement beside it: {swap.why}"
         return
-    sv.apply()
-    started = await sv.started(new_id)
-    if not started.ready:
-        store.delete_placement_group(new_id)
-        sv.apply()
-        sv.routing.forget(pg.service, new_id)
+    if not swap.started.ready:
         out.outcome = RESTORED
         out.detail = (
-            f"its replacement {new_id} on {release_id} was {started.why()}; removed it, "
-            f"{pg.id} kept serving {pg.release_id}"
+            f"its replacement {swap.new_id} on {release_id} was {swap.started.why()}; "
+            f"removed it, {pg.id} kept serving {pg.release_id}"
         )
         return
-    store.add_release_history(pg.service, pg.node_id, new_id, release_id, event)
-    left = await sv.drain({pg.id})
-    store.delete_placement_group(pg.id)
-    sv.apply()
-    sv.routing.undrain({pg.id})
-    sv.routing.forget(pg.service, pg.id)
-    out.outcome, out.now = UPGRADED, new_id
-    out.detail = f"{new_id} started beside it and proven; {pg.id} drained and removed" + (
-        f" ({left} request(s) still in flight after the drain timeout were cut)" if left else ""
+    out.outcome, out.now = UPGRADED, swap.new_id
+    out.detail = f"{swap.new_id} started beside it and proven; {pg.id} drained and removed" + (
+        f" ({swap.cut} request(s) still in flight after the drain timeout were cut)"
+        if swap.cut
+        else ""
     )
 
 

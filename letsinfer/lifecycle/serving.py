@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from letsinfer.config import LifecycleSettings
 from letsinfer.gateway.routing import RoutingTable
 from letsinfer.release.keys import PublicKey
-from letsinfer.store import AuthorityStore
+from letsinfer.store import AuthorityStore, PlacementGroupRecord
 
 # A group's start ended: it serves, or it will not without an administrator.
 SETTLED = ("ready", "parked", "failed")
@@ -45,6 +45,10 @@ class Started:
         return f"{self.state}: {self.detail}" if self.detail else self.state
 
 
+def _fits(pg: PlacementGroupRecord, gpus: tuple[str, ...]) -> str | None:
+    return None  # nothing says a second engine would not fit
+
+
 @dataclass
 class Serving:
     store: AuthorityStore
@@ -56,6 +60,9 @@ class Serving:
     # That silence on the wall clock, widened by the time the main was too busy
     # to hear its nodes (letsinfer.authority.overload.AttentionClock.window).
     window: Callable[[float], float] = lambda quiet_s: quiet_s
+    # Why a second engine of a group would not fit on these GPUs of its node
+    # (none: in its RAM), or None (restarts.memory_check on a main).
+    fit_beside: Callable[[PlacementGroupRecord, tuple[str, ...]], str | None] = _fits
     poll_s: float = 0.25
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _doing: str | None = None

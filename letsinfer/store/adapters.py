@@ -6,6 +6,7 @@ A part of :class:`letsinfer.store.AuthorityStore` (it inherits this class).
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -61,6 +62,28 @@ class AdapterTables:
                 "SELECT * FROM model_adapters WHERE service = ? ORDER BY name", (service,)
             )
         return [AdapterRecord(**r) for r in rows]
+
+    def pin_adapters(self, service: str) -> None:
+        """Each running group of ``service`` keeps loading the adapters it has now
+        (name, file) until it is unpinned or replaced: called in the transaction
+        that changes them, so no engine restarts before its turn."""
+        now = [[a.name, a.artifact_digest] for a in self.list_adapters(service)]
+        self._execute(
+            "INSERT OR IGNORE INTO pg_adapter_pins(pg_id, adapters) "
+            "SELECT id, ? FROM placement_groups WHERE service = ? AND desired = 'running'",
+            (json.dumps(now), service),
+        )
+
+    def unpin_adapters(self, pg_ids: list[str]) -> None:
+        for pg_id in pg_ids:
+            self._execute("DELETE FROM pg_adapter_pins WHERE pg_id = ?", (pg_id,))
+
+    def pinned_adapters(self, pg_id: str) -> tuple[tuple[str, str], ...] | None:
+        """What a pinned group loads, (name, digest) in load order; None: its model's."""
+        rows = self._rows("SELECT adapters FROM pg_adapter_pins WHERE pg_id = ?", (pg_id,))
+        if not rows:
+            return None
+        return tuple((name, digest) for name, digest in json.loads(rows[0]["adapters"]))
 
     def set_adapter_fallback(self, name: str, fallback: str | None) -> None:
         self._execute("UPDATE model_adapters SET fallback = ? WHERE name = ?", (fallback, name))
