@@ -134,7 +134,7 @@ class EngineSettings(_Section):
     ready_timeout_s: float = Field(120.0, gt=0)
     # Parallel runtimes (``model install --parallel``): vLLM over Ray on cuda
     # targets; on cpu targets a parallel-command launcher, if one is configured.
-    vllm_version: str = "0.11.0"
+    vllm_version: str = "0.34.0"  # the flags engines/vllm.py plans are this release's
     parallel_command: str | None = None
     # Ports the main hands to the tasks of parallel groups, per node.
     task_port_first: int = Field(20000, ge=1024, le=65535)
@@ -269,6 +269,27 @@ class LifecycleSettings(_Section):
     start_timeout_s: float = Field(900.0, gt=0)
 
 
+class CapacitySettings(_Section):
+    """Loads on demand, idle unloads, eviction and replica counts (docs/capacity.md).
+    Each model's own policy is `letsinfer model scale`; these are the main's."""
+
+    # How often idle times and loads are looked at.
+    interval_s: float = Field(1.0, gt=0, le=60)
+    # A load not serving by then fails the requests waiting for it (503).
+    load_timeout_s: float = Field(300.0, gt=0)
+    # After an eviction, how long the planner gets to see the room it made
+    # (fresh facts) before another group is evicted for the same load.
+    settle_s: float = Field(3.0, ge=0, le=120)
+    # Requests above a model's target (or waiting) this long add a group.
+    scale_up_after_s: float = Field(3.0, ge=0)
+    # A group scaled down waits this long at most for its requests.
+    drain_timeout_s: float = Field(120.0, gt=0)
+    # Which idle group goes first: "cost" (cheapest to load again, weighed by
+    # recent use) or "lru" (least recently used: the usual cache's rule, kept
+    # as the baseline benchmarks/capacity.py measures against).
+    eviction: Literal["cost", "lru"] = "cost"
+
+
 _RELEASE_PUBLIC_KEY = re.compile(r"ed25519:[A-Za-z0-9+/]{43}=")
 
 
@@ -327,6 +348,7 @@ class Settings(_Section):
     agent: AgentSettings = AgentSettings()
     links: LinkSettings = LinkSettings()
     lifecycle: LifecycleSettings = LifecycleSettings()
+    capacity: CapacitySettings = CapacitySettings()
     control: ControlSettings = ControlSettings()
     discovery: DiscoverySettings = DiscoverySettings()
     release: ReleaseSettings = ReleaseSettings()

@@ -50,6 +50,9 @@ from letsinfer.authority.placements import desired_for_node
 from letsinfer.authority.pressure import hottest
 from letsinfer.authority.removal import Removal
 from letsinfer.authority.reports import ReportDesk, hardware, replica_for
+from letsinfer.capacity.controller import CapacityController
+from letsinfer.capacity.metrics import CapacityMetrics
+from letsinfer.capacity.placing import Placer, PlacingSettings
 from letsinfer.config import Settings
 from letsinfer.connections import control_limits
 from letsinfer.contracts.artifacts import present_digests
@@ -67,6 +70,7 @@ from letsinfer.gateway.metrics import start_metrics_server
 from letsinfer.gateway.routing import ReplicaFacts, RoutingTable
 from letsinfer.home import Home
 from letsinfer.identity import NodeIdentity, load_identity
+from letsinfer.lifecycle import restarts
 from letsinfer.lifecycle.routes import lifecycle_router
 from letsinfer.lifecycle.serving import Serving
 from letsinfer.mirror.layout import MirrorLayout
@@ -116,6 +120,30 @@ class MainNode:
             records=self.records,
             tracing=settings.tracing,
         )
+        # Loads on demand, idle unloads, eviction, replica counts (on this loop).
+        self.capacity = CapacityController(
+            Placer(
+                self.store,
+                home,
+                PlacingSettings(
+                    engine=settings.engine.kind,
+                    llama_server_binary=settings.engine.llama_server_binary,
+                    context=settings.engine.context,
+                    slots=settings.engine.parallel,
+                    fresh_within_s=settings.control.node_stale_after_s,
+                    main_id=identity.node_id,
+                ),
+                sign=lambda release: runtime.sign(home, release),
+            ),
+            self.routing,
+            self.directory,
+            self.apply_now,
+            settings.capacity,
+            metrics=CapacityMetrics(self.gateway.metrics.registry, lambda: self.capacity.states),
+        )
+        self.capacity.admission = self.gateway.admission
+        self.gateway.admission.loader = self.capacity
+        self.gateway.availability.loads = self.capacity
         self.supervisor = EngineSupervisor(
             home.engine_logs,
             home.engine_run,
@@ -143,6 +171,9 @@ class MainNode:
             trusted=trusted,
             stale_after_s=control.node_stale_after_s,
             window=self.attention.window,
+            fit_beside=restarts.memory_check(
+                self.store, home.model_store, settings.engine.context, settings.engine.parallel
+            ),
         )
         self.gpus = gpu_probe(settings.hardware.fake_gpus)
         self.firewall = FirewallProbe()
@@ -382,6 +413,7 @@ class MainNode:
         watch = asyncio.create_task(self._watch_identity(), name="identity watch")
         echo = asyncio.create_task(self.audit_echo.run(), name="audit echo")
         weigh = asyncio.create_task(self._weigh_own_engines(), name="engine weighing")
+        capacity = asyncio.create_task(self.capacity.run(), name="capacity")
         records = (
             asyncio.create_task(self.records.run(), name="request records")
             if self.records
@@ -402,7 +434,8 @@ class MainNode:
                 if metrics is not None:
                     stopping = metrics
                     await self.control.run(stopping.stop)
-                await end_tasks([loop, watch, echo, weigh, records])
+                await end_tasks([loop, watch, echo, weigh, records, capacity])
+                await self.capacity.aclose()
                 if adv is not None:
                     self.advertiser = None
                     await adv.stop()

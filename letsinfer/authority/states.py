@@ -40,6 +40,7 @@ GROUP_STATES = (
 MODEL_STATES = (
     "serving",  # at least one group is ready
     "not placed",  # no placement group
+    "unloaded",  # loaded on demand (`model scale --min 0`): none now, its next request loads it
     "system stopped",
     "stopped",  # every group stopped on purpose
     "parked",  # every group meant to run is parked (503 model_parked)
@@ -119,11 +120,21 @@ class Scene:
         return pg.state
 
     # -- models ---------------------------------------------------------------
-    def service_state(self, svc: ServiceRecord, groups: Iterable[PlacementGroupRecord]) -> str:
+    def service_state(
+        self,
+        svc: ServiceRecord,
+        groups: Iterable[PlacementGroupRecord],
+        on_demand: bool = False,
+    ) -> str:
         """A model's state; an external one (no groups) is serving while the
-        gateway publishes it (whether its provider answers, each request finds)."""
+        gateway publishes it (whether its provider answers, each request finds).
+        A model loaded on demand (`model scale --min 0`) with no group now is
+        unloaded: its next request loads it."""
         if not svc.is_external:
-            return self.model_state(groups)
+            shown = list(groups)
+            if on_demand and not shown and not self.cluster_stopped:
+                return "unloaded"
+            return self.model_state(shown)
         if self.cluster_stopped:
             return "system stopped"
         return "stopped" if svc.external_stopped else "serving"

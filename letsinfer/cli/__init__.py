@@ -40,7 +40,15 @@ COMMANDS: dict[str, tuple[tuple[str, ...], str]] = {
     ),
     "mirror": (("mirror",), "Imported artifacts, kept by sha256: add, list, find unused, remove."),
     "model": (
-        ("model", "model_adapter", "model_fallback", "model_lifecycle", "model_plan", "model_pull"),
+        (
+            "model",
+            "model_adapter",
+            "model_fallback",
+            "model_lifecycle",
+            "model_plan",
+            "model_pull",
+            "model_scale",
+        ),
         "Model services: add, pull, place, start, stop, upgrade, remove.",
     ),
     "node": (
@@ -61,6 +69,10 @@ COMMANDS: dict[str, tuple[tuple[str, ...], str]] = {
     ),
     "up": (("up",), "Start this node in the foreground; Ctrl-C stops it and its engines."),
     "usage": (("usage",), "Requests and tokens summed per API key, model or node."),
+    "wheelhouse": (
+        ("wheelhouse",),
+        "Signed wheelhouses: what a node that trusts release keys may install.",
+    ),
 }
 
 

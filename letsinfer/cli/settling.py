@@ -45,7 +45,7 @@ def model_now(ctx: CliContext, name: str) -> ModelNow:
         pgs = store.list_placement_groups(service=svc.name)
         return ModelNow(
             svc.name,
-            scene.service_state(svc, pgs),
+            scene.service_state(svc, pgs, on_demand=store.scaling_policy(svc.name).on_demand),
             tuple(
                 Group(pg.id, scene.node_name(pg.node_id), scene.group_state(pg), pg.detail)
                 for pg in pgs

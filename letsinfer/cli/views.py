@@ -54,6 +54,7 @@ def group_object(store: AuthorityStore, scene: Scene, pg: PlacementGroupRecord) 
 
 def model_object(store: AuthorityStore, scene: Scene, svc: ServiceRecord) -> dict[str, Any]:
     pgs = store.list_placement_groups(service=svc.name)
+    policy = store.scaling_policy(svc.name)
     o = svc.origin or {}
     return {
         "name": svc.name,
@@ -67,10 +68,12 @@ def model_object(store: AuthorityStore, scene: Scene, svc: ServiceRecord) -> dic
         "revision": o.get("revision"),
         "commit": o.get("commit"),
         "files": o.get("files", []),
-        "state": scene.service_state(svc, pgs),
+        "state": scene.service_state(svc, pgs, on_demand=policy.on_demand),
         "ready": sum(scene.group_state(pg) == "ready" for pg in pgs),
         "total": len(pgs),
         "placement_groups": [group_object(store, scene, pg) for pg in pgs],
+        # How many groups it keeps and when it loads (`letsinfer model scale`).
+        "scaling": policy.to_json(),
         **external_fields(store, svc),
         # Releases this model ran: what `model rollback --to` may reinstall.
         "releases": [

@@ -18,6 +18,7 @@ from letsinfer.authority import controllers, lifecycle
 from letsinfer.authority.apikeys import create_key, policy_json, revoke_key, set_policy
 from letsinfer.authority.external import fallback_notes, set_fallback
 from letsinfer.authority.links import ResumeRefused, resume_model
+from letsinfer.capacity.setting import set_policy as set_scaling_policy
 from letsinfer.identity import NodeIdentity
 from letsinfer.storage import refetch
 from letsinfer.store import AuthorityStore, StoreError
@@ -45,6 +46,21 @@ class KeyCreate(KeyPolicyChange):
     name: str
     models: list[str] = Field(default_factory=list)
     concurrency: int | None = Field(None, ge=1)
+
+
+class ScaleChange(BaseModel):
+    """A model's scaling policy; a field not sent stays as it is."""
+
+    model_config = ConfigDict(extra="forbid")
+    min_groups: int | None = Field(None, ge=0, le=64)
+    max_groups: int | None = Field(None, ge=1, le=64)
+    idle_s: float | None = Field(None, ge=0, le=30 * 86400)
+    min_resident_s: float | None = Field(None, ge=0, le=30 * 86400)
+    target_inflight: float | None = Field(None, gt=0, le=10_000)
+    scale_down_s: float | None = Field(None, ge=0, le=30 * 86400)
+
+    def change(self) -> dict[str, Any]:
+        return {k: v for k, v in self.model_dump(exclude_unset=True).items() if v is not None}
 
 
 class FallbackChange(BaseModel):
@@ -161,6 +177,20 @@ def ops_router(
             raise HTTPException(status, f"{exc}. Nothing changed.") from exc
         await on_change()  # the gateway uses it before this answers
         return {"model": svc.name, "fallback": svc.fallback, "notes": fallback_notes(store, name)}
+
+    @router.post("/v1/ops/models/{name:path}/scale")
+    async def model_scale(
+        name: str, body: ScaleChange, p: Annotated[Peer, Depends(need("operator"))]
+    ) -> dict[str, Any]:
+        try:
+            canonical, policy = set_scaling_policy(
+                store, name, body.change(), actor=actor(p), role=p.identity.role
+            )
+        except StoreError as exc:
+            status = 404 if str(exc).startswith("no model") else 400
+            raise HTTPException(status, f"{exc}. Nothing changed.") from exc
+        await on_change()  # the gateway loads and unloads by it before this answers
+        return {"model": canonical, "policy": policy.to_json(), "summary": policy.describe()}
 
     @router.post("/v1/ops/keys")
     async def key_create(

@@ -6,10 +6,13 @@ slot is the replica's ``in_flight`` count, taken and given back only here,
 so an engine never gets more requests than its capacity. When every usable
 replica of the model is full, the request waits in one shared, bounded
 queue. As slots free, waiters are served by their key's priority band first
-(interactive, then standard, then batch: a lower band gets a slot only when
-no waiter of a higher one can use it) and, within a band, round-robin across
+(interactive, then standard, then batch: a lower band gets a slot when no
+waiter of a higher one can use it) and, within a band, round-robin across
 API keys: one key cannot take a band by opening many connections, and a busy
-key cannot starve the others. Past the queue bound or the wait limit the
+key cannot starve the others. Bands age so that every band moves: once
+``band_aging`` slots in a row went to higher bands while a lower band had
+waiters, the next slot is that band's, so steady interactive load slows batch
+keys down but never stops them. Past the queue bound or the wait limit the
 answer is 429 with Retry-After (a full queue makes room for a request that
 outranks its newest waiter: a higher band, or a key with fewer waiting);
 when the model has no usable replica at all, 503.
@@ -25,6 +28,7 @@ import collections
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from letsinfer.gateway import policy
 from letsinfer.gateway.errors import GatewayError, adapter_not_loaded, no_replica
@@ -35,10 +39,21 @@ from letsinfer.gateway.routing import Replica, RoutingTable
 class AdmissionLimits:
     max_waiting: int = 1024  # requests waiting across all models and keys
     max_wait_s: float = 30.0
+    # Slots in a row higher bands may take while a lower band waits; the next
+    # one that band can use is its own.
+    band_aging: int = 8
+
+
+class Loader(Protocol):
+    """What admission asks of the capacity controller (letsinfer.capacity)."""
+
+    def admit_load(self, service: str) -> bool: ...
+    def loading(self, service: str) -> bool: ...
 
 
 BANDS = 3  # 0 interactive, 1 standard, 2 batch
 STANDARD = 1
+_PRIORITY = tuple(range(BANDS))
 
 
 class _Waiter:
@@ -137,11 +152,17 @@ class Admission:
         # Per model, one rotation of keys per band (highest first); a model is
         # here only while something waits for it.
         self._queues: dict[str, list[_Band]] = {}
+        # Per model (while something waits), per band: the slots that went to
+        # higher bands in a row while this band had waiters (its age).
+        self._passed: dict[str, list[int]] = {}
         # Per model, how many wait: the metrics scrape reads it from the
         # control thread, which must not walk the queues while this loop
         # changes them (a dict iterated as it changes size raises).
         self._depth: dict[str, int] = {}
         self._per_key: dict[str, int] = {}
+        # Loads models on demand (letsinfer.capacity): a request that finds no
+        # usable replica waits for a load instead of a 503, when it says so.
+        self.loader: Loader | None = None
         routing.subscribe(self._on_routing_change)
 
     # -- per-key concurrency ----------------------------------------------------
@@ -195,6 +216,7 @@ class Admission:
         replica = self._choose(service, prefix_hash, exclude, adapter)
         if replica is not None:
             replica.in_flight += 1
+            replica.taken += 1
         return replica
 
     def take_now(
@@ -240,7 +262,9 @@ class Admission:
         if not self._any_usable(service, exclude, adapter):
             if adapter is not None and self._any_usable(service, exclude, None):
                 raise adapter_not_loaded(adapter, service)
-            raise self.unavailable(service, failures)
+            # A model loaded on demand: the request waits for its load.
+            if self.loader is None or not self.loader.admit_load(service):
+                raise self.unavailable(service, failures)
         if self.depth() >= self.limits.max_waiting and not self._make_room(band, key):
             raise queue_full(service, self.retry_after)
         loop = asyncio.get_running_loop()
@@ -248,6 +272,7 @@ class Admission:
         bands = self._queues.get(service)
         if bands is None:
             bands = self._queues[service] = [{} for _ in range(BANDS)]
+            self._passed[service] = [0] * BANDS
         waiters = bands[band].get(key)
         if waiters is None:
             waiters = bands[band][key] = _Waiters()
@@ -282,40 +307,67 @@ class Admission:
     # -- the queue ---------------------------------------------------------------
     def _serve(self, service: str) -> None:
         """Hand free slots to waiters: the highest band first, and within a band
-        one key at a time in rotation. A lower band gets only the slots no
-        waiter of a higher band can use (another adapter, an excluded group)."""
+        one key at a time in rotation. A lower band gets the slots no waiter of
+        a higher band can use (another adapter, an excluded group), and the
+        next one once it has been passed over ``band_aging`` times in a row."""
         bands = self._queues.get(service)
         if bands is None:
             return
-        for keys in bands:
-            while keys:
-                progressed = False
-                for key in list(keys):
-                    waiters = keys[key]
-                    # A waiter whose client left (its task cancelled, not yet
-                    # run to take it out) gets no slot: nothing would give it back.
-                    while waiters and waiters[0].future.done():
-                        waiters.popleft()
-                        self._depth[service] -= 1
-                    if not waiters:
-                        del keys[key]
-                        continue
-                    taken = self._take_for(service, waiters)
-                    if taken is None:
-                        continue
-                    waiter, replica = taken
-                    progressed = True
-                    self._depth[service] -= 1
-                    # Served keys go to the back of the rotation.
-                    del keys[key]
-                    if waiters:
-                        keys[key] = waiters
-                    waiter.future.set_result(replica)
-                if not progressed:
+        passed = self._passed[service]
+        aging = self.limits.band_aging
+        blocked = 0  # bands (bits) no free slot serves: slots are only taken here
+        while True:
+            order = _PRIORITY
+            for band in range(1, BANDS):
+                if passed[band] >= aging and bands[band] and not blocked >> band & 1:
+                    order = (band, *_PRIORITY)  # its turn, then the usual order
                     break
+            served = -1
+            for band in order:
+                if blocked >> band & 1 or not bands[band]:
+                    continue
+                if self._turn(service, bands[band]):
+                    served = band
+                    break
+                blocked |= 1 << band
+            if served < 0:
+                break
+            passed[served] = 0
+            for lower in range(served + 1, BANDS):
+                passed[lower] = passed[lower] + 1 if bands[lower] else 0
         if not any(bands):
-            del self._queues[service]
-            del self._depth[service]
+            self._drop(service)
+
+    def _turn(self, service: str, keys: _Band) -> bool:
+        """A free slot to the next key in this band's rotation that one serves
+        (the key goes to the back); False when none serves any of them."""
+        for key in list(keys):
+            waiters = keys[key]
+            # A waiter whose client left (its task cancelled, not yet run to
+            # take it out) gets no slot: nothing would give it back.
+            while waiters and waiters[0].future.done():
+                waiters.popleft()
+                self._depth[service] -= 1
+            if not waiters:
+                del keys[key]
+                continue
+            taken = self._take_for(service, waiters)
+            if taken is None:
+                continue
+            waiter, replica = taken
+            self._depth[service] -= 1
+            del keys[key]
+            if waiters:
+                keys[key] = waiters
+            waiter.future.set_result(replica)
+            return True
+        return False
+
+    def _drop(self, service: str) -> None:
+        """Nothing waits for the model any more."""
+        del self._queues[service]
+        del self._depth[service]
+        del self._passed[service]
 
     def _take_for(self, service: str, waiters: _Waiters) -> tuple[_Waiter, Replica] | None:
         """The key's first waiter that a free slot can serve, taken out of its
@@ -378,8 +430,7 @@ class Admission:
         if not waiters:
             del keys[waiter.key]
         if not any(bands):
-            del self._queues[waiter.service]
-            del self._depth[waiter.service]
+            self._drop(waiter.service)
 
     def _expire(self, waiter: _Waiter) -> None:
         if waiter.future.done():
@@ -389,10 +440,22 @@ class Admission:
             queue_timeout(waiter.service, self.limits.max_wait_s, self.retry_after)
         )
 
+    def refuse_waiters(self, service: str, error: GatewayError) -> None:
+        """Every request waiting for ``service`` gets ``error`` (a load that
+        could not be made, or failed)."""
+        for keys in list(self._queues.get(service, ())):
+            for waiters in list(keys.values()):
+                for waiter in list(waiters):
+                    self._remove(waiter)
+                    if not waiter.future.done():
+                        waiter.future.set_exception(error)
+
     def _on_routing_change(self, service: str) -> None:
         if service not in self._queues:
             return
         self._serve(service)  # a new or resumed replica brings free slots
+        if self.loader is not None and self.loader.loading(service):
+            return  # a load is under way: its waiters wait for it
         for keys in list(self._queues.get(service, ())):
             for waiters in list(keys.values()):
                 for waiter in list(waiters):

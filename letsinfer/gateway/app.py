@@ -85,6 +85,13 @@ def create_app(
             1 for r in gw.routing.replicas(entry.base) if not r.paused and entry.name in r.adapters
         )
 
+    def model_state(entry: ServiceEntry) -> str:
+        state = gw.availability.state(entry.serves)
+        if state == "serving":
+            loads = gw.availability.loads
+            return "scaling" if loads is not None and loads.loading(entry.serves) else "loaded"
+        return "loading" if state == "gap" else state
+
     def model_card(entry: ServiceEntry, policy: KeyPolicy) -> dict[str, object]:
         card: dict[str, object] = {
             "id": entry.name,
@@ -93,6 +100,9 @@ def create_app(
             "owned_by": "letsinfer",
             "aliases": list(entry.aliases),
             "ready_replicas": ready(entry),
+            # loaded, loading, unloaded or scaling (or why it cannot serve):
+            # a model at zero groups stays listed.
+            "state": model_state(entry),
         }
         # A LoRA adapter of this model; named only to a key that may use it
         # (an adapter-only key's errors never name it either).

@@ -10,7 +10,7 @@ Read from the in-memory directory and routing table, never the database.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Protocol
 
 from letsinfer.gateway.directory import Directory, StoreUnavailable
 from letsinfer.gateway.errors import (
@@ -23,15 +23,24 @@ from letsinfer.gateway.errors import (
 )
 from letsinfer.gateway.routing import RoutingTable
 
-State = Literal["serving", "gap", "parked", "stopped", "not placed", "system stopped"]
+State = Literal[
+    "serving", "gap", "parked", "stopped", "not placed", "system stopped", "unloaded", "loading"
+]
 
+# What /health waits for. A model loaded on demand is not: unloaded, or
+# loading for a request, it serves as it should (letsinfer.capacity).
 MEANT_TO_SERVE: tuple[State, ...] = ("serving", "gap")
+
+
+class Loads(Protocol):
+    def loading(self, service: str) -> bool: ...
 
 
 class Availability:
     def __init__(self, directory: Directory, routing: RoutingTable) -> None:
         self.directory = directory
         self.routing = routing
+        self.loads: Loads | None = None  # the capacity controller, on a main
 
     def system_stopped(self) -> bool:
         try:
@@ -53,6 +62,11 @@ class Availability:
             return "gap"
         if entry.base is not None:  # a LoRA adapter serves as its base model does
             return self.state(entry.base)
+        if entry.scaling is not None:
+            if self.loads is not None and self.loads.loading(service):
+                return "loading"
+            if entry.scaling.on_demand and not entry.groups:
+                return "unloaded"
         if not entry.groups and not self.routing.knows(service):
             return "not placed"
         if entry.groups and not entry.running:

@@ -13,10 +13,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from letsinfer.capacity.policy import ScalingPolicy
 from letsinfer.gateway.admission import BANDS, STANDARD
 from letsinfer.gateway.cache import CachePolicy
-from letsinfer.gateway.external import GROUP_PREFIX, ExternalModel
 from letsinfer.gateway.limits import KeyLimits
+from letsinfer.gateway.providers import GROUP_PREFIX, ExternalModel
 from letsinfer.store import ApiKeyRecord, AuthorityStore, ServiceRecord
 
 log = logging.getLogger("letsinfer.gateway")
@@ -66,6 +67,13 @@ class ServiceEntry:
     # base's), or the provider's URL and model name. A name reused for other
     # weights is another model (the response cache keys on it).
     identity: str = ""
+    # Known to read text only: a GGUF model runs on llama.cpp without a vision
+    # or audio projector (as do its adapters), so an image or audio part is
+    # refused before its engine (protocol.refuse_media).
+    text_only: bool = False
+    # Its scaling policy when not the default (letsinfer.capacity): loaded on
+    # demand, or kept at a number of groups by load.
+    scaling: ScalingPolicy | None = None
 
     @property
     def serves(self) -> str:
@@ -134,6 +142,7 @@ class Directory:
             if not force and self._snapshot is not None and version == self._version and fresh:
                 return
             keys = {k.digest: KeyPolicy.from_record(k) for k in store.list_api_keys()}
+            scaling = store.scaling_policies()
             groups: dict[str, list[tuple[str, str]]] = {}
             for pg in store.list_placement_groups():
                 groups.setdefault(pg.service, []).append((pg.id, pg.desired))
@@ -147,10 +156,13 @@ class Directory:
                     ExternalModel.from_record(s.external) if s.external else None,
                     s.fallback,
                     identity=_identity(s),
+                    text_only=s.format == "gguf",
+                    scaling=scaling.get(s.name),
                 )
                 for s in store.list_services()
             )
             weights = {m.name: m.identity for m in models}
+            text_only = {m.name for m in models if m.text_only}
             adapters = tuple(
                 ServiceEntry(
                     a.name,
@@ -159,6 +171,7 @@ class Directory:
                     fallback=a.fallback,
                     base=a.service,
                     identity=f"{a.artifact_digest} on {weights.get(a.service, '')}",
+                    text_only=a.service in text_only,
                 )
                 for a in store.list_adapters()
             )

@@ -16,10 +16,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from letsinfer.gateway.external import ExternalModel
+from letsinfer.gateway.providers import ExternalModel
 
 
 @dataclass(eq=False)
@@ -32,6 +30,7 @@ class Replica:
     node_id: str = ""
     paused: bool = False
     in_flight: int = 0  # the gateway's own count of requests at this replica
+    taken: int = 0  # requests it was ever given: capacity's measure of use (letsinfer.capacity)
     # Facts the replica's agent reports (signed and checked upstream of here);
     # None when not reported. facts_at is the table's clock() at the report.
     slots_free: int | None = None
@@ -90,6 +89,9 @@ class RoutingTable:
     def subscribe(self, listener: Listener) -> None:
         self._listeners.append(listener)
 
+    def unsubscribe(self, listener: Listener) -> None:
+        self._listeners.remove(listener)
+
     def _changed(self, service: str) -> None:
         self._lists[service] = tuple(self._by_service.get(service, {}).values())
         for listener in self._listeners:
@@ -121,7 +123,7 @@ class RoutingTable:
             self._by_service[replica.service][replica.pg_id] = replica
         else:
             for f in fields(Replica):
-                if f.name != "in_flight":
+                if f.name not in ("in_flight", "taken"):
                     setattr(current, f.name, getattr(replica, f.name))
         self._changed(replica.service)
 

@@ -357,4 +357,34 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE model_adapters ADD COLUMN fallback TEXT;
     """,
+    # 13: the adapters a group was launched with, kept while its model's adapters
+    # change until a fresh engine replaces it (letsinfer.lifecycle.adapters).
+    """
+    CREATE TABLE pg_adapter_pins (
+        pg_id TEXT PRIMARY KEY REFERENCES placement_groups(id) ON DELETE CASCADE,
+        adapters TEXT NOT NULL
+    );
+    """,
+    # 14: a model's scaling policy (`letsinfer model scale`); none: one group,
+    # always loaded. The gateway's directory carries it (on-demand models).
+    """
+    CREATE TABLE scaling_policies (
+        service TEXT PRIMARY KEY REFERENCES model_services(name) ON DELETE CASCADE,
+        min_groups INTEGER NOT NULL,
+        max_groups INTEGER NOT NULL,
+        idle_s REAL NOT NULL,
+        min_resident_s REAL NOT NULL,
+        target_inflight REAL NOT NULL,
+        scale_down_s REAL NOT NULL
+    );
+    CREATE TRIGGER scaling_added AFTER INSERT ON scaling_policies BEGIN
+        UPDATE revisions SET rev = rev + 1 WHERE name = 'directory';
+    END;
+    CREATE TRIGGER scaling_changed AFTER UPDATE ON scaling_policies BEGIN
+        UPDATE revisions SET rev = rev + 1 WHERE name = 'directory';
+    END;
+    CREATE TRIGGER scaling_deleted AFTER DELETE ON scaling_policies BEGIN
+        UPDATE revisions SET rev = rev + 1 WHERE name = 'directory';
+    END;
+    """,
 ]

@@ -63,9 +63,11 @@ def _one(scrape: Scrape, name: str) -> dict[Labels, float]:
 
 def render(prev: Scrape | None, cur: Scrape) -> Group:
     models = Table(title="models", title_justify="left")
-    for col in ("model", "ready groups", "groups", "queue", "req/s", "tokens/s"):
-        models.add_column(col, justify="left" if col == "model" else "right")
+    for col in ("model", "state", "ready groups", "groups", "queue", "req/s", "tokens/s"):
+        models.add_column(col, justify="left" if col in ("model", "state") else "right")
     ready = cur.sum_by("letsinfer_model_ready_groups", "model")
+    # loaded, loading, unloaded or scaling for a model with a scaling policy
+    states = {labels["model"]: labels["state"] for labels, _ in cur.series("letsinfer_model_state")}
     meant = cur.sum_by("letsinfer_model_groups", "model")
     queue = cur.sum_by("letsinfer_gateway_queue_depth", "model")
     rps = _rate(prev, cur, "letsinfer_gateway_requests_total", "model")
@@ -74,6 +76,7 @@ def render(prev: Scrape | None, cur: Scrape) -> Group:
         style = "red" if ready[model] == 0 else ""
         models.add_row(
             f"[{style}]{model}[/{style}]" if style else model,
+            states.get(model, "loaded" if ready[model] else "not ready"),
             _num(ready[model], "{:.0f}"),
             _num(meant.get(model), "{:.0f}"),
             _num(queue.get(model, 0.0), "{:.0f}"),

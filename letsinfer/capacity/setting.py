@@ -1,0 +1,59 @@
+"""Setting a model's scaling policy (`letsinfer model scale`, the ops route):
+checked whole before anything is stored, audited either way."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from letsinfer.authority.refusals import audited
+from letsinfer.capacity.policy import PolicyError, ScalingPolicy
+from letsinfer.store import AuthorityStore, StoreError
+
+FIELDS = (
+    "min_groups",
+    "max_groups",
+    "idle_s",
+    "min_resident_s",
+    "target_inflight",
+    "scale_down_s",
+)
+
+
+def set_policy(
+    store: AuthorityStore,
+    name: str,
+    change: dict[str, Any],
+    *,
+    actor: str = "cli",
+    role: str | None = None,
+) -> tuple[str, ScalingPolicy]:
+    """Change the fields in ``change`` (the others stay); the model's
+    canonical name and its policy now. ``--min`` alone above the current
+    ``--max`` raises ``--max`` with it (and ``--max`` alone below ``--min``
+    lowers ``--min``), as an operator means it."""
+    unknown = set(change) - set(FIELDS)
+    if unknown:
+        raise StoreError(f"unknown scaling setting(s): {', '.join(sorted(unknown))}")
+    with audited(store, actor, "model.scale", None, role=role):
+        svc = store.resolve_service(name)
+        if svc is None:
+            raise StoreError(f"no model {name!r} (see `letsinfer model list`)")
+        if svc.is_external:
+            raise StoreError(f"model {svc.name} is external: its provider scales it, not letsinfer")
+        current = store.scaling_policy(svc.name)
+        wanted = dict(change)
+        if "min_groups" in wanted and "max_groups" not in wanted:
+            wanted["max_groups"] = max(current.max_groups, wanted["min_groups"], 1)
+        if "max_groups" in wanted and "min_groups" not in wanted:
+            wanted["min_groups"] = min(current.min_groups, wanted["max_groups"])
+        try:
+            policy = replace(current, **wanted)
+        except PolicyError as exc:
+            raise StoreError(str(exc)) from exc
+    with store.transaction():
+        store.set_scaling_policy(svc.name, policy)
+        store.append_audit(
+            actor, "model.scale", "ok", role=role, target=svc.name, detail=policy.describe()
+        )
+    return svc.name, policy
