@@ -132,8 +132,8 @@ def start_main(root: Path) -> Main:
 def enroll(main: Main, root: Path, start: int, count: int) -> list[dict[str, str]]:
     """``count`` new children: an offer each in the main's authority (what
     ``node add`` writes), then each candidate's CSR to ``/v1/enroll/complete``."""
+    from letsinfer.audit.anchor import open_authority
     from letsinfer.authority import enrollment
-    from letsinfer.authority.anchor import open_authority
     from letsinfer.home import Home
     from letsinfer.trust import pki
 
@@ -221,7 +221,7 @@ async def _child(
 ) -> None:
     from letsinfer import __version__
     from letsinfer.agent.pacing import ReportPacing, keepalive_s, retry_after
-    from letsinfer.authority.anchor import sign_head
+    from letsinfer.audit.anchor import sign_head
     from letsinfer.contracts.facts import AuditHeadFact, Facts, sign
     from letsinfer.trust import pki
     from letsinfer.trust.client import ClusterClient, PeerMismatch

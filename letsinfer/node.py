@@ -40,10 +40,10 @@ from letsinfer.agent.runtime import (
     stop_engines,
 )
 from letsinfer.agent.supervisor import EngineStatus, EngineSupervisor, SupervisionPolicy
+from letsinfer.audit.anchor import open_authority
+from letsinfer.audit.denials import DenialLog
 from letsinfer.authority import engine_keys
-from letsinfer.authority.anchor import open_authority
 from letsinfer.authority.audit_echo import AuditEcho
-from letsinfer.authority.denials import DenialLog
 from letsinfer.authority.factwriter import FactWriter
 from letsinfer.authority.overload import AttentionClock, Shedder
 from letsinfer.authority.placements import desired_for_node

@@ -28,6 +28,24 @@ os.environ["LETSINFER_HOME"] = _DEFAULT_HOME
 atexit.register(shutil.rmtree, _DEFAULT_HOME, True)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--reverse",
+        action="store_true",
+        help="run each module's tests in reverse order: every test must stand alone "
+        "(a shared fixture is fine, state an earlier test left is not)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("--reverse"):
+        return
+    modules: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+    items[:] = [item for group in modules.values() for item in reversed(group)]
+
+
 @pytest.fixture(scope="session")
 def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheelhouse lab hosts install letsinfer from: the one `./dev test`

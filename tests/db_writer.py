@@ -7,7 +7,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from letsinfer.authority.audit import record_hash
+from letsinfer.audit.chain import record_hash
 
 
 def rewrite_audit_from(database: Path, seq: int, detail: str) -> None:

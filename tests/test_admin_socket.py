@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from letsinfer.authority.denials import DenialLog
+from letsinfer.audit.denials import DenialLog
 from letsinfer.control.admin_socket import AdminPlane, Credentials, LocalGate, refusal
 from letsinfer.control.ops import ops_router
 from letsinfer.control.typed_app import typed_app

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from letsinfer import config
-from letsinfer.authority.anchor import (
+from letsinfer.audit.anchor import (
     HeadAnchor,
     SignedHead,
     open_authority,

@@ -85,9 +85,15 @@ def _imported(home: Path, *argv: str) -> tuple[int, set[str]]:
 
 @pytest.mark.parametrize(
     ("argv", "unwanted"),
-    [(["--help"], HEAVY | NOTHING_READ), (["status"], HEAVY), (["status", "--json"], HEAVY)],
+    [
+        (["--help"], HEAVY | NOTHING_READ),
+        (["status"], HEAVY),
+        (["status", "--json"], HEAVY),
+        (["model", "list"], HEAVY),
+        (["model", "list", "--json"], HEAVY),
+    ],
 )
-def test_help_and_status_load_no_heavy_library(
+def test_help_status_and_model_list_load_no_heavy_library(
     tmp_path: Path, argv: list[str], unwanted: set[str]
 ) -> None:
     home = tmp_path / "home"

@@ -1277,7 +1277,7 @@ print(json.dumps([r.status_code, envelope]))
 import json, uuid, httpx
 from pathlib import Path
 from letsinfer.authority import enrollment
-from letsinfer.authority.anchor import open_authority
+from letsinfer.audit.anchor import open_authority
 from letsinfer.home import Home
 from letsinfer.identity import load_identity
 from letsinfer.trust import pki

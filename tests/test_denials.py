@@ -13,9 +13,9 @@ from pathlib import Path
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from letsinfer.authority.audit import verify_chain
+from letsinfer.audit.chain import verify_chain
+from letsinfer.audit.denials import MAX_KINDS, OTHER_SOURCES, DenialLog, record_denial
 from letsinfer.authority.audit_echo import line
-from letsinfer.authority.denials import MAX_KINDS, OTHER_SOURCES, DenialLog, record_denial
 from letsinfer.authority.facts import FactLedger
 from letsinfer.contracts.facts import Facts
 from letsinfer.control.facts_route import PATH, FactsRoute

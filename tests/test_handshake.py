@@ -15,7 +15,7 @@ import httpx
 import pytest
 from fastapi import FastAPI, Request
 
-from letsinfer.authority.denials import DenialLog
+from letsinfer.audit.denials import DenialLog
 from letsinfer.connections import ConnectionLimits
 from letsinfer.planes import RunningPlane, tls_server
 from letsinfer.store import AuthorityStore

@@ -267,3 +267,22 @@ def test_migration_4_gives_every_existing_group_its_task_0(tmp_path: Path) -> No
     assert (task.task, task.node_id, task.port, task.state) == ("0", "n", None, "ready")
     assert store.tasks_on_node("n") == [task]
     store.close()
+
+
+def test_a_replay_is_refused_after_a_restart_by_the_persisted_sequence(
+    nodes: tuple[Node, Node],
+) -> None:
+    """A fresh ledger (a restarted main) knows no sequence of its own: the one
+    the authority persisted refuses a replay of facts it had accepted before."""
+    a, _ = nodes
+    before = FactLedger()
+    sent = a.facts(seq=41)
+    before.accept(a.peer, a.der, sent)
+    after = FactLedger()  # the main restarted
+    with pytest.raises(FactError, match=r"replayed facts: sequence 41 after 41"):
+        after.accept(a.peer, a.der, sent, persisted_seq=41)
+    with pytest.raises(FactError, match=r"replayed facts: sequence 30 after 41"):
+        after.accept(a.peer, a.der, a.facts(seq=30), persisted_seq=41)
+    assert after.accept(a.peer, a.der, a.facts(seq=42), persisted_seq=41).seq == 42
+    # Without the persisted sequence the same replay would pass: it is what holds.
+    assert FactLedger().accept(a.peer, a.der, sent).seq == 41

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from letsinfer.authority.audit import verify_chain
+from letsinfer.audit.chain import verify_chain
 from letsinfer.engines.binary import BinaryIdentity
 from letsinfer.engines.launch import ENGINE_KEY_ENV, EngineTask, plan_llamacpp
 from letsinfer.engines.releases import llama_server, xllamacpp_cpu

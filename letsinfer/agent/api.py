@@ -16,7 +16,7 @@ from fastapi import HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from letsinfer import __version__
-from letsinfer.authority.denials import DenialLog
+from letsinfer.audit.denials import DenialLog
 from letsinfer.control.typed_app import typed_app
 from letsinfer.home import Home
 from letsinfer.identity import NodeIdentity

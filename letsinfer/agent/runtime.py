@@ -30,8 +30,8 @@ from letsinfer.agent.hardware import gpu_probe, host_facts
 from letsinfer.agent.pacing import ReportPacing, keepalive_s, retry_after
 from letsinfer.agent.placement import Fetch, PlacementRunner
 from letsinfer.agent.supervisor import EngineSupervisor, SupervisionPolicy
-from letsinfer.authority.anchor import HeadAnchor, head_report
-from letsinfer.authority.denials import DenialLog
+from letsinfer.audit.anchor import HeadAnchor, head_report
+from letsinfer.audit.denials import DenialLog
 from letsinfer.config import Settings
 from letsinfer.contracts.artifacts import artifact_path, present_digests
 from letsinfer.contracts.facts import AuditHeadFact, Facts, GpuFact, PlacementFact, sign

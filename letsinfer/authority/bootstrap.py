@@ -6,7 +6,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from letsinfer.authority.anchor import open_authority
+from letsinfer.audit.anchor import open_authority
 from letsinfer.authority.apikeys import create_key
 from letsinfer.authority.engine_keys import ensure_secret
 from letsinfer.authority.models import FirstGroup, add_gguf_model

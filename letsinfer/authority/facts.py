@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from letsinfer.authority.anchor import SignedHead, signature_valid
+from letsinfer.audit.anchor import SignedHead, signature_valid
 from letsinfer.contracts.facts import FactError, Facts, LinkFact, verify
 from letsinfer.links import proof
 from letsinfer.trust import pki

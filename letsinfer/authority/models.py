@@ -13,7 +13,6 @@ from letsinfer.authority.modelstore import stage_gguf
 from letsinfer.authority.refusals import audited
 from letsinfer.contracts.artifacts import ModelFileError
 from letsinfer.engines.releases import Release
-from letsinfer.lifecycle.door import Door, DoorRefused, prove_model_file
 from letsinfer.store import AuthorityStore, PlacementGroupRecord, ServiceRecord, StoreError
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
@@ -75,13 +74,14 @@ def add_gguf_model(
     actor: str = "cli",
     release_signature: str | None = None,
     origin: dict[str, Any] | None = None,
-    door: Door | None = None,
+    prove: Callable[[Path, str], str | None] | None = None,
     known_good: bool = False,
     fallback: str | None = None,
 ) -> tuple[ServiceRecord, list[PlacementGroupRecord]]:
     """Check the file, plan where it serves (``place``, given the checked file:
     a StoreError from it refuses the model, before any engine loads it), prove it
-    in ``release``'s engine (proof at the door: one completion, or one embedding),
+    in ``release``'s engine (proof at the door: ``prove(file, kind)`` runs one
+    completion, or one embedding, and returns why the engine could not, or None),
     store it, then record the service and its first PGs atomically. A refusal
     leaves the store and the authority as they were. ``place`` None: registered
     only. ``known_good``: letsinfer wrote the file itself (the tiny model), so
@@ -109,13 +109,11 @@ def add_gguf_model(
                     actor, "model.add", "denied", target=name, detail=str(exc)[:1000]
                 )
                 raise
-        if not known_good:
-            try:
-                prove_model_file(release, staged.path, staged.kind, door or Door())
-            except DoorRefused as exc:
-                why = f"{release.id} could not serve {source}: {str(exc).rstrip('.')}"
-                store.append_audit(actor, "model.add", "denied", target=name, detail=why[:1000])
-                raise ModelRefused(f"model {name!r} refused: {why}. Nothing changed.") from exc
+        refused = None if known_good or prove is None else prove(staged.path, staged.kind)
+        if refused is not None:
+            why = f"{release.id} could not serve {source}: {refused.rstrip('.')}"
+            store.append_audit(actor, "model.add", "denied", target=name, detail=why[:1000])
+            raise ModelRefused(f"model {name!r} refused: {why}. Nothing changed.")
         with store.transaction():
             store.ensure_release(
                 release.id,

@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from letsinfer.audit.anchor import SignedHead, witness
 from letsinfer.authority import engine_keys
-from letsinfer.authority.anchor import SignedHead, witness
 from letsinfer.authority.facts import FactLedger
 from letsinfer.authority.factwriter import FactWriter
 from letsinfer.authority.links import LinkBook, Pair, needed_links

@@ -40,19 +40,11 @@ COMMANDS: dict[str, tuple[tuple[str, ...], str]] = {
     ),
     "mirror": (("mirror",), "Imported artifacts, kept by sha256: add, list, find unused, remove."),
     "model": (
-        (
-            "model",
-            "model_adapter",
-            "model_fallback",
-            "model_lifecycle",
-            "model_plan",
-            "model_pull",
-            "model_scale",
-        ),
+        ("model",),  # its subcommands' modules load when looked up (cli/model.py)
         "Model services: add, pull, place, start, stop, upgrade, remove.",
     ),
     "node": (
-        ("node", "storage"),
+        ("node", "node_enrollment", "storage"),
         "Nodes: initialise, enroll, list, pause, remove, move, disk use.",
     ),
     "release": (("release",), "Runtime releases and the keys that sign releases and bundles."),
@@ -164,6 +156,24 @@ class _Group(click.Group):
                 rows.append((name, cmd.get_short_help_str(limit=1000)))
         if rows:
             _write_commands(formatter, rows)
+
+
+class LazyGroup(_Group):
+    """A group whose subcommands live in modules of their own, imported when
+    the subcommand is looked up (``modules``: name -> module under
+    letsinfer.cli): a call loads only what its command uses."""
+
+    def __init__(self, *args: Any, modules: dict[str, str] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.modules = modules or {}
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in self.modules:
+            importlib.import_module(f"letsinfer.cli.{self.modules[cmd_name]}")  # registers it
+        return self.commands.get(cmd_name)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(self.commands) | set(self.modules))
 
 
 class _Root(click.Group):

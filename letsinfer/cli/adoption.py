@@ -11,8 +11,8 @@ import ssl
 
 import httpx
 
+from letsinfer.audit.anchor import open_authority
 from letsinfer.authority.adoption import main_blockers
-from letsinfer.authority.anchor import open_authority
 from letsinfer.cli.local import ask_node
 from letsinfer.cli.scope import CliContext
 from letsinfer.contracts.work import ChildWork

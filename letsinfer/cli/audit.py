@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 
 import click
 
-from letsinfer.authority.anchor import HeadAnchor, check_anchor, open_authority
-from letsinfer.authority.audit import verify_chain
+from letsinfer.audit.anchor import HeadAnchor, check_anchor, open_authority
+from letsinfer.audit.chain import verify_chain
 from letsinfer.cli import cli
 from letsinfer.cli.output import console, emit
 from letsinfer.cli.scope import CliContext, scoped

@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from letsinfer import config
-from letsinfer.authority.anchor import open_authority
+from letsinfer.audit.anchor import open_authority
 from letsinfer.authority.apikeys import (
     BANDS,
     MAX_LIMIT,

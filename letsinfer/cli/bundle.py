@@ -17,7 +17,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from letsinfer.authority.anchor import open_authority
+from letsinfer.audit.anchor import open_authority
 from letsinfer.bundle.creation import CreateRequest, create_bundle
 from letsinfer.bundle.importing import import_bundle, inspect_bundle, verify_bundle
 from letsinfer.bundle.manifest import Manifest

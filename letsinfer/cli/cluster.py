@@ -6,8 +6,8 @@ from typing import Any
 
 import click
 
+from letsinfer.audit.anchor import open_authority
 from letsinfer.authority import lifecycle
-from letsinfer.authority.anchor import open_authority
 from letsinfer.cli import cli
 from letsinfer.cli.local import ask_node
 from letsinfer.cli.output import console, emit, emit_object

@@ -13,8 +13,8 @@ import click
 import httpx
 
 from letsinfer import config
+from letsinfer.audit.anchor import open_authority
 from letsinfer.authority import controllers
-from letsinfer.authority.anchor import open_authority
 from letsinfer.cli import cli
 from letsinfer.cli.auth import auth
 from letsinfer.cli.local import segment

@@ -63,7 +63,7 @@ def doctor(ctx: CliContext, cluster: bool, ntp: str | None, as_json: bool) -> No
 
 def _cluster(ctx: CliContext) -> list[Finding]:
     from letsinfer import config
-    from letsinfer.authority.anchor import HeadAnchor, check_anchor, open_authority
+    from letsinfer.audit.anchor import HeadAnchor, check_anchor, open_authority
     from letsinfer.doctor.cluster import check_cluster, gather
     from letsinfer.trust import pki
     from letsinfer.trust.material import tls_files

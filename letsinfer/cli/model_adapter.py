@@ -8,8 +8,8 @@ from typing import Any
 
 import click
 
+from letsinfer.audit.anchor import open_authority
 from letsinfer.authority.adapters import add_adapter, remove_adapter
-from letsinfer.authority.anchor import open_authority
 from letsinfer.cli.local import ask_node, segment
 from letsinfer.cli.model import model
 from letsinfer.cli.output import console, emit

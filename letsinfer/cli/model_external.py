@@ -10,8 +10,6 @@ from urllib.parse import urlsplit
 
 import click
 
-from letsinfer.authority.anchor import open_authority
-from letsinfer.authority.external import add_external_model
 from letsinfer.cli.output import console
 from letsinfer.cli.scope import CliContext
 
@@ -66,6 +64,11 @@ def add_external(
     ca_file: Path | None,
     concurrency: int | None,
 ) -> None:
+    # Here, not at the top: `model list` and `model show` use this module's
+    # description of an external model and must not load the signing code.
+    from letsinfer.audit.anchor import open_authority
+    from letsinfer.authority.external import add_external_model
+
     store = open_authority(ctx.home)
     try:
         svc = add_external_model(

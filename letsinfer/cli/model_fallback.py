@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from letsinfer.authority.anchor import open_authority
+from letsinfer.audit.anchor import open_authority
 from letsinfer.authority.external import fallback_notes, set_fallback
 from letsinfer.cli.local import ask_node, segment
 from letsinfer.cli.model import model

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import click
 
+from letsinfer.audit.anchor import open_authority
 from letsinfer.authority import lifecycle
-from letsinfer.authority.anchor import open_authority
 from letsinfer.cli.local import ask_node, segment
-from letsinfer.cli.model import model, report_rollout
+from letsinfer.cli.model import model
+from letsinfer.cli.model_install import report_rollout
 from letsinfer.cli.output import console
 from letsinfer.cli.scope import CliContext, scoped
 

@@ -7,9 +7,11 @@ from typing import Any
 import click
 
 from letsinfer import config
+from letsinfer.audit.anchor import open_authority
 from letsinfer.authority import install as install_mod
-from letsinfer.authority.anchor import open_authority
-from letsinfer.cli.model import fit_text, install_request, model
+from letsinfer.cli.model import model
+from letsinfer.cli.model_add import fit_text
+from letsinfer.cli.model_install import install_request
 from letsinfer.cli.output import console, emit
 from letsinfer.cli.scope import CliContext, scoped
 

@@ -6,7 +6,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from letsinfer.cli.model import Where, admit_gguf, model, placement_options
+from letsinfer.cli.model import model
+from letsinfer.cli.model_add import Where, admit_gguf, placement_options
 from letsinfer.cli.output import console, errors
 from letsinfer.cli.scope import CliContext, scoped
 from letsinfer.store import StoreError
@@ -41,7 +42,7 @@ def _same_pull(existing: dict[str, object] | None, located: Located) -> bool:
 
 
 def _audit_denied(ctx: CliContext, target: str, why: str) -> None:
-    from letsinfer.authority.anchor import open_authority
+    from letsinfer.audit.anchor import open_authority
 
     store = open_authority(ctx.home)
     try:
@@ -95,7 +96,7 @@ def pull(
     serve it like `model add` (where it fits: this node by default, --node to
     choose). Repo, commit and sha256 are recorded with it."""
     from letsinfer import config
-    from letsinfer.authority.anchor import open_authority
+    from letsinfer.audit.anchor import open_authority
     from letsinfer.authority.models import check_model_name
     from letsinfer.cli.bundle import TerminalProgress
     from letsinfer.hub.choice import ChoiceError

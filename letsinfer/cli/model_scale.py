@@ -86,7 +86,7 @@ def apply_policy(ctx: CliContext, name: str, change: dict[str, Any]) -> dict[str
     answer = ask_node(ctx.home, "POST", f"/v1/ops/models/{segment(name)}/scale", json=change)
     if answer is not None:
         return answer
-    from letsinfer.authority.anchor import open_authority
+    from letsinfer.audit.anchor import open_authority
     from letsinfer.capacity.setting import set_policy
 
     store = open_authority(ctx.home)

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from letsinfer import config
-from letsinfer.authority.anchor import open_authority
+from letsinfer.audit.anchor import open_authority
 from letsinfer.bundle.archive import BundleError
 from letsinfer.cli import cli
 from letsinfer.cli.output import brief, emit

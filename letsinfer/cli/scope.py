@@ -87,8 +87,8 @@ def _audit_refusal(cli: CliContext, command: str, scope: Scope) -> None:
     if not db.is_file() or not os.access(db, os.R_OK | os.W_OK):
         return
     from letsinfer import config
-    from letsinfer.authority.anchor import open_authority
-    from letsinfer.authority.denials import record_denial
+    from letsinfer.audit.anchor import open_authority
+    from letsinfer.audit.denials import record_denial
 
     try:
         interval = config.load(cli.home.config_file).audit.denial_interval_s

@@ -141,7 +141,7 @@ def cleanup(ctx: CliContext, yes: bool, as_json: bool) -> None:
 
 
 def _cleanup_here(home: Home, identity: NodeIdentity, apply: bool) -> dict[str, Any]:
-    from letsinfer.authority.anchor import open_authority
+    from letsinfer.audit.anchor import open_authority
     from letsinfer.storage.cleanup import free, review, summary
     from letsinfer.storage.routes import NOT_KNOWN
 

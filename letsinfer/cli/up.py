@@ -14,8 +14,8 @@ from typing import IO
 import click
 
 from letsinfer import config
+from letsinfer.audit.anchor import open_authority
 from letsinfer.authority import retirement
-from letsinfer.authority.anchor import open_authority
 from letsinfer.authority.bootstrap import init_main
 from letsinfer.cli import cli
 from letsinfer.cli.scope import CliContext, scoped

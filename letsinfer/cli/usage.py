@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from letsinfer import config
-from letsinfer.authority.anchor import open_authority
+from letsinfer.audit.anchor import open_authority
 from letsinfer.cli import cli
 from letsinfer.cli.output import console, emit
 from letsinfer.cli.scope import CliContext, ScopedCommand

@@ -81,7 +81,7 @@ class LinkFact(_Fact):
 
 
 class AuditHeadFact(_Fact):
-    """The node's signed audit head (letsinfer.authority.anchor), and what its
+    """The node's signed audit head (letsinfer.audit.anchor), and what its
     own O(1) check against its database found wrong, if anything."""
 
     count: int = Field(ge=1, le=2**62)

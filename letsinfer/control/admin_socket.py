@@ -6,7 +6,7 @@ Who may connect is decided twice: the socket file is ``0660`` (owner and the
 the connecting process's pid, uid and gid, from the kernel) are checked before
 any route runs: root, the node's own user, or a member of the ``letsinfer``
 group. Admitted callers act as a local administrator; refusals are audited
-(counted per caller and reason, see letsinfer.authority.denials).
+(counted per caller and reason, see letsinfer.audit.denials).
 The CLI needs no key material for this: the node process holds its keys.
 """
 
@@ -28,7 +28,7 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from letsinfer.authority.denials import DenialLog
+from letsinfer.audit.denials import DenialLog
 from letsinfer.connections import PLANE_LIMITS, Tally, guarded
 from letsinfer.home import ADMIN_GROUP
 from letsinfer.planes import EmbeddedServer, RunningPlane

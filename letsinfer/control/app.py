@@ -16,8 +16,8 @@ from typing import Any, Protocol
 from fastapi import HTTPException, Request
 from pydantic import BaseModel, ConfigDict
 
+from letsinfer.audit.denials import DenialLog
 from letsinfer.authority import adoption, controllers, enrollment, lifecycle
-from letsinfer.authority.denials import DenialLog
 from letsinfer.contracts.artifacts import artifact_path
 from letsinfer.control.facts_route import FactsRoute
 from letsinfer.control.ops import actor_of, nothing_to_apply, ops_router

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from letsinfer.authority.denials import DenialLog
+from letsinfer.audit.denials import DenialLog
 from letsinfer.config import ConfigError, GatewaySettings, TracingSettings
 from letsinfer.gateway import external
 from letsinfer.gateway.admission import Admission, AdmissionLimits

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,3 +131,17 @@ def _stop(proc: subprocess.Popen[bytes], grace: float) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def prover(release: Release, door: Door) -> Callable[[Path, str], str | None]:
+    """The proof at the door as `model add` takes it: why ``release``'s engine
+    could not serve a file of a kind, or None once it did."""
+
+    def prove(model: Path, kind: str) -> str | None:
+        try:
+            prove_model_file(release, model, kind, door)
+        except DoorRefused as exc:
+            return str(exc)
+        return None
+
+    return prove

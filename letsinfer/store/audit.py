@@ -4,7 +4,7 @@ tail for the signed head, and the open windows that aggregate denials.
 A part of :class:`letsinfer.store.AuthorityStore` (it inherits this class),
 kept apart because the chain has rules of its own: every append happens in a
 transaction, and the store tells its head keeper once that transaction
-commits (see letsinfer.authority.anchor).
+commits (see letsinfer.audit.anchor).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from letsinfer.authority.audit import GENESIS, record_hash
+from letsinfer.audit.chain import GENESIS, record_hash
 
 
 @dataclass(frozen=True)

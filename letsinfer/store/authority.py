@@ -112,7 +112,7 @@ class AuthorityStore(
 ):
     def __init__(self, path: Path, anchor: HeadKeeper | None = None) -> None:
         """``anchor``: signs the audit chain's head after each commit that
-        appended to it (letsinfer.authority.anchor); None where nothing can sign."""
+        appended to it (letsinfer.audit.anchor); None where nothing can sign."""
         self.path = path
         self.anchor = anchor
         self._audit_appended = False

@@ -10,7 +10,7 @@ protocol (uvicorn's, via ``PeerCertProtocol``) only ever sees established TLS.
 (``start_tls`` on an accepted plain transport is not an option: uvloop may
 deliver the ClientHello to the plain protocol before it can pause reading.)
 A handshake refused over a certificate is reported to ``on_refused`` (which
-counts it, see letsinfer.authority.denials); scans, resets and timeouts are
+counts it, see letsinfer.audit.denials); scans, resets and timeouts are
 not (they say nothing about trust).
 """
 

@@ -2,9 +2,9 @@
 
 Records hold who did what to which target and the outcome; never secrets,
 keys, prompts or responses. A record that stands for several refusals of the
-same kind (see letsinfer.authority.denials) carries their ``count``, covered
+same kind (see letsinfer.audit.denials) carries their ``count``, covered
 by its hash. The chain alone proves nothing against a writer of the database;
-letsinfer.authority.anchor signs its head.
+letsinfer.audit.anchor signs its head.
 """
 
 from __future__ import annotations
