@@ -21,6 +21,7 @@ import resource
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -528,7 +529,12 @@ class MainNode:
         return {pg for pg, r in self.supervisor.runners.items() if r.pid is not None}
 
     def reconcile(self) -> None:
-        desired = desired_for_node(self.store, self.identity.node_id, self._engine_secret)
+        # Sized by this node's own [engine] settings, as a child sizes its own.
+        engine = self.settings.engine
+        desired = [
+            replace(d, threads=engine.threads, context=engine.context, parallel=engine.parallel)
+            for d in desired_for_node(self.store, self.identity.node_id, self._engine_secret)
+        ]
         self._desired = {d.pg_id: d for d in desired}
         self.placements.apply(desired)
         nodes = self.store.revisions()["nodes"]

@@ -6,7 +6,8 @@ the engine was shown), then serves with the bundled llama.cpp server.
 
 It fails on purpose, as a broken build would (an error line in llama.cpp's
 format, exit 1), when ``LLAMA_SHIM_FAIL`` is set, or while the file named by
-``LLAMA_SHIM_FAIL_WHILE`` exists.
+``LLAMA_SHIM_FAIL_WHILE`` exists; it takes ``LLAMA_SHIM_SLOW_START`` seconds to
+start when that is set.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from letsinfer.engines import llamacpp_launcher
@@ -54,6 +56,9 @@ def main() -> int:
             flush=True,
         )
         return 1
+    slow = os.environ.get("LLAMA_SHIM_SLOW_START")  # a big model or a slow disk
+    if slow:
+        time.sleep(float(slow))
     record = os.environ.get("LLAMA_SHIM_RECORD")
     if record:
         Path(record).write_text(

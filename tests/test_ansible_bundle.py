@@ -90,7 +90,11 @@ def bundle(tmp_path_factory: pytest.TempPathFactory, tiny_gguf: Path) -> Bundle:
     checked = letsinfer(folder / "w", "bundle", "verify", str(out), "--key", public, "--json")
     assert checked.returncode == 0, checked.stderr
     with tarfile.open(out) as tar:
-        wheels = [Path(n).name for n in tar.getnames() if n.startswith("wheelhouse/")]
+        wheels = [
+            Path(n).name
+            for n in tar.getnames()
+            if n.startswith("wheelhouse/") and n.endswith(".whl")  # (not its signed list)
+        ]
     versions = {_dist(w.split("-")[0]): w.split("-")[1] for w in wheels}
     return Bundle(out, json.loads(checked.stdout)["bundle"], key, public, versions)
 

@@ -58,10 +58,9 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningNode]:
 def add_on_demand(node: RunningNode, name: str, *policy: str) -> None:
     """A model of its own bytes, registered only, then loaded on demand."""
     source = write_tiny_model(node.home.parent / f"{name}.gguf", name=f"tiny-{name}")
-    added = node.cli("model", "add", name, "--gguf", str(source), "--no-serve")
+    added = node.cli("model", "add", name, "--gguf", str(source), "--min", "0", *policy)
     assert added.returncode == 0, added.stderr
-    scaled = node.cli("model", "scale", name, "--min", "0", *policy)
-    assert scaled.returncode == 0, scaled.stderr
+    assert f"model {name}: on demand" in added.stdout
 
 
 def audit(node: RunningNode, *actions: str) -> list[dict[str, object]]:
@@ -86,8 +85,8 @@ def card(node: RunningNode, model: str) -> dict[str, object]:
     listed = httpx.get(
         f"{node.url}/v1/models", headers={"authorization": f"Bearer {node.key}"}, timeout=10
     ).json()
-    [found] = [m for m in listed["data"] if m["id"] == model]
-    return found  # type: ignore[no-any-return]
+    found = [m for m in listed["data"] if m["id"] == model]
+    return found[0] if found else {}  # (a model just added is listed within a second)
 
 
 def groups(node: RunningNode, model: str) -> list[dict[str, object]]:
@@ -212,7 +211,7 @@ def test_a_pinned_model_is_never_evicted_and_one_that_cannot_fit_is_refused_at_o
     source = write_tiny_model(node.home.parent / "pinned.gguf", name="tiny-pinned")
     added = node.cli("model", "add", "pinned", "--gguf", str(source))  # placed: the GPU
     assert added.returncode == 0, added.stderr
-    wait("pinned serves", lambda: card(node, "pinned")["ready_replicas"] == 1)
+    wait("pinned serves", lambda: card(node, "pinned").get("ready_replicas") == 1)
     [held] = groups(node, "pinned")
     assert held["gpus"] == [ONLY_GPU]
     started = time.monotonic()
@@ -304,3 +303,48 @@ def test_eviction_takes_only_idle_on_demand_groups_past_their_residence() -> Non
     slow = resident("slow", reload_s=30.0)
     assert choose([slow, used, cheap, busy], "new") == cheap
     assert choose([cheap], "cheap") is None  # never the model that is loading
+
+
+def test_a_policy_that_cannot_be_is_refused_before_anything_changes(node: RunningNode) -> None:
+    source = write_tiny_model(node.home.parent / "never.gguf", name="tiny-never")
+    refused = node.cli("model", "add", "never", "--gguf", str(source), "--min", "3", "--max", "2")
+    assert refused.returncode == 2 and "--max (2) must be at least --min (3)" in refused.stderr
+    assert not node_has(node, "never"), "nothing added"
+    bad = node.cli("model", "scale", "tiny", "--idle", "soon")
+    assert bad.returncode == 2 and "not a duration" in bad.stderr
+    unknown = node.cli("model", "scale", "no-such-model", "--min", "0")
+    assert unknown.returncode == 1 and "no model 'no-such-model'" in unknown.stderr
+    shown = json.loads(node.cli("model", "scale", "tiny", "--json").stdout)
+    assert shown["policy"]["min_groups"] == 1 and not shown["policy"]["on_demand"]
+
+
+def test_a_stream_that_waits_for_a_load_hears_so_and_then_gets_its_answer(
+    tmp_path: Path,
+) -> None:
+    """The stream opens while its model loads and carries SSE comment lines
+    (which OpenAI clients skip); the unmodified client reads the answer."""
+    env = {**environment(tmp_path), "LLAMA_SHIM_SLOW_START": "5"}
+    slow = start_node(tmp_path / "home", env=env)
+    try:
+        add_on_demand(slow, "slow", "--idle", "1h", "--min-resident", "0s")
+        lines = []
+        with httpx.stream(
+            "POST",
+            f"{slow.url}/v1/chat/completions",
+            headers={"authorization": f"Bearer {slow.key}"},
+            json={"model": "slow", "stream": True, "messages": [{"role": "user", "content": "hi"}]},
+            timeout=120,
+        ) as reply:
+            assert reply.status_code == 200
+            lines = [line for line in reply.iter_lines() if line]
+        assert lines[0] == ": waiting for model slow to load", lines[:3]
+        data = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+        said = "".join(c["choices"][0]["delta"].get("content") or "" for c in data if c["choices"])
+        assert said == SENTENCE and lines[-1] == "data: [DONE]"
+        # unloaded again: the openai client, streaming, sees only the answer
+        assert slow.cli("model", "scale", "slow", "--idle", "0s").returncode == 0
+        wait("slow unloads", lambda: not groups(slow, "slow"), timeout=60)
+        assert slow.cli("model", "scale", "slow", "--idle", "1h").returncode == 0
+        assert chat(slow, "slow", stream=True) == SENTENCE
+    finally:
+        slow.stop()

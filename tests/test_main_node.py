@@ -245,3 +245,24 @@ def test_doctor_on_a_healthy_running_node_exits_0(main_node) -> None:  # type: i
     )
     text = main_node.cli("doctor")
     assert text.returncode == 0 and "no failures" in text.stdout
+
+
+def test_the_mains_own_engines_are_sized_by_its_engine_settings(tmp_path: Path) -> None:
+    """`[engine] threads`, `context` and `parallel` size the main's own engines
+    as they size a child's, and the gateway counts the slots the engine has."""
+    node = start_node(
+        tmp_path / "home",
+        env={
+            "LETSINFER_ENGINE__THREADS": "1",
+            "LETSINFER_ENGINE__CONTEXT": "2048",
+            "LETSINFER_ENGINE__PARALLEL": "2",
+        },
+    )
+    try:
+        [engine] = node.engine_pids()
+        argv = Path(f"/proc/{engine}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+        spec = json.loads(argv[-1])
+        # n_ctx: the context of each of its slots, all of them
+        assert (spec["threads"], spec["n_ctx"], spec["parallel"]) == (1, 2048 * 2, 2)
+    finally:
+        node.stop()

@@ -105,6 +105,9 @@ class CapacityController:
         self._draining: dict[str, asyncio.Task[None]] = {}  # pg -> its scale-down
         # Each managed model's state at the last round (metrics, `top`).
         self.states: dict[str, str] = {}
+        # Loads waiting for room, oldest first: only the first may evict, so
+        # each gets its turn (a load that looked last must not always win).
+        self._needs_room: list[str] = []
 
     # -- what the gateway asks (on its loop; no database) -----------------------
     def policy(self, service: str) -> ScalingPolicy | None:
@@ -177,6 +180,13 @@ class CapacityController:
             self.admission.refuse_waiters(service, error)
 
     async def _load(self, service: str, reason: str) -> None:
+        try:
+            await self._place_and_wait(service, reason)
+        finally:
+            if service in self._needs_room:
+                self._needs_room.remove(service)
+
+    async def _place_and_wait(self, service: str, reason: str) -> None:
         started = self.clock()
         deadline = started + self.settings.load_timeout_s
         evicted_at: float | None = None
@@ -188,9 +198,15 @@ class CapacityController:
             if never is not None:
                 self._exhausted(service, never)
                 return
+            if self.routing.ready_count(service):
+                # A scale-out: it evicts nobody (its model serves already).
+                self._exhausted(service, found.reasons())
+                return
             residents = self._residents()
+            if service not in self._needs_room:
+                self._needs_room.append(service)
             settled = evicted_at is None or self.clock() - evicted_at >= self.settings.settle_s
-            if settled:
+            if settled and self._needs_room[0] == service:
                 victim = eviction.choose(residents, service, self.settings.eviction)
                 if victim is not None and self._evict(victim, service):
                     evicted_at = self.clock()

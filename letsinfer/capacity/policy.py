@@ -47,7 +47,10 @@ class ScalingPolicy:
     min_groups: int = 1
     max_groups: int = 1
     idle_s: float = 300.0  # on demand: unloaded after this long without a request
-    min_resident_s: float = 60.0  # never unloaded nor evicted sooner after a load
+    # Never unloaded nor evicted sooner after a load (the no-thrash rule):
+    # shorter than the gateway's queue wait (30 s), so a request for a model
+    # that is out can wait for its turn.
+    min_resident_s: float = 10.0
     target_inflight: float = 4.0  # requests in flight per group before adding one
     scale_down_s: float = 120.0  # calm this long before a group is removed
 

@@ -19,6 +19,7 @@ from letsinfer.cli.model_external import (
     add_external,
     external_options,
 )
+from letsinfer.cli.model_scale import checked_policy, said_policy, scale_options
 from letsinfer.cli.output import console
 from letsinfer.cli.scope import CliContext, scoped
 from letsinfer.engines import releases
@@ -69,6 +70,13 @@ class Where:
     target: str = "auto"
     gpus: int = 1
 
+    def refuse_on_demand(self) -> None:
+        if self != Where():
+            raise click.UsageError(
+                "--min 0 loads the model where it fits at its first request; --node, "
+                "--target and --gpus place it now"
+            )
+
     def refuse_with_no_serve(self, no_serve: bool) -> None:
         if no_serve and (self.nodes or self.target != "auto" or self.gpus != 1):
             raise click.UsageError("--node, --target and --gpus place a model; --no-serve does not")
@@ -101,6 +109,7 @@ class Where:
     "full past the queue's wait, failing before the first byte).",
 )
 @placement_options
+@scale_options
 @click.pass_obj
 def add_model(
     ctx: CliContext,
@@ -113,18 +122,36 @@ def add_model(
     nodes: tuple[str, ...],
     target: str,
     gpus: int,
+    min_groups: int | None,
+    max_groups: int | None,
+    idle_s: float | None,
+    min_resident_s: float | None,
+    target_inflight: float | None,
+    scale_down_s: float | None,
     **external: Any,
 ) -> None:
     """Add a model from a local GGUF file and serve it where it fits (this node by
     default, --node to choose), or publish an OpenAI-compatible provider's model
-    under NAME (--external)."""
+    under NAME (--external). With `--min 0` it is registered now and loaded
+    at its first request (see `model scale`)."""
     where = Where(nodes, target, gpus)
+    scale = checked_policy(
+        dict(
+            min_groups=min_groups,
+            max_groups=max_groups,
+            idle_s=idle_s,
+            min_resident_s=min_resident_s,
+            target_inflight=target_inflight,
+            scale_down_s=scale_down_s,
+        )
+    )
     if (gguf_path is None) == (external["url"] is None):
         raise click.UsageError("give exactly one of --gguf FILE or --external URL")
     if external["url"] is not None:
-        if engine or no_serve or where != Where():
+        if engine or no_serve or where != Where() or scale:
             raise click.UsageError(
-                "--engine, --no-serve, --node, --target and --gpus are for --gguf models"
+                "--engine, --no-serve, --node, --target, --gpus and the scaling options "
+                "are for --gguf models"
             )
         add_external(ctx, name, aliases, fallback, **external)
         return
@@ -134,9 +161,20 @@ def add_model(
         )
     assert gguf_path is not None
     where.refuse_with_no_serve(no_serve)
+    on_demand = scale.get("min_groups") == 0
+    if on_demand:
+        where.refuse_on_demand()
     admit_gguf(
-        ctx, name, gguf_path.expanduser(), aliases, engine, no_serve, where, fallback=fallback
+        ctx,
+        name,
+        gguf_path.expanduser(),
+        aliases,
+        engine,
+        no_serve or on_demand,
+        where,
+        fallback=fallback,
     )
+    said_policy(ctx, name, scale)
 
 
 def admit_gguf(

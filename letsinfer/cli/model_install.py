@@ -17,6 +17,7 @@ from letsinfer.authority import install as install_mod
 from letsinfer.cli.local import ask_node, segment
 from letsinfer.cli.model import model, refuse_adapter_name
 from letsinfer.cli.model_add import show_plan
+from letsinfer.cli.model_scale import checked_policy, said_policy, scale_options
 from letsinfer.cli.output import console
 from letsinfer.cli.scope import CliContext, scoped
 from letsinfer.contracts.artifacts import artifact_path
@@ -62,6 +63,7 @@ from letsinfer.store import AuthorityStore, StoreError
     "(vLLM on cuda, [engine] parallel_command on cpu).",
 )
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@scale_options
 @click.pass_obj
 def install(
     ctx: CliContext,
@@ -74,11 +76,14 @@ def install(
     replace_existing: bool,
     parallel: bool,
     yes: bool,
+    **scaling: Any,
 ) -> None:
     """Place a model on nodes: one placement group per node, each with the release
     qualified for that node's target and its exact GPUs (or, with --parallel, one
-    group whose tasks span the nodes)."""
+    group whose tasks span the nodes). The scaling options set its policy as
+    `model scale` does, once it is placed."""
     assert ctx.identity is not None
+    scale = checked_policy(scaling)
     settings = config.load(ctx.home.config_file)
     refuse_adapter_name(ctx, name, "install")
     store = open_authority(ctx.home)
@@ -101,6 +106,7 @@ def install(
                 replace_existing,
                 yes,
             )
+            said_policy(ctx, name, scale)
             return
         if not nodes:
             active = [n.name for n in store.list_nodes() if n.state == "active"]
@@ -148,6 +154,7 @@ def install(
         console.print(f"{len(created)} placement group(s) created: {', '.join(created)}")
     if replaced is not None:
         report_rollout(replaced)
+    said_policy(ctx, plan.service, scale)
 
 
 def _replace(

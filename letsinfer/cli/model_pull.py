@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from letsinfer.cli.model import model
 from letsinfer.cli.model_add import Where, admit_gguf, placement_options
+from letsinfer.cli.model_scale import checked_policy, said_policy, scale_options
 from letsinfer.cli.output import console, errors
 from letsinfer.cli.scope import CliContext, scoped
 from letsinfer.store import StoreError
@@ -75,6 +76,7 @@ def _audit_denied(ctx: CliContext, target: str, why: str) -> None:
     help="Only register it; place it later with `letsinfer model install`.",
 )
 @placement_options
+@scale_options
 @click.pass_obj
 def pull(
     ctx: CliContext,
@@ -89,6 +91,7 @@ def pull(
     nodes: tuple[str, ...],
     target: str,
     gpus: int,
+    **scaling: Any,
 ) -> None:
     """Pull a GGUF model from a Hugging Face-compatible hub ([hub] endpoint), or from
     this node's mirror when the hub is off or unreachable: resolve the revision to
@@ -111,6 +114,10 @@ def pull(
         raise click.UsageError("give --file or --quant, not both")
     where = Where(nodes, target, gpus)
     where.refuse_with_no_serve(no_serve)
+    scale = checked_policy(scaling)
+    if scale.get("min_groups") == 0:  # on demand: loaded where it fits at its first request
+        where.refuse_on_demand()
+        no_serve = True
     request = PullRequest(repo=repo, revision=revision, file=file, quant=quant)
     name = name or request.default_name()
     check_model_name(name)
@@ -167,3 +174,4 @@ def pull(
     console.print(f"  repo     {repo}")
     console.print(f"  commit   {located.snapshot.commit}")
     console.print(f"  sha256   {svc.artifact_digest}")
+    said_policy(ctx, svc.name, scale)

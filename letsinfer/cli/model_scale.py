@@ -54,7 +54,7 @@ def scale_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                 "min_resident_s",
                 metavar="DURATION",
                 callback=_duration("--min-resident"),
-                help="Never unloaded nor evicted sooner after a load (default 1m): "
+                help="Never unloaded nor evicted sooner after a load (default 10s): "
                 "two models that cannot fit together swap at most once per this time.",
             ),
             click.option(
@@ -78,6 +78,27 @@ def scale_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def policy_change(**given: Any) -> dict[str, Any]:
     return {k: v for k, v in given.items() if v is not None}
+
+
+def checked_policy(given: dict[str, Any]) -> dict[str, Any]:
+    """The scaling options a command that adds or places a model was given,
+    refused before anything changes when they cannot make a policy."""
+    from letsinfer.capacity.policy import DEFAULT, PolicyError
+    from letsinfer.capacity.setting import resolve
+
+    change = policy_change(**given)
+    try:
+        resolve(DEFAULT, change)
+    except PolicyError as exc:
+        raise click.UsageError(f"{exc}. Nothing changed.") from exc
+    return change
+
+
+def said_policy(ctx: CliContext, name: str, change: dict[str, Any]) -> None:
+    """Set the policy of a model just added or placed, and say it."""
+    if change:
+        answer = apply_policy(ctx, name, change)
+        console.print(f"model {answer['model']}: {answer['summary']}", highlight=False)
 
 
 def apply_policy(ctx: CliContext, name: str, change: dict[str, Any]) -> dict[str, Any]:

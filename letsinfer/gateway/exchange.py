@@ -21,6 +21,8 @@ from letsinfer.gateway.limits import Admitted
 from letsinfer.gateway.routing import Replica
 from letsinfer.gateway.stream_usage import UsageFilter
 
+CLIENT_GONE = 499  # nginx's status for "the client closed the connection"
+
 _SANE_REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:-]{1,128}$")
 # Generated ids: a random per-process prefix and a counter (unique, and
 # cheaper than a UUID per request).
@@ -86,6 +88,7 @@ class Exchange:
         "endpoint",
         "fallback",
         "gone",
+        "head_sent",
         "key",
         "node",
         "pg",
@@ -124,6 +127,7 @@ class Exchange:
         self.done = False
         self.gone = False
         self.responded = False  # the status line went out
+        self.head_sent = False  # ... early: a stream that opened while its model loaded
         self.admitted: Admitted | None = None  # what its key's limits counted: charged at the end
         self.cache: bytes | None = None  # hit, miss or bypass, for a key with a cache
         self.cache_key: bytes | None = None  # where to keep the answer
@@ -181,11 +185,11 @@ def _access_extra(ex: Exchange) -> str:
     return extra
 
 
-def stream_error_event(message: str) -> bytes:
+def stream_error_event(message: str, code: str = "upstream_stream_error") -> bytes:
     error = {
         "message": message,
         "type": "server_error",
         "param": None,
-        "code": "upstream_stream_error",
+        "code": code,
     }
     return b"data: " + json.dumps({"error": error}).encode() + b"\n\n"

@@ -47,10 +47,14 @@ from letsinfer.gateway.errors import (
     upstream_failed,
     upstream_timeout,
 )
-from letsinfer.gateway.exchange import Exchange, request_id_from, stream_error_event
+from letsinfer.gateway.exchange import (
+    CLIENT_GONE,
+    Exchange,
+    request_id_from,
+    stream_error_event,
+)
 from letsinfer.gateway.routing import Replica
 from letsinfer.gateway.serving import (
-    CLIENT_GONE,
     ENDPOINTS,
     FAILED_AT,
     ROUTES,

@@ -35,6 +35,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from letsinfer.gateway import access_log, adapters, cache, policy, protocol, stream_usage
+from letsinfer.gateway.booking import Booking
 from letsinfer.gateway.directory import KeyPolicy, ServiceEntry, StoreUnavailable
 from letsinfer.gateway.engine_client import EngineError
 from letsinfer.gateway.errors import (
@@ -45,18 +46,16 @@ from letsinfer.gateway.errors import (
     unknown_model,
 )
 from letsinfer.gateway.exchange import (
+    CLIENT_GONE,
     Exchange,
-    access_lines,
     answers_as,
     renamed,
     request_id_from,
     stream_error_event,
-    usage_tokens,
 )
 from letsinfer.gateway.gateway import Gateway
 from letsinfer.gateway.limits import estimate_prompt
 from letsinfer.gateway.upstream import Started
-from letsinfer.store.requests import RequestRecord
 
 log = logging.getLogger("letsinfer.gateway")
 
@@ -72,8 +71,6 @@ ROUTES: dict[str, protocol.Route] = {
 
 # Refusals of a key's use that land in the audit chain (never the key itself).
 _AUDITED = frozenset({"invalid_api_key", "concurrency_limit_exceeded"})
-
-CLIENT_GONE = 499  # nginx's status for "the client closed the connection"
 
 # Why a model's own groups could not take a request that its fallback then gets:
 # none will serve (parked, stopped, not placed), none is ready now (or every one
@@ -98,6 +95,10 @@ FALLBACK_ON = frozenset(
 # In a request's scope: the replica that failed it in the express lane and
 # why (letsinfer.gateway.express), so the retry here goes elsewhere.
 FAILED_AT = "letsinfer.failed_at"
+
+# A stream that waits for its model to load opens after this long, then says
+# so every as long (keeps clients and proxies from timing out an idle stream).
+LOAD_NOTE_S = 2.0
 
 # How request records name the endpoints.
 ENDPOINTS = {
@@ -219,8 +220,7 @@ class InferenceEndpoints:
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
         self.prefix_chars = gw.policy.affinity_prefix_chars if gw.policy.affinity else 0
-        self._finished: list[Exchange] = []  # settled in this turn of the loop, not booked
-        gw.book_now = self._book
+        self.record = Booking(gw).record  # settles and books each finished request
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Over ASGI (the gateway's own connections take letsinfer.gateway.direct)."""
@@ -358,7 +358,7 @@ class InferenceEndpoints:
         gw.admission.enter_key(key.name, key.concurrency)
         try:
             try:
-                started = await gw.upstream.start(
+                starting = gw.upstream.start(
                     entry.serves,
                     key.name,
                     path,
@@ -373,6 +373,16 @@ class InferenceEndpoints:
                     at_engine=ex.at_engine,
                     recheck=functools.partial(self._not_revoked, key),
                 )
+                cold = entry.scaling is not None and not gw.routing.ready_count(entry.serves)
+                if stream and cold:
+                    # A model loaded on demand: the stream opens now and says
+                    # it waits (SSE comments, which OpenAI clients skip).
+                    loaded = await self._while_loading(starting, entry, ex, send)
+                    if loaded is None:
+                        return  # refused after the stream had opened: said in it
+                    started = loaded
+                else:
+                    started = await starting
             except GatewayError as err:
                 if entry.base is not None and not key.allows(entry.base):
                     err = adapters.told_as(entry.name, err)
@@ -386,6 +396,48 @@ class InferenceEndpoints:
                 gw.upstream.finish(started)
         finally:
             gw.admission.leave_key(key.name)
+
+    async def _while_loading(
+        self, starting: Awaitable[Started], entry: ServiceEntry, ex: Exchange, send: Send
+    ) -> Started | None:
+        """Wait for a load with the stream open: its head once the wait passes
+        ``LOAD_NOTE_S``, then a comment line every ``LOAD_NOTE_S``. A refusal
+        before the head is raised as usual; after it, it is the stream's error
+        event (None)."""
+        task = asyncio.ensure_future(starting)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=LOAD_NOTE_S)
+                if done:
+                    break
+                if not ex.responded:
+                    ex.responded, ex.status, ex.head_sent = True, 200, True
+                    await send(
+                        {
+                            "type": "http.response.start",
+                            "status": 200,
+                            "headers": [
+                                (b"content-type", b"text/event-stream"),
+                                (b"x-request-id", ex.request_id.encode()),
+                                (b"cache-control", b"no-cache"),
+                            ],
+                        }
+                    )
+                note = f": waiting for model {entry.name} to load\n\n".encode()
+                await send({"type": "http.response.body", "body": note, "more_body": True})
+        except BaseException:
+            task.cancel()
+            raise
+        try:
+            return task.result()
+        except GatewayError as err:
+            if not ex.head_sent:
+                raise
+            ex.status = err.status
+            ex.done = ex.cut_off = True
+            body = stream_error_event(err.message, err.code) + b"data: [DONE]\n\n"
+            await send({"type": "http.response.body", "body": body})
+            return None
 
     def _not_revoked(self, key: KeyPolicy) -> None:
         """A request that waited in the queue is refused if its key was revoked
@@ -525,6 +577,9 @@ class InferenceEndpoints:
             headers.append((b"x-letsinfer-cache", ex.cache))
         ex.status = started.status
         ex.responded = True
+        if ex.head_sent:  # the stream opened while its model loaded
+            await self._answer_opened(started, ex, send)
+            return
         if started.response is None:  # the whole answer is here
             answer = started.first
             if ex.renamed is not None:
@@ -545,6 +600,20 @@ class InferenceEndpoints:
             return
         headers.append((b"cache-control", b"no-cache"))
         await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await self._relay(started, ex, send)
+
+    async def _answer_opened(self, started: Started, ex: Exchange, send: Send) -> None:
+        """The answer to a stream whose head went out while its model loaded."""
+        if started.response is not None:
+            await self._relay(started, ex, send)
+            return
+        # A whole answer (an engine's refusal) in an open stream: its error event.
+        ex.status, ex.done, ex.tail = started.status, True, started.first
+        message = f"the model answered {started.status}: {started.first[:300]!r}"
+        body = stream_error_event(message) + b"data: [DONE]\n\n"
+        await send({"type": "http.response.body", "body": body})
+
+    async def _relay(self, started: Started, ex: Exchange, send: Send) -> None:
         chunk: bytes | None = started.first
         last = before = b""
         response = started.response
@@ -592,85 +661,3 @@ class InferenceEndpoints:
         ex.tail = before + last  # usage, when asked for, is in the last data events
         ex.done = True
         await send({"type": "http.response.body", "body": b""})
-
-    def record(self, ex: Exchange) -> None:
-        """Settle a finished request now (its time, tokens and the key's charge,
-        which the key's next request must see), and book it (metrics, request
-        record, access-log line) with the others that finish in this turn of
-        the loop: one pass for them all, after their answers went out."""
-        ex.total = time.perf_counter() - ex.started
-        if ex.usage is not None:
-            prompt_tokens, completion_tokens = ex.usage.prompt_tokens, ex.usage.completion_tokens
-        elif ex.tail:
-            prompt_tokens, completion_tokens = usage_tokens(ex.tail)
-        else:
-            prompt_tokens = completion_tokens = None
-        cached = ex.cache is cache.HIT
-        if cached:  # an answer from the cache costs no tokens
-            prompt_tokens = completion_tokens = 0
-        ex.tokens = (prompt_tokens, completion_tokens)
-        admitted = ex.admitted
-        if admitted is not None:
-            if cached:
-                used = 0
-            elif (
-                prompt_tokens is None
-                and completion_tokens is None
-                and ex.pg != "-"
-                and (ex.cut_off or ex.status == 200)
-            ):
-                # An engine worked on it, but its usage never came (the client
-                # left, a timeout, a broken stream, a provider that sends none):
-                # the estimate, never nothing: the prompt's, and a token per
-                # event relayed or four bytes of a whole answer. (An error
-                # that came whole reports what it used.)
-                made = admitted.events if ex.stream else len(ex.tail) // 4
-                used = admitted.charged = admitted.estimate + made
-            else:
-                used = (prompt_tokens or 0) + (completion_tokens or 0)
-            # Not a request of its minute: one refused after its admission (a
-            # 429 no engine sent), or whose client left before any engine had
-            # it (as the records count). A provider's own 429 reached it: counted.
-            counted = ex.pg != "-" or ex.status not in (429, CLIENT_GONE)
-            self.gw.limiter.settle(admitted, used, counted)
-        elif not cached:
-            # Its key got limits while it ran: what it used counts against them.
-            self.gw.limiter.charge_late(ex.key, (prompt_tokens or 0) + (completion_tokens or 0))
-        finished = self._finished
-        finished.append(ex)
-        if len(finished) == 1:
-            asyncio.get_running_loop().call_soon(self._book)
-
-    def _book(self) -> None:
-        finished, self._finished = self._finished, []
-        if not finished:  # booked early (Gateway.book_now)
-            return
-        gw = self.gw
-        gw.metrics.requests(
-            (ex.served, ex.status, ex.total, ex.ttft, ex.key, ex.pg, *ex.tokens) for ex in finished
-        )
-        records = gw.records
-        if records is not None:
-            records.add_many(
-                RequestRecord(
-                    ex.arrived,
-                    ex.request_id,
-                    ex.key,
-                    ex.served if ex.served != "-" else ex.asked[:128],
-                    None if ex.pg == "-" else ex.pg,
-                    ex.node,
-                    ex.endpoint,
-                    ex.stream,
-                    ex.status,
-                    ex.tokens[0],
-                    ex.tokens[1],
-                    None if ex.ttft is None else ex.ttft * 1000,
-                    ex.total * 1000,
-                    ex.queue_s * 1000,
-                    ex.cache is cache.HIT,
-                    None if ex.admitted is None else ex.admitted.charged,
-                )
-                for ex in finished
-                if ex.key != "-"  # refused keys are counted as denials
-            )
-        access_log.write_many(access_lines(finished))

@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from letsinfer.home import Home
@@ -34,7 +35,21 @@ _READY_S = 5.0
 
 
 def keeper_path(home: Home) -> Path:
-    return home.run / "gateway-listener.sock"
+    return home.run / "gw.sock"
+
+
+@contextlib.contextmanager
+def _reachable(path: Path) -> Iterator[str]:
+    """A unix socket's address may be at most 107 bytes: a deep home reaches
+    its run folder through a descriptor of it instead (Linux's /proc)."""
+    if len(str(path)) < 100:
+        yield str(path)
+        return
+    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        yield f"/proc/self/fd/{folder}/{path.name}"
+    finally:
+        os.close(folder)
 
 
 def hand_over(home: Home, sock: socket.socket) -> bool:
@@ -87,9 +102,9 @@ def take(home: Home, host: str, port: int) -> socket.socket | None:
     if not path.exists():
         return None
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn, _reachable(path) as where:
             conn.settimeout(2.0)
-            conn.connect(str(path))
+            conn.connect(where)
             _, fds, _, _ = socket.recv_fds(conn, 16, 1)
     except OSError:
         return None
@@ -118,12 +133,13 @@ def _same(bound: tuple[str, int] | tuple[str, int, int, int], host: str, port: i
 
 def _keep(path: Path, fd: int, wait: float) -> int:
     held = socket.socket(fileno=fd)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp = path.with_name(f".gw.{os.getpid()}")
     tmp.unlink(missing_ok=True)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old_mask = os.umask(0o177)
     try:
-        server.bind(str(tmp))
+        with _reachable(tmp) as where:
+            server.bind(where)
     finally:
         os.umask(old_mask)
     server.listen(1)
