@@ -213,6 +213,7 @@ def test(c: Context, k: str = "") -> None:
         "instructions": "only the proxies' instructions per request, counted by valgrind",
         "scale": "only one main under simulated nodes: 100, 1,000, 3,000 (about 15 minutes)",
         "nodes": "with --scale: the sizes, comma-separated (e.g. 100,1000)",
+        "capacity": "only capacity on demand: a cold model's first token, 6 models on 2 GPUs",
     }
 )
 def bench(
@@ -227,6 +228,7 @@ def bench(
     cli: bool = False,
     zero_delay: bool = False,
     instructions: bool = False,
+    capacity: bool = False,
 ) -> None:
     """The gateway benchmark (direct, nginx, LiteLLM, letsinfer); see docs/benchmarks.md."""
     if cli:
@@ -241,6 +243,10 @@ def bench(
         sizes = f" --nodes {nodes}" if nodes else ""
         sizes += " --nodes 50,200 --warm 10 --measure 20" if short and not nodes else ""
         c.run(f"{PY} -m benchmarks.scale{sizes}", pty=False)
+        return
+    if capacity:
+        extra = (" --short" if short else "") + (f" --json {json}" if json else "")
+        c.run(f"{PY} -m benchmarks.capacity{extra}", pty=False)
         return
     flags = (" --short" if short else "") + (f" --json {json}" if json else "")
     flags += f" --before {before}" if before else ""
