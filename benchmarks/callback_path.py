@@ -37,9 +37,10 @@ from benchmarks.letsinfer_gateway import arguments, set_up
 from benchmarks.python_floor import _Proxy, _Upstream
 from letsinfer.gateway import access_log, policy, protocol
 from letsinfer.gateway.directory import ServiceEntry
+from letsinfer.gateway.exchange import request_id_from, usage_tokens
 from letsinfer.gateway.gateway import Gateway
 from letsinfer.gateway.routing import Replica
-from letsinfer.gateway.serving import ENDPOINTS, ROUTES, authenticate, request_id_from, usage_tokens
+from letsinfer.gateway.serving import ENDPOINTS, ROUTES, authenticate
 from letsinfer.heap import settle_after_startup
 from letsinfer.store.requests import RequestRecord
 

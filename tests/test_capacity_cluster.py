@@ -36,6 +36,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             **fast,
             "LETSINFER_CAPACITY__INTERVAL_S": "0.2",
             "LETSINFER_CAPACITY__SCALE_UP_AFTER_S": "1",
+            "LETSINFER_CONTROL__NODE_STALE_AFTER_S": "3",
         },
         "n1": fast,
     }
@@ -125,3 +126,50 @@ def test_a_scaled_down_group_drains_before_it_goes(cluster: Cluster) -> None:
     results = json.loads(out)
     broken = [r for r in results if not (r["status"] == 200 and r["whole"])]
     assert results and not broken, (broken[:3], len(broken), len(results))
+
+
+def test_a_child_lost_during_a_load_makes_the_main_place_it_elsewhere(cluster: Cluster) -> None:
+    """The load goes to the child that holds the model's file, which dies (as
+    a lost machine does) before its engine is ready: the main places the group
+    again, here on itself, and the waiting request is answered."""
+    c = cluster
+    write_tiny_model(c.root / "roam.gguf", name="tiny-roam")
+    if c.cli("main", "model", "show", "roam", "--json").returncode != 0:
+        c.ok("main", "model", "add", "roam", "--gguf", str(c.root / "roam.gguf"), "--node", "n1")
+        c.wait(lambda: [g["node"] for g in groups(c, "roam")] == ["n1"], "roam placed on n1")
+    c.ok("main", "model", "scale", "roam", "--min", "0", "--idle", "0s", "--min-resident", "0s")
+    c.wait(lambda: not groups(c, "roam"), "roam unloaded", timeout=60)
+    c.ok("main", "model", "scale", "roam", "--idle", "1h")
+    url = f"http://{c.lab.hosts['main']}:8000/v1/chat/completions"
+    # n1 dies; its facts stay fresh for a few seconds, in which the load is
+    # placed on it (it holds the file) and never comes up there.
+    c.procs.pop("n1").kill()
+    client = c.lab.popen(
+        "main",
+        PY,
+        "-c",
+        "import httpx, sys; r = httpx.post(sys.argv[1], headers={'authorization': 'Bearer ' + "
+        "sys.argv[2]}, json={'model': 'roam', 'messages': [{'role': 'user', 'content': 'hi'}]}"
+        ", timeout=120); print(r.status_code, r.json()['choices'][0]['message']['content'])",
+        url,
+        str(c.key),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        out, err = client.communicate(timeout=150)
+    finally:
+        if client.poll() is None:
+            client.kill()
+        c.up("n1")  # back for the other tests
+    assert out.split(" ", 1)[0] == "200", err
+    records = c.audit("main")
+    lost = [r for r in records if r["action"] == "model.unload" and r["target"] == "roam"]
+    assert any("was lost during the load" in str(r["detail"]) for r in lost), lost
+    assert any(r["action"] == "model.load" and r["target"] == "roam@main" for r in records)
+    c.wait(lambda: "n1" in active(c), "n1 back in the cluster", timeout=60)
+
+
+def active(c: Cluster) -> set[str]:
+    nodes = json.loads(c.ok("main", "node", "list", "--json"))
+    return {n["name"] for n in nodes if n["state"] == "active"}

@@ -47,6 +47,7 @@ log = logging.getLogger("letsinfer.node")
 State = Literal["loaded", "loading", "unloaded", "scaling"]
 _RECENT_TAU_S = 120.0  # how long a request counts towards "used lately"
 _NO_ROOM_BACKOFF_S = 30.0  # a scale-out that found no room is not tried again sooner
+_PLACEMENTS_PER_LOAD = 3  # a load whose node is lost is placed elsewhere, this often at most
 
 
 def capacity_exhausted(service: str, why: str, retry_after: int) -> GatewayError:
@@ -181,12 +182,17 @@ class CapacityController:
 
     async def _load(self, service: str, reason: str) -> None:
         try:
-            await self._place_and_wait(service, reason)
+            for _ in range(_PLACEMENTS_PER_LOAD):
+                if not await self._place_and_wait(service, reason):
+                    return
+                reason = f"{reason}; its first node was lost during the load"
         finally:
             if service in self._needs_room:
                 self._needs_room.remove(service)
 
-    async def _place_and_wait(self, service: str, reason: str) -> None:
+    async def _place_and_wait(self, service: str, reason: str) -> bool:
+        """Place one group and wait for it; True when its node was lost
+        meanwhile (its group gone again): the caller places it elsewhere."""
         started = self.clock()
         deadline = started + self.settings.load_timeout_s
         evicted_at: float | None = None
@@ -197,11 +203,11 @@ class CapacityController:
             never = self.placer.never_fits(service)
             if never is not None:
                 self._exhausted(service, never)
-                return
+                return False
             if self.routing.ready_count(service):
                 # A scale-out: it evicts nobody (its model serves already).
                 self._exhausted(service, found.reasons())
-                return
+                return False
             residents = self._residents()
             if service not in self._needs_room:
                 self._needs_room.append(service)
@@ -213,12 +219,12 @@ class CapacityController:
                     continue
                 if not eviction.may_free_later(residents, service):
                     self._exhausted(service, found.reasons())
-                    return
+                    return False
             if reason == "a request" and not self._waiting(service):
-                return  # every client left (or timed out): nothing to make room for
+                return False  # every client left (or timed out): no room to make
             if self.clock() > deadline:
                 self._exhausted(service, f"no room within {self.settings.load_timeout_s:g}s")
-                return
+                return False
             await asyncio.sleep(0.2)
         placement = found.placement
         pg_id = self.placer.load(service, placement, reason)
@@ -246,17 +252,39 @@ class CapacityController:
                     if self.metrics is not None:
                         self.metrics.load_seconds.labels(service).observe(took)
                     log.info("model %s: loaded in %.1fs (%s)", service, took, pg_id)
-                    return
+                    return False
                 parked = self.routing.parked(service).get(pg_id)
                 if parked is not None:
                     self._failed(service, pg_id, f"its engine was parked: {parked}")
-                    return
+                    return False
+                if self._lost(placement.node.id):
+                    log.warning(
+                        "model %s: %s lost its node %s during the load; placing it elsewhere",
+                        service,
+                        pg_id,
+                        placement.node.name,
+                    )
+                    why = f"its node {placement.node.name} was lost during the load"
+                    self.placer.unload(service, pg_id, "model.unload", why)
+                    self.apply_now()
+                    return True
                 ready.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(ready.wait(), 0.5)
             self._failed(service, pg_id, f"not ready within {self.settings.load_timeout_s:g}s")
+            return False
         finally:
             self.routing.unsubscribe(heard)
+
+    def _lost(self, node_id: str) -> bool:
+        """A child that stopped reporting (or was removed) while a load waited on it."""
+        placing = self.placer.settings
+        if node_id == placing.main_id:
+            return False
+        node = self.placer.store.get_node(node_id, facts=False)
+        if node is None or node.state != "active":
+            return True
+        return node.facts_at is None or time.time() - node.facts_at > placing.fresh_within_s
 
     def _exhausted(self, service: str, why: str) -> None:
         log.warning("model %s: cannot load a group: %s", service, why)

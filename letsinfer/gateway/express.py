@@ -345,7 +345,7 @@ class Express:
             or not key.allows(entry.name)
         ):
             return None
-        if entry.text_only and route.kind == "chat":
+        if entry.text_only and route.kind == "chat" and protocol.may_carry_media(body):
             protocol.refuse_media(parsed, entry.name)  # (refused: the handler answers)
         lane = _Lane(request_id_from(given_id), self, cycle)
         lane.key = key.name

@@ -133,6 +133,14 @@ _MEDIA = {"image_url": "image", "input_audio": "audio"}
 _MEDIA_PARTS = tuple(_MEDIA)
 
 
+def may_carry_media(body: bytes) -> bool:
+    """Whether a chat's raw body names an image or audio part at all: two
+    searches in C, so that a plain text chat skips :func:`refuse_media`'s walk
+    over its messages. (A body that spells the names with escapes is walked
+    past here; its engine then refuses the part itself.)"""
+    return b"image_url" in body or b"input_audio" in body
+
+
 def refuse_media(request: Body, model: str) -> None:
     """Refuse (400) a chat with an image or audio part, for a model known to
     read text only: the client's error, said before any engine sees it. Only

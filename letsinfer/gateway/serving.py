@@ -331,7 +331,7 @@ class InferenceEndpoints:
                     f"model {entry.name} is not in the key's allowlist",
                 )
             raise unknown_model(parsed["model"])
-        if entry.text_only and route.kind == "chat":
+        if entry.text_only and route.kind == "chat" and protocol.may_carry_media(body):
             protocol.refuse_media(parsed, entry.name)
         ex.served = entry.name
         ex.renamed = answers_as(entry)
