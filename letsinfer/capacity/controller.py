@@ -47,26 +47,18 @@ log = logging.getLogger("letsinfer.node")
 State = Literal["loaded", "loading", "unloaded", "scaling"]
 _RECENT_TAU_S = 120.0  # how long a request counts towards "used lately"
 _NO_ROOM_BACKOFF_S = 30.0  # a scale-out that found no room is not tried again sooner
+_FAILED_RETRY_S = 30  # Retry-After for a load that failed (its engine was parked, ...)
 _PLACEMENTS_PER_LOAD = 3  # a load whose node is lost is placed elsewhere, this often at most
 
 
 def capacity_exhausted(service: str, why: str, retry_after: int) -> GatewayError:
+    """A load that cannot happen, or that failed: 503 with the reason."""
     return GatewayError(
         503,
         f"Model '{service}' cannot be loaded: {why}.",
         type_="server_error",
         code="capacity_exhausted",
         headers={"retry-after": str(retry_after)},
-    )
-
-
-def load_failed(service: str, why: str) -> GatewayError:
-    return GatewayError(
-        503,
-        f"Model '{service}' did not load: {why}.",
-        type_="server_error",
-        code="capacity_exhausted",
-        headers={"retry-after": "30"},
     )
 
 
@@ -169,7 +161,9 @@ class CapacityController:
                 del self._loads[service]
             if not t.cancelled() and t.exception() is not None:
                 log.error("loading %s failed", service, exc_info=t.exception())
-                self._refuse(service, load_failed(service, "an internal error"))
+                self._refuse(
+                    service, capacity_exhausted(service, "an internal error", _FAILED_RETRY_S)
+                )
 
         task.add_done_callback(done)
 
@@ -303,7 +297,9 @@ class CapacityController:
         """A load whose group did not come up: its waiters are told; the group
         stays as issue 12's rules leave it (parked, with its reason)."""
         log.warning("model %s: load of %s failed: %s", service, pg_id, why)
-        self._refuse(service, load_failed(service, why))
+        self._refuse(
+            service, capacity_exhausted(service, f"it did not load: {why}", _FAILED_RETRY_S)
+        )
 
     # -- eviction -----------------------------------------------------------------
     def _residents(self) -> list[eviction.Resident]:

@@ -12,7 +12,7 @@ group stay above ``target_inflight`` and removes one after a calm
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 MAX_GROUPS = 64
@@ -100,3 +100,5 @@ class ScalingPolicy:
 
 
 DEFAULT = ScalingPolicy()
+# Its settings, by name: the store's columns and `model scale`'s fields.
+FIELDS = tuple(f.name for f in fields(ScalingPolicy))

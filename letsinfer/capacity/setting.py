@@ -7,17 +7,8 @@ from dataclasses import replace
 from typing import Any
 
 from letsinfer.authority.refusals import audited
-from letsinfer.capacity.policy import PolicyError, ScalingPolicy
+from letsinfer.capacity.policy import FIELDS, PolicyError, ScalingPolicy
 from letsinfer.store import AuthorityStore, StoreError
-
-FIELDS = (
-    "min_groups",
-    "max_groups",
-    "idle_s",
-    "min_resident_s",
-    "target_inflight",
-    "scale_down_s",
-)
 
 
 def resolve(current: ScalingPolicy, change: dict[str, Any]) -> ScalingPolicy:

@@ -30,6 +30,7 @@ from letsinfer.cli.release import (
     given_or_node_keys,
     node_trusted_keys,
     refusals,
+    trusted_key_option,
 )
 from letsinfer.cli.scope import CliContext, scoped
 
@@ -266,14 +267,7 @@ def import_(ctx: CliContext, file: Path, expected: str | None, as_json: bool) ->
 @scoped(bundle, "verify", scope="all")
 @click.argument("file", type=click.Path(path_type=Path, dir_okay=False))
 @click.option("--sha256", "expected", metavar="HEX", help="Expected sha256 (default: FILE.sha256).")
-@click.option(
-    "--key",
-    "key_texts",
-    multiple=True,
-    metavar="KEY",
-    help="Trust this public key (ed25519:... or a .pub file) instead of the node's "
-    "[release] trusted_keys; repeat for more.",
-)
+@trusted_key_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
 def verify(

@@ -30,36 +30,33 @@ from letsinfer.lifecycle.door import Door, prover
 from letsinfer.release import runtime
 from letsinfer.store import ServiceRecord, StoreError
 
+# Where a model goes: `model add`, `pull`, `install` and `plan` ask it alike.
+target_option = click.option(
+    "--target",
+    type=click.Choice(["auto", "cpu", "cuda"]),
+    default="auto",
+    show_default=True,
+    help="auto: cuda where the node has GPUs, else cpu.",
+)
+gpus_option = click.option(
+    "--gpus",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="GPUs per placement group on a cuda target.",
+)
+
 
 def placement_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """Where `model add` and `model pull` serve what they add: the planner of
     `model install` picks the target and GPUs and checks the memory fit."""
-    for option in reversed(
-        (
-            click.option(
-                "--node",
-                "nodes",
-                multiple=True,
-                help="A node to serve it on; repeat for more (default: this node, the main).",
-            ),
-            click.option(
-                "--target",
-                type=click.Choice(["auto", "cpu", "cuda"]),
-                default="auto",
-                show_default=True,
-                help="auto: cuda where the node has GPUs, else cpu.",
-            ),
-            click.option(
-                "--gpus",
-                default=1,
-                show_default=True,
-                type=click.IntRange(min=1),
-                help="GPUs per placement group on a cuda target.",
-            ),
-        )
-    ):
-        command = option(command)
-    return command
+    node = click.option(
+        "--node",
+        "nodes",
+        multiple=True,
+        help="A node to serve it on; repeat for more (default: this node, the main).",
+    )
+    return node(target_option(gpus_option(command)))
 
 
 @dataclass(frozen=True)

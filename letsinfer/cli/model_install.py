@@ -16,7 +16,7 @@ from letsinfer.audit.anchor import open_authority
 from letsinfer.authority import install as install_mod
 from letsinfer.cli.local import ask_node, segment
 from letsinfer.cli.model import model, refuse_adapter_name
-from letsinfer.cli.model_add import show_plan
+from letsinfer.cli.model_add import gpus_option, show_plan, target_option
 from letsinfer.cli.model_scale import checked_policy, said_policy, scale_options
 from letsinfer.cli.output import console
 from letsinfer.cli.scope import CliContext, scoped
@@ -30,20 +30,8 @@ from letsinfer.store import AuthorityStore, StoreError
 @scoped(model, "install", scope="main")
 @click.argument("name")
 @click.option("--node", "nodes", multiple=True, help="A node to place it on; repeat for more.")
-@click.option(
-    "--target",
-    type=click.Choice(["auto", "cpu", "cuda"]),
-    default="auto",
-    show_default=True,
-    help="auto: cuda where the node has GPUs, else cpu.",
-)
-@click.option(
-    "--gpus",
-    default=1,
-    show_default=True,
-    type=click.IntRange(min=1),
-    help="GPUs per placement group on a cuda target.",
-)
+@target_option
+@gpus_option
 @click.option("--gpu", "gpu_uuids", multiple=True, help="Exact GPU UUID(s) to use.")
 @click.option(
     "--engine",

@@ -10,7 +10,7 @@ from letsinfer import config
 from letsinfer.audit.anchor import open_authority
 from letsinfer.authority import install as install_mod
 from letsinfer.cli.model import model
-from letsinfer.cli.model_add import fit_text
+from letsinfer.cli.model_add import fit_text, gpus_option, target_option
 from letsinfer.cli.model_install import install_request
 from letsinfer.cli.output import console, emit
 from letsinfer.cli.scope import CliContext, scoped
@@ -18,20 +18,8 @@ from letsinfer.cli.scope import CliContext, scoped
 
 @scoped(model, "plan", scope="main")
 @click.argument("name")
-@click.option(
-    "--target",
-    type=click.Choice(["auto", "cpu", "cuda"]),
-    default="auto",
-    show_default=True,
-    help="auto: cuda where the node has GPUs, else cpu.",
-)
-@click.option(
-    "--gpus",
-    default=1,
-    show_default=True,
-    type=click.IntRange(min=1),
-    help="GPUs per placement group on a cuda target.",
-)
+@target_option
+@gpus_option
 @click.option(
     "--engine",
     type=click.Choice(["xllamacpp", "llama-server"]),

@@ -49,6 +49,17 @@ def node_trusted_keys(ctx: CliContext) -> list[keys.PublicKey]:
     return trusted_keys(config.load(ctx.home.config_file).release.trusted_keys)
 
 
+# Who a verification trusts: `given_or_node_keys` reads it.
+trusted_key_option = click.option(
+    "--key",
+    "key_texts",
+    multiple=True,
+    metavar="KEY",
+    help="Trust this public key (ed25519:... or a .pub file) instead of the node's "
+    "[release] trusted_keys; repeat for more.",
+)
+
+
 def given_or_node_keys(ctx: CliContext, key_texts: Sequence[str]) -> list[keys.PublicKey]:
     """Keys from --key (ed25519:... or a .pub file), or else the node's trusted keys."""
     if not key_texts:
@@ -145,14 +156,7 @@ def sign(ctx: CliContext, file: Path, key_path: Path | None, out: Path | None) -
     type=click.Path(path_type=Path),
     help="Signature file (default: FILE.sig).",
 )
-@click.option(
-    "--key",
-    "key_texts",
-    multiple=True,
-    metavar="KEY",
-    help="Trust this public key (ed25519:... or a .pub file) instead of the node's "
-    "[release] trusted_keys; repeat for more.",
-)
+@trusted_key_option
 @click.pass_obj
 def verify(
     ctx: CliContext, file: Path, signature_path: Path | None, key_texts: tuple[str, ...]

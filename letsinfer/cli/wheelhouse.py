@@ -9,7 +9,13 @@ import click
 
 from letsinfer.bundle.wheelpins import WheelhouseError, sign_folder, verify_wheelhouse
 from letsinfer.cli import cli
-from letsinfer.cli.release import DEFAULT_KEY_NAME, default_key, given_or_node_keys, refusals
+from letsinfer.cli.release import (
+    DEFAULT_KEY_NAME,
+    default_key,
+    given_or_node_keys,
+    refusals,
+    trusted_key_option,
+)
 from letsinfer.cli.scope import CliContext, scoped
 from letsinfer.release import keys
 
@@ -48,14 +54,7 @@ def sign(ctx: CliContext, folder: Path, key_path: Path | None) -> None:
 
 @scoped(wheelhouse, "verify", scope="all")
 @click.argument("path", type=click.Path(path_type=Path))
-@click.option(
-    "--key",
-    "key_texts",
-    multiple=True,
-    metavar="KEY",
-    help="Trust this public key (ed25519:... or a .pub file) instead of the node's "
-    "[release] trusted_keys; repeat for more.",
-)
+@trusted_key_option
 @click.option(
     "--listing-only",
     is_flag=True,

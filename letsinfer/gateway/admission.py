@@ -318,10 +318,11 @@ class Admission:
         blocked = 0  # bands (bits) no free slot serves: slots are only taken here
         while True:
             order = _PRIORITY
-            for band in range(1, BANDS):
-                if passed[band] >= aging and bands[band] and not blocked >> band & 1:
-                    order = (band, *_PRIORITY)  # its turn, then the usual order
-                    break
+            if max(passed) >= aging:  # (rare: most slots go to waiters of one band)
+                for band in range(1, BANDS):
+                    if passed[band] >= aging and bands[band] and not blocked >> band & 1:
+                        order = (band, *_PRIORITY)  # its turn, then the usual order
+                        break
             served = -1
             for band in order:
                 if blocked >> band & 1 or not bands[band]:

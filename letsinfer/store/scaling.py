@@ -8,20 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from letsinfer.capacity.policy import DEFAULT, ScalingPolicy
-
-_COLUMNS = (
-    "min_groups",
-    "max_groups",
-    "idle_s",
-    "min_resident_s",
-    "target_inflight",
-    "scale_down_s",
-)
+from letsinfer.capacity.policy import DEFAULT, FIELDS, ScalingPolicy
 
 
 def _policy(row: dict[str, Any]) -> ScalingPolicy:
-    return ScalingPolicy(**{c: row[c] for c in _COLUMNS})
+    return ScalingPolicy(**{c: row[c] for c in FIELDS})
 
 
 class ScalingTables:
@@ -46,10 +37,10 @@ class ScalingTables:
         if policy == DEFAULT:
             self._execute("DELETE FROM scaling_policies WHERE service = ?", (service,))
             return
-        values = tuple(getattr(policy, c) for c in _COLUMNS)
+        values = tuple(getattr(policy, c) for c in FIELDS)
         self._execute(
-            f"INSERT INTO scaling_policies (service, {', '.join(_COLUMNS)}) "
-            f"VALUES (?{', ?' * len(_COLUMNS)}) ON CONFLICT(service) DO UPDATE SET "
-            + ", ".join(f"{c} = excluded.{c}" for c in _COLUMNS),
+            f"INSERT INTO scaling_policies (service, {', '.join(FIELDS)}) "
+            f"VALUES (?{', ?' * len(FIELDS)}) ON CONFLICT(service) DO UPDATE SET "
+            + ", ".join(f"{c} = excluded.{c}" for c in FIELDS),
             (service, *values),
         )
