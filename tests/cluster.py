@@ -5,16 +5,19 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import resource
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from tests.netlab import NetLab
 
 PY = sys.executable
+ROOT = Path(__file__).resolve().parent.parent
 
 
 class Detached:
@@ -210,3 +213,48 @@ ctx = client_context(d / "ca.crt", d / "node.crt", home / "etc/pki/node.key")
 node_id = json.loads((home / "etc/node.json").read_text())["node_id"]
 key = pki.read_private_key(home / "etc/pki/node.key")
 """
+
+
+def served_by(c: Cluster, model: str) -> dict[str, int]:
+    """Requests for ``model`` answered 200 per group, from the main's access log."""
+    counts: dict[str, int] = {}
+    for m in re.finditer(
+        rf"served={re.escape(model)} pg=(pg-\w+) status=200", (c.root / "main.log").read_text()
+    ):
+        counts[m.group(1)] = counts.get(m.group(1), 0) + 1
+    return counts
+
+
+def broken(results: list[dict[str, object]]) -> list[dict[str, object]]:
+    """The streamed requests that did not end whole with 200."""
+    return [r for r in results if not (r["status"] == 200 and r["whole"])]
+
+
+@contextlib.contextmanager
+def streaming(c: Cluster, model: str, threads: int = 2) -> Iterator[list[dict[str, object]]]:
+    """Clients streaming one request after another through the main's gateway
+    while the block runs; afterwards the list holds every request's summary."""
+    stop = c.root / f"streams-{time.monotonic_ns()}.stop"
+    before = sum(served_by(c, model).values())
+    client = c.lab.popen(
+        "main",
+        PY,
+        str(ROOT / "tests/load_client.py"),
+        "streams",
+        f"http://{c.lab.hosts['main']}:8000",
+        str(c.key),
+        model,
+        str(stop),
+        str(threads),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    results: list[dict[str, object]] = []
+    try:
+        c.wait(lambda: sum(served_by(c, model).values()) > before, "streams under way")
+        yield results
+    finally:
+        stop.touch()
+        out, err = client.communicate(timeout=120)
+        assert client.returncode == 0, err
+        results.extend(json.loads(out))

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from letsinfer.engines.tinymodel import write_tiny_model
-from tests.cluster import Cluster
+from tests.cluster import Cluster, broken, streaming
 from tests.netlab import NetLab
 
 PY = sys.executable
@@ -56,24 +56,17 @@ def test_load_above_the_target_adds_a_group_on_another_node_and_calm_removes_it(
     cluster: Cluster,
 ) -> None:
     c = cluster
-    write_tiny_model(c.root / "busy.gguf", name="tiny-busy")
-    c.ok("main", "model", "add", "busy", "--gguf", str(c.root / "busy.gguf"))
-    c.wait(lambda: [g["state"] for g in groups(c, "busy")] == ["ready"], "busy serves on the main")
+    if c.cli("main", "model", "show", "busy", "--json").returncode != 0:
+        write_tiny_model(c.root / "busy.gguf", name="tiny-busy")
+        c.ok("main", "model", "add", "busy", "--gguf", str(c.root / "busy.gguf"))
+    c.ok("main", "model", "scale", "busy", "--min", "1", "--max", "1")
+    c.wait(lambda: [g["state"] for g in groups(c, "busy")] == ["ready"], "busy serves, once")
     c.ok(
         "main",
         *("model", "scale", "busy", "--min", "1", "--max", "2"),
         *("--target-inflight", "1", "--scale-down", "3s"),
     )
-    stop = c.root / "stop-streams"
-    url = f"http://{c.lab.hosts['main']}:8000"
-    client = c.lab.popen(
-        "main",
-        *(PY, str(ROOT / "tests/load_client.py"), "streams", url, str(c.key), "busy"),
-        *(str(stop), "4"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    try:
+    with streaming(c, "busy", threads=4) as results:
         c.wait(
             lambda: (
                 sorted(str(g["node"]) for g in groups(c, "busy") if g["state"] == "ready")
@@ -82,12 +75,7 @@ def test_load_above_the_target_adds_a_group_on_another_node_and_calm_removes_it(
             "a second group, on the child, while requests stay above the target",
             timeout=120,
         )
-    finally:
-        stop.touch()
-        out, _ = client.communicate(timeout=120)
-    results = json.loads(out)
-    broken = [r for r in results if not (r["status"] == 200 and r["whole"])]
-    assert results and not broken, (broken[:3], len(broken), len(results))
+    assert results and not broken(results), (broken(results)[:3], len(results))
     c.wait(lambda: len(groups(c, "busy")) == 1, "one group fewer after the calm", timeout=60)
     records = c.audit("main")
     loads = [r for r in records if r["action"] == "model.load" and r["target"] == "busy@n1"]
@@ -106,26 +94,11 @@ def test_a_scaled_down_group_drains_before_it_goes(cluster: Cluster) -> None:
     c.ok("main", "model", "scale", "busy", "--min", "2", "--max", "2")
     c.wait(lambda: len(groups(c, "busy")) == 2, "two groups", timeout=120)
     c.wait(lambda: all(g["state"] == "ready" for g in groups(c, "busy")), "both ready", timeout=120)
-    stop = c.root / "stop-drain"
-    url = f"http://{c.lab.hosts['main']}:8000"
-    client = c.lab.popen(
-        "main",
-        *(PY, str(ROOT / "tests/load_client.py"), "streams", url, str(c.key), "busy"),
-        *(str(stop), "2"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        time.sleep(1)
+    with streaming(c, "busy") as results:
         c.ok("main", "model", "scale", "busy", "--min", "1", "--max", "1")
         c.wait(lambda: len(groups(c, "busy")) == 1, "one group removed", timeout=60)
         time.sleep(1)
-    finally:
-        stop.touch()
-        out, _ = client.communicate(timeout=120)
-    results = json.loads(out)
-    broken = [r for r in results if not (r["status"] == 200 and r["whole"])]
-    assert results and not broken, (broken[:3], len(broken), len(results))
+    assert results and not broken(results), (broken(results)[:3], len(results))
 
 
 def test_a_child_lost_during_a_load_makes_the_main_place_it_elsewhere(cluster: Cluster) -> None:

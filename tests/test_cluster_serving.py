@@ -3,7 +3,6 @@ children, served through the main's gateway, surviving what operators see."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -22,7 +21,7 @@ import pytest
 import yaml
 
 from letsinfer.engines.tinymodel import LORA_SENTENCE, SENTENCE, write_tiny_lora
-from tests.cluster import PY, Cluster, as_node
+from tests.cluster import PY, Cluster, as_node, broken, served_by, streaming
 from tests.db_writer import cut_audit, put_back, rewrite_audit_from
 from tests.firewall import render
 from tests.netlab import NetLab, can_make_namespaces
@@ -121,15 +120,6 @@ def load(c: Cluster, model: str, n: int = 24, threads: int = 4, prompt: str = "h
     return json.loads(result.stdout)
 
 
-def served_by(c: Cluster, model: str) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for m in re.finditer(
-        rf"served={re.escape(model)} pg=(pg-\w+) status=200", (c.root / "main.log").read_text()
-    ):
-        counts[m.group(1)] = counts.get(m.group(1), 0) + 1
-    return counts
-
-
 def served_since(c: Cluster, model: str, before: dict[str, int], n: int) -> dict[str, int]:
     """Requests for ``model`` served per group since ``before``, once all ``n``
     are in the access log (a line is written just after its answer leaves)."""
@@ -140,41 +130,6 @@ def served_since(c: Cluster, model: str, before: dict[str, int], n: int) -> dict
 
     c.wait(lambda: sum(since().values()) >= n, f"{n} lines for {model} in the access log")
     return since()
-
-
-def broken(results: list[dict[str, object]]) -> list[dict[str, object]]:
-    """The streamed requests that did not end whole with 200."""
-    return [r for r in results if not (r["status"] == 200 and r["whole"])]
-
-
-@contextlib.contextmanager
-def streaming(c: Cluster, model: str, threads: int = 2) -> Iterator[list[dict[str, object]]]:
-    """Clients streaming one request after another through the main's gateway
-    while the block runs; afterwards the list holds every request's summary."""
-    stop = c.root / f"streams-{time.monotonic_ns()}.stop"
-    before = sum(served_by(c, model).values())
-    client = c.lab.popen(
-        "main",
-        PY,
-        str(ROOT / "tests/load_client.py"),
-        "streams",
-        f"http://{c.lab.hosts['main']}:8000",
-        str(c.key),
-        model,
-        str(stop),
-        str(threads),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    results: list[dict[str, object]] = []
-    try:
-        c.wait(lambda: sum(served_by(c, model).values()) > before, "streams under way")
-        yield results
-    finally:
-        stop.touch()
-        out, err = client.communicate(timeout=120)
-        assert client.returncode == 0, err
-        results.extend(json.loads(out))
 
 
 def load_error(c: Cluster, model: str) -> dict[str, Any]:
