@@ -109,7 +109,12 @@ def test_a_child_lost_during_a_load_makes_the_main_place_it_elsewhere(cluster: C
     write_tiny_model(c.root / "roam.gguf", name="tiny-roam")
     if c.cli("main", "model", "show", "roam", "--json").returncode != 0:
         c.ok("main", "model", "add", "roam", "--gguf", str(c.root / "roam.gguf"), "--node", "n1")
-        c.wait(lambda: [g["node"] for g in groups(c, "roam")] == ["n1"], "roam placed on n1")
+        # Served on n1 once, so that n1 holds its file (where a load goes first).
+        c.wait(
+            lambda: [(g["node"], g["state"]) for g in groups(c, "roam")] == [("n1", "ready")],
+            "roam served on n1",
+            timeout=90,
+        )
     c.ok("main", "model", "scale", "roam", "--min", "0", "--idle", "0s", "--min-resident", "0s")
     c.wait(lambda: not groups(c, "roam"), "roam unloaded", timeout=60)
     c.ok("main", "model", "scale", "roam", "--idle", "1h")
