@@ -83,7 +83,8 @@ class Placer:
 
     def find(self, service: str) -> Found:
         """A node (and GPUs) for one more group of ``service``: never one that
-        runs a group of it already; a node holding its file first, then the main."""
+        runs a group of it already; a child holding its file first, then the main,
+        then any other child."""
         nodes = [n for n in self.store.list_nodes() if n.state == "active"]
         found = plan_groups(
             self.store,
@@ -100,12 +101,18 @@ class Placer:
                 fresh.append(p)
         svc = self.store.get_service(service)
         digest = svc.artifact_digest if svc else ""
-        fresh.sort(
-            key=lambda p: (
-                digest not in (p.node.facts or {}).get("artifacts", []),
-                p.node.id != self.settings.main_id,
-            )
-        )
+        main_id = self.settings.main_id
+
+        def preference(p: Placement) -> int:
+            # The main holds every file (it is the children's mirror), so holding
+            # it says something only of a child: such a child loads with no copy,
+            # and keeps the main's CPU for the gateway; the main next, no copy
+            # either; another child last, which must fetch the file first.
+            if p.node.id == main_id:
+                return 1
+            return 0 if digest in (p.node.facts or {}).get("artifacts", []) else 2
+
+        fresh.sort(key=preference)
         return Found(fresh[0] if fresh else None, tuple(skipped))
 
     def never_fits(self, service: str) -> str | None:
