@@ -348,3 +348,22 @@ def test_a_stream_that_waits_for_a_load_hears_so_and_then_gets_its_answer(
         assert chat(slow, "slow", stream=True) == SENTENCE
     finally:
         slow.stop()
+
+
+def test_a_policy_with_the_default_s_values_is_still_the_operator_s(tmp_path: Path) -> None:
+    """`model scale NAME --min 1 --max 1` on a model with two groups means one
+    fewer: the capacity controller must still see a policy to keep to (a model
+    nobody scaled keeps the groups `model install` made)."""
+    from letsinfer.capacity.policy import DEFAULT
+    from letsinfer.capacity.setting import set_policy
+    from letsinfer.store import AuthorityStore
+
+    store = AuthorityStore(tmp_path / "authority.db")
+    try:
+        store.add_service("two", "0" * 64, 1, "gguf", None)
+        store.add_service("untouched", "1" * 64, 1, "gguf", None)
+        set_policy(store, "two", {"min_groups": 2, "max_groups": 2})
+        set_policy(store, "two", {"min_groups": 1, "max_groups": 1})
+        assert store.scaling_policies() == {"two": DEFAULT}
+    finally:
+        store.close()

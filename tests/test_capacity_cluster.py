@@ -119,33 +119,37 @@ def test_a_child_lost_during_a_load_makes_the_main_place_it_elsewhere(cluster: C
     c.wait(lambda: not groups(c, "roam"), "roam unloaded", timeout=60)
     c.ok("main", "model", "scale", "roam", "--idle", "1h")
     url = f"http://{c.lab.hosts['main']}:8000/v1/chat/completions"
-    # n1 dies; its facts stay fresh for a few seconds, in which the load is
-    # placed on it (it holds the file) and never comes up there.
-    c.procs.pop("n1").kill()
+    # The client starts first and waits for a line: its start-up (Python, httpx)
+    # must not eat the few seconds n1's facts stay fresh after it dies.
     client = c.lab.popen(
         "main",
         PY,
         "-c",
-        "import httpx, sys; r = httpx.post(sys.argv[1], headers={'authorization': 'Bearer ' + "
-        "sys.argv[2]}, json={'model': 'roam', 'messages': [{'role': 'user', 'content': 'hi'}]}"
-        ", timeout=120); print(r.status_code, r.json()['choices'][0]['message']['content'])",
+        "import httpx, sys; sys.stdin.readline(); r = httpx.post(sys.argv[1], headers="
+        "{'authorization': 'Bearer ' + sys.argv[2]}, json={'model': 'roam', 'messages': "
+        "[{'role': 'user', 'content': 'hi'}]}, timeout=120); "
+        "print(r.status_code, r.json()['choices'][0]['message']['content'])",
         url,
         str(c.key),
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
     try:
-        out, err = client.communicate(timeout=150)
+        # n1 dies; its facts stay fresh for a few seconds, in which the load is
+        # placed on it (it holds the file) and never comes up there.
+        c.procs.pop("n1").kill()
+        out, err = client.communicate("go\n", timeout=150)
     finally:
         if client.poll() is None:
             client.kill()
-        c.up("n1")  # back for the other tests
+        c.up("n1")  # back for the other tests, whatever happened here
+        c.wait(lambda: "n1" in active(c), "n1 back in the cluster", timeout=60)
     assert out.split(" ", 1)[0] == "200", err
     records = c.audit("main")
     lost = [r for r in records if r["action"] == "model.unload" and r["target"] == "roam"]
     assert any("was lost during the load" in str(r["detail"]) for r in lost), lost
     assert any(r["action"] == "model.load" and r["target"] == "roam@main" for r in records)
-    c.wait(lambda: "n1" in active(c), "n1 back in the cluster", timeout=60)
 
 
 def active(c: Cluster) -> set[str]:

@@ -78,10 +78,6 @@ class ScalingPolicy:
         """Its groups (up to min_groups) are never unloaded nor evicted."""
         return self.min_groups >= 1
 
-    @property
-    def is_default(self) -> bool:
-        return self == ScalingPolicy()
-
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "on_demand": self.on_demand}
 

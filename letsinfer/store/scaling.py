@@ -29,14 +29,14 @@ class ScalingTables:
         return _policy(rows[0]) if rows else DEFAULT
 
     def scaling_policies(self) -> dict[str, ScalingPolicy]:
-        """Every model whose policy is not the default, by canonical name."""
+        """Every model an operator gave a policy, by canonical name: the ones
+        the capacity controller keeps to it (the others keep the groups
+        `model install` made)."""
         return {r["service"]: _policy(r) for r in self._rows("SELECT * FROM scaling_policies")}
 
     def set_scaling_policy(self, service: str, policy: ScalingPolicy) -> None:
-        """Store it (the default removes the row); the caller's transaction."""
-        if policy == DEFAULT:
-            self._execute("DELETE FROM scaling_policies WHERE service = ?", (service,))
-            return
+        """Store it, the default's values too (an operator's `--min 1 --max 1`
+        on a model with two groups means one fewer); the caller's transaction."""
         values = tuple(getattr(policy, c) for c in FIELDS)
         self._execute(
             f"INSERT INTO scaling_policies (service, {', '.join(FIELDS)}) "
