@@ -46,6 +46,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items[:] = [item for group in modules.values() for item in reversed(group)]
 
 
+_FILE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # (under xdist the workers' reports arrive here, on the controller)
+    path = report.nodeid.split("::", 1)[0]
+    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Seconds per test file (setup, call and teardown summed; a module's shared
+    cluster counts in its file): what to share or trim to keep CI short
+    (docs/testing.md keeps the table). Also written to build/test-times.tsv."""
+    if not _FILE_SECONDS:
+        return
+    ranked = sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1])
+    out = Path(__file__).resolve().parent.parent / "build" / "test-times.tsv"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text("".join(f"{seconds:.1f}\t{path}\n" for path, seconds in ranked))
+    terminalreporter.section("seconds per test file (the 15 longest)")
+    for path, seconds in ranked[:15]:
+        terminalreporter.write_line(f"{seconds:8.1f}  {path}")
+    total = sum(_FILE_SECONDS.values())
+    terminalreporter.write_line(f"{total:8.1f}  all {len(ranked)} files (summed over workers)")
+
+
 @pytest.fixture(scope="session")
 def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheelhouse lab hosts install letsinfer from: the one `./dev test`
