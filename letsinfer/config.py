@@ -290,6 +290,22 @@ class CapacitySettings(_Section):
     eviction: Literal["cost", "lru"] = "cost"
 
 
+class WebhookSettings(_Section):
+    """Deliveries of signed webhooks (docs/webhooks.md): how often the main
+    looks for events and due deliveries, and how a failed one is retried."""
+
+    interval_s: float = Field(1.0, gt=0, le=60)
+    # The first retry waits about this long; each next one twice as long
+    # (with jitter), up to retry_max_s; after max_attempts it is given up.
+    retry_base_s: float = Field(5.0, gt=0, le=3600)
+    retry_max_s: float = Field(3600.0, gt=0)
+    max_attempts: int = Field(12, ge=1, le=100)
+    # One attempt's wait for the endpoint's answer.
+    timeout_s: float = Field(10.0, gt=0, le=120)
+    # Finished deliveries kept per endpoint (`webhook deliveries URL`).
+    keep_deliveries: int = Field(1000, ge=10, le=100_000)
+
+
 _RELEASE_PUBLIC_KEY = re.compile(r"ed25519:[A-Za-z0-9+/]{43}=")
 
 
@@ -342,6 +358,33 @@ class HubSettings(_Section):
         return value
 
 
+class FetchSettings(_Section):
+    """URLs an operator gives (mirrors, hub, providers, webhooks) reach only
+    global addresses: loopback, private, link-local (the cloud metadata
+    service), CGNAT and other non-global addresses are refused unless their
+    network is listed here (docs/safe-fetching.md)."""
+
+    allow_networks: tuple[str, ...] = ()  # e.g. ["10.0.0.0/8", "127.0.0.1/32"]
+
+    @field_validator("allow_networks", mode="before")
+    @classmethod
+    def _split_allow(cls, value: object) -> object:
+        # From LETSINFER_FETCH__ALLOW_NETWORKS the list arrives as one string.
+        if isinstance(value, str):
+            return tuple(part for part in re.split(r"[,\s]+", value) if part)
+        return value
+
+    @field_validator("allow_networks")
+    @classmethod
+    def _networks(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for network in value:
+            try:
+                ipaddress.ip_network(network, strict=False)
+            except ValueError:
+                raise ValueError(f"{network!r} is not a network (such as 10.0.0.0/8)") from None
+        return value
+
+
 class Settings(_Section):
     gateway: GatewaySettings = GatewaySettings()
     engine: EngineSettings = EngineSettings()
@@ -354,9 +397,11 @@ class Settings(_Section):
     release: ReleaseSettings = ReleaseSettings()
     hardware: HardwareSettings = HardwareSettings()
     hub: HubSettings = HubSettings()
+    fetch: FetchSettings = FetchSettings()
     audit: AuditSettings = AuditSettings()
     requests: RequestSettings = RequestSettings()
     tracing: TracingSettings = TracingSettings()
+    webhooks: WebhookSettings = WebhookSettings()
 
     @model_validator(mode="after")
     def _facts_outlive_a_heartbeat(self) -> Settings:

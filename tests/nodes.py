@@ -126,8 +126,10 @@ class RunningNode:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def wait_healthy(self, timeout: float = 90) -> dict[str, object]:
-        """/health until 200; with the node's key, so its models are listed."""
+    def wait_healthy(self, timeout: float = 90, degraded: bool = False) -> dict[str, object]:
+        """/health until 200 (or, with ``degraded``, until it answers at all: a
+        model of the node is meant not to serve); with the node's key, so its
+        models are listed."""
         deadline = time.monotonic() + timeout
         last: object = None
         auth = {"authorization": f"Bearer {self.key}"} if self.key else {}
@@ -137,7 +139,7 @@ class RunningNode:
             try:
                 r = httpx.get(self.url + "/health", headers=auth, timeout=2)
                 last = r.text
-                if r.status_code == 200:
+                if r.status_code == 200 or (degraded and r.status_code == 503):
                     return r.json()
             except httpx.HTTPError as exc:
                 last = exc
@@ -159,7 +161,11 @@ class RunningNode:
 
 
 def start_node(
-    home: Path, *extra: str, env: dict[str, str] | None = None, timeout: float = 90
+    home: Path,
+    *extra: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 90,
+    degraded: bool = False,
 ) -> RunningNode:
     port = free_port()
     log_path = home.parent / f"{home.name}.log"
@@ -196,7 +202,7 @@ def start_node(
         node.stop()
         raise AssertionError(f"node printed no banner:\n{node.log()}")
     try:
-        node.wait_healthy(timeout)
+        node.wait_healthy(timeout, degraded)
     except AssertionError:
         node.stop()
         raise

@@ -51,6 +51,9 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A main's home (its tiny model included) with no node running: the CLI
     writes the authority itself."""
     home = tmp_path_factory.mktemp("main") / "home"
+    # Its providers are on loopback: a site lists the networks they are on.
+    (home / "etc").mkdir(parents=True)
+    (home / "etc" / "config.toml").write_text('[fetch]\nallow_networks = ["127.0.0.0/8"]\n')
     done = letsinfer(home, "node", "init", "--main", timeout=120)
     assert done.returncode == 0, done.stderr
     return home
@@ -418,3 +421,24 @@ def test_removing_a_model_says_whose_fallback_it_was(home: Path, tmp_path: Path)
     code, out, _ = cli(home, "audit", "list", "--json")
     [record] = [r for r in json.loads(out) if r["action"] == "model.remove"]
     assert "fallback of tiny cleared" in record["detail"]
+
+
+def test_a_provider_on_a_network_the_site_does_not_list_is_refused_and_audited(
+    home: Path, tmp_path: Path
+) -> None:
+    # The site lists 127.0.0.0/8 only: the metadata service and another LAN are out.
+    key = private_key(tmp_path)
+    for url, named in (
+        ("http://169.254.169.254/latest", "169.254.169.254 is a link-local (cloud metadata)"),
+        ("https://192.168.7.7/v1", "192.168.7.7 is a private"),
+    ):
+        message, records = refused(
+            home, "model", "add", "inside", "--external", url, "--key-file", str(key)
+        )
+        assert named in message and "[fetch] allow_networks" in message
+        assert [(r["action"], r["outcome"], r["target"]) for r in records] == [
+            ("model.add", "denied", "inside")
+        ]
+        assert named in str(records[0]["detail"])
+    code, _, err = cli(home, "model", "add", "inside", "--external", URL, "--key-file", str(key))
+    assert code == 0, err

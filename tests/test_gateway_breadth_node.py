@@ -23,7 +23,11 @@ SECRET = "sk-provider-b7d1c0ffee-never-shown"
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningNode]:
-    running = start_node(tmp_path_factory.mktemp("breadth") / "home")
+    # Its provider is on loopback: a site lists the networks its providers are on.
+    running = start_node(
+        tmp_path_factory.mktemp("breadth") / "home",
+        env={"LETSINFER_FETCH__ALLOW_NETWORKS": "127.0.0.0/8"},
+    )
     try:
         yield running
     finally:

@@ -19,10 +19,13 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     model tiny with LoRA adapter tiny-tuned, and external model far."""
     home = tmp_path_factory.mktemp("cli-checks") / "home"
     lora = write_tiny_lora(home.parent / "tuned.gguf")
+    # Its providers are on loopback (closed ports: nothing is sent there).
+    (home / "etc").mkdir(parents=True)
+    (home / "etc" / "config.toml").write_text('[fetch]\nallow_networks = ["127.0.0.0/8"]\n')
     for args in (
         ("node", "init", "--main"),
         ("model", "adapter", "add", "tiny", "tiny-tuned", "--gguf", str(lora)),
-        ("model", "add", "far", "--external", "https://provider.example/v1"),
+        ("model", "add", "far", "--external", "http://127.0.0.1:9/v1"),
     ):
         done = letsinfer(home, *args, timeout=120)
         assert done.returncode == 0, (args, done.stderr)
@@ -135,7 +138,7 @@ def test_a_removed_model_leaves_no_permission_behind_for_a_later_one_of_its_name
     home: Path,
 ) -> None:
     for name in ("gone", "stays"):
-        made = cli(home, "model", "add", name, "--external", "https://provider.example/v1")
+        made = cli(home, "model", "add", name, "--external", "http://127.0.0.1:9/v1")
         assert made.returncode == 0, made.stderr
     for key, models in (("only-gone", ("gone",)), ("both", ("gone", "stays"))):
         made = cli(home, "auth", "key", "create", key, *(a for m in models for a in ("--model", m)))
@@ -170,9 +173,7 @@ def test_a_removed_model_leaves_no_permission_behind_for_a_later_one_of_its_name
     assert "dropped from the model lists of API keys both" in str(record["detail"])
 
     # A new model under the old name is not one the key was given.
-    assert (
-        cli(home, "model", "add", "gone", "--external", "https://other.example/v1").returncode == 0
-    )
+    assert cli(home, "model", "add", "gone", "--external", "http://127.0.0.2:9/v1").returncode == 0
     assert keys(home)["both"] == ["stays"]
 
 

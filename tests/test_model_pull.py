@@ -70,6 +70,8 @@ def hub_env(hub: FakeHub, root: Path) -> dict[str, str]:
     return {
         "LETSINFER_HUB__ENDPOINT": hub.url,
         "LETSINFER_HUB__TOKEN_FILE": str(token_file),
+        # The hub is on loopback: a site lists the networks its hub and mirrors use.
+        "LETSINFER_FETCH__ALLOW_NETWORKS": "127.0.0.0/8",
         # huggingface_hub's own default endpoint: a closed local port, never the internet.
         "HF_ENDPOINT": "http://127.0.0.1:9",
         "HF_HOME": str(root / "hf-home"),
@@ -265,9 +267,10 @@ def test_mirror_add_verifies_length_and_checksum_before_it_lists_anything(
     try:
         public.add_repo("org/public", {f16.name: f16})
         url = f"{public.url}/org/public/resolve/main/{f16.name}"
-        refused = letsinfer(home, "mirror", "add", url, "--sha256", "1" * 64)
+        lan = {"LETSINFER_FETCH__ALLOW_NETWORKS": "127.0.0.1/32"}  # where the server is
+        refused = letsinfer(home, "mirror", "add", url, "--sha256", "1" * 64, env=lan)
         assert refused.returncode == 1 and f"its sha256 is {sha256_of(f16)}" in refused.stderr
-        ok(letsinfer(home, "mirror", "add", url, "--sha256", sha256_of(f16)))
+        ok(letsinfer(home, "mirror", "add", url, "--sha256", sha256_of(f16), env=lan))
     finally:
         public.stop()
     listed = json.loads(ok(letsinfer(home, "mirror", "list", "--json")))

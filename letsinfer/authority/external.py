@@ -18,6 +18,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 from letsinfer.authority.models import audit_target, check_model_name, resolve_fallback
 from letsinfer.authority.refusals import audited
+from letsinfer.fetch import FetchPolicy, FetchRefused
+from letsinfer.fetch import check_url as check_fetchable
+from letsinfer.fetch.destinations import address_refusal
 from letsinfer.gateway.external import sendable
 from letsinfer.store import AuthorityStore, ServiceRecord, StoreError
 from letsinfer.store.adapters import AdapterRecord
@@ -116,9 +119,14 @@ def add_external_model(
     aliases: tuple[str, ...] = (),
     fallback: str | None = None,
     actor: str = "cli",
+    policy: FetchPolicy | None = None,
 ) -> ServiceRecord:
     """Record an external model (audited); every check happens before anything
-    changes, and a refusal is audited and changes nothing else."""
+    changes, and a refusal is audited and changes nothing else. The URL's
+    addresses must be ones ``policy`` (the node's ``[fetch]``; every command
+    passes it, ``None`` skips the check) allows: checked when the operator
+    gives the URL, and as the main starts (``refused_providers``), never per
+    request on the gateway."""
     with audited(store, actor, "model.add", audit_target(name)):
         check_model_name(name)
         for alias in aliases:
@@ -139,6 +147,11 @@ def add_external_model(
         }
         if external["ca_file"] and urlsplit(external["url"]).scheme != "https":
             raise StoreError("--ca-file is for an https URL")
+        if policy is not None:
+            try:
+                check_fetchable(external["url"], policy)
+            except FetchRefused as exc:
+                raise StoreError(f"--external: {exc}") from exc
         target = resolve_fallback(store, name, fallback, aliases) if fallback is not None else None
     with store.transaction():
         svc = store.add_service(
@@ -152,6 +165,20 @@ def add_external_model(
             detail=f"external: {external['url']} as {provider_model}",
         )
     return svc
+
+
+def refused_providers(store: AuthorityStore, policy: FetchPolicy) -> dict[str, tuple[str, str]]:
+    """The external models whose provider ``policy`` refuses now: name to its
+    URL and why. The main asks once as it starts (its ``[fetch]`` may have
+    changed since a model was added): the gateway does no DNS work per request."""
+    refused: dict[str, tuple[str, str]] = {}
+    for service in store.list_services():
+        if service.external:
+            url = service.external["url"]
+            why = address_refusal(url, policy)
+            if why is not None:
+                refused[service.name] = (url, why)
+    return refused
 
 
 def set_fallback(

@@ -17,6 +17,7 @@ from letsinfer import config
 from letsinfer.bundle.archive import BundleError
 from letsinfer.bundle.manifest import BundleModel, ModelSource, ModelSourceFile
 from letsinfer.bundle.progress import Progress
+from letsinfer.fetch import FetchPolicy
 from letsinfer.home import Home
 from letsinfer.hub.choice import ChoiceError, ModelFiles, choose, gguf_models
 from letsinfer.hub.client import HubClient, HubError, Snapshot, read_token
@@ -43,11 +44,17 @@ def resolve_hub_models(home: Home, spec: str) -> tuple[HubModels, HubSource]:
     """Resolve the spec against the configured hub (no download yet)."""
     m = _SPEC.fullmatch(spec)
     assert m is not None
-    settings = config.load(home.config_file).hub
+    node_settings = config.load(home.config_file)
+    settings = node_settings.hub
     if not settings.enabled:
         raise BundleError(f"--model {spec}: the hub is off ([hub] enabled = false)")
     try:
-        client = HubClient(settings.endpoint, read_token(settings.token_file), settings.timeout_s)
+        client = HubClient(
+            settings.endpoint,
+            read_token(settings.token_file),
+            settings.timeout_s,
+            FetchPolicy.from_settings(node_settings),
+        )
         snapshot = client.resolve(m["repo"], m["rev"])
         pick = m["pick"]
         if pick is None:

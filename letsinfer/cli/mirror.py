@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import click
 
+from letsinfer import config
 from letsinfer.cli import cli
 from letsinfer.cli.bundle import TerminalProgress, audit_on_main
 from letsinfer.cli.output import brief, emit, errors
 from letsinfer.cli.release import refusals
 from letsinfer.cli.scope import CliContext, scoped
+from letsinfer.fetch import FetchPolicy
 from letsinfer.mirror.adding import add_artifact
 from letsinfer.mirror.catalog import ArtifactRecord, read_catalog
 from letsinfer.mirror.layout import MirrorLayout
@@ -129,6 +131,7 @@ def add(ctx: CliContext, source: str, sha256: str, kind: str) -> None:
             sha256,
             kind,
             TerminalProgress(errors),  # type: ignore[arg-type]
+            FetchPolicy.from_settings(config.load(ctx.home.config_file)),
         )
     if not new:
         click.echo(f"sha256:{brief(record.digest, 16)} is already in the mirror; nothing changed")

@@ -66,9 +66,12 @@ def add_external(
 ) -> None:
     # Here, not at the top: `model list` and `model show` use this module's
     # description of an external model and must not load the signing code.
+    from letsinfer import config
     from letsinfer.audit.anchor import open_authority
     from letsinfer.authority.external import add_external_model
+    from letsinfer.fetch import FetchPolicy
 
+    policy = FetchPolicy.from_settings(config.load(ctx.home.config_file))
     store = open_authority(ctx.home)
     try:
         svc = add_external_model(
@@ -81,6 +84,7 @@ def add_external(
             concurrency=concurrency,
             aliases=aliases,
             fallback=fallback,
+            policy=policy,
         )
     finally:
         store.close()

@@ -20,13 +20,16 @@ if TYPE_CHECKING:  # the hub client (huggingface_hub) loads only when a pull run
 
 
 def hub_source(ctx: CliContext, settings: config.Settings) -> HubSource | None:
+    from letsinfer.fetch import FetchPolicy
     from letsinfer.hub.client import HubClient, read_token
     from letsinfer.hub.sources import HubSource
 
     hub = settings.hub
     if not hub.enabled:
         return None
-    client = HubClient(hub.endpoint, read_token(hub.token_file), hub.timeout_s)
+    client = HubClient(
+        hub.endpoint, read_token(hub.token_file), hub.timeout_s, FetchPolicy.from_settings(settings)
+    )
     return HubSource(client, ctx.home.downloads)
 
 

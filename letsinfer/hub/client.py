@@ -11,6 +11,12 @@ its 10 MB read size from zero). The caller verifies the bytes.
 
 The endpoint and the token are always passed explicitly: nothing falls back to
 huggingface.co, nor to a token some other tool left on the machine.
+
+The endpoint is an operator's URL, so it is fetched as ``[fetch]`` allows
+(``letsinfer.fetch``): huggingface_hub's calls and the file bytes both go
+through guarded clients, which check every connection's address and follow
+redirects only within the hub (its own host and hosts under it; for
+huggingface.co its storage hosts).
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ from urllib.parse import urlsplit
 
 from letsinfer import __version__
 from letsinfer.bundle.progress import Progress
+from letsinfer.fetch import FetchPolicy, FetchRefused, check_url, guarded_client
+from letsinfer.fetch.destinations import redirect_refusal
+from letsinfer.fetch.hfhub import use_guarded_session
 from letsinfer.hub.choice import RepoFile
 
 # Read by huggingface_hub when it is first imported: no usage reports, and no
@@ -78,17 +87,44 @@ def read_token(token_file: str | None) -> str | None:
     return token
 
 
+def _storage_hosts(endpoint: str) -> tuple[str, ...]:
+    """Hosts a hub's files may be redirected to: under the hub's own host, and
+    for huggingface.co its storage (cdn-lfs.hf.co, cas-bridge.xethub.hf.co)."""
+    host = (urlsplit(endpoint).hostname or "").lower()
+    hosts = [f".{host}"]
+    if host in ("huggingface.co", "hf.co"):
+        hosts += [".huggingface.co", ".hf.co"]
+    return tuple(hosts)
+
+
 class HubClient:
-    def __init__(self, endpoint: str, token: str | None, timeout_s: float) -> None:
+    def __init__(
+        self, endpoint: str, token: str | None, timeout_s: float, policy: FetchPolicy
+    ) -> None:
         self.endpoint = endpoint.rstrip("/")
         self._token = token
         self.timeout_s = timeout_s
+        self._policy = FetchPolicy(
+            allow_networks=policy.allow_networks,
+            allow_redirect_hosts=policy.allow_redirect_hosts + _storage_hosts(self.endpoint),
+        )
+
+    def _check_endpoint(self) -> None:
+        # A refused endpoint is one this node may not reach: a pull goes on to
+        # the node's mirror as it would without a route, and says why. (The
+        # guarded clients check again at each connection.)
+        try:
+            check_url(self.endpoint, self._policy)
+        except FetchRefused as exc:
+            raise HubUnreachable(f"{exc} ([hub] endpoint)") from exc
+        use_guarded_session(self._policy)
 
     def _credential(self) -> str | bool:
         return self._token if self._token else False  # False: send no token at all
 
     def resolve(self, repo: str, revision: str) -> Snapshot:
         check_repo(repo)
+        self._check_endpoint()
         from huggingface_hub import HfApi
 
         api = HfApi(endpoint=self.endpoint, token=self._credential(), library_name="letsinfer")
@@ -124,6 +160,7 @@ class HubClient:
 
         url = hf_hub_url(snapshot.repo, file.name, revision=snapshot.commit, endpoint=self.endpoint)
         where = f"{snapshot.repo}@{snapshot.commit[:12]}:{file.name}"
+        self._check_endpoint()
         meta = self._call(
             lambda: get_hf_file_metadata(
                 url, token=self._credential(), timeout=self.timeout_s, endpoint=self.endpoint
@@ -142,6 +179,12 @@ class HubClient:
         )
         headers["Accept-Encoding"] = "identity"  # the bytes as published, countable
         location = meta.location or url
+        # The hub's answer is a redirect: followed only within the hub.
+        import httpx
+
+        refusal = redirect_refusal(httpx.URL(url), httpx.URL(location), self._policy)
+        if refusal:
+            raise HubError(f"{where}: {refusal}")
         if urlsplit(location).netloc != urlsplit(url).netloc:
             headers.pop("authorization", None)  # a signed storage URL: the token stays with the hub
         if partial.exists() and partial.stat().st_size > file.size:
@@ -168,7 +211,7 @@ class HubClient:
         import httpx
 
         stalled = 0
-        with httpx.Client(timeout=self.timeout_s, follow_redirects=True) as http:
+        with guarded_client(self._policy, timeout=self.timeout_s, follow_redirects=True) as http:
             while True:
                 have = partial.stat().st_size if partial.exists() else 0
                 if have >= size:
@@ -191,6 +234,8 @@ class HubClient:
                             fh.flush()
                             os.fsync(fh.fileno())
                     return
+                except FetchRefused as exc:
+                    raise HubError(f"{where}: {exc}") from exc
                 except httpx.TransportError as exc:
                     have = partial.stat().st_size if partial.exists() else 0
                     stalled = 0 if have > before else stalled + 1
@@ -215,6 +260,8 @@ class HubClient:
 
         try:
             return fn()
+        except FetchRefused as exc:  # a redirect elsewhere, or an address not allowed
+            raise HubError(f"{what}: {exc}") from exc
         except errors.OfflineModeIsEnabled as exc:
             raise HubUnreachable(f"{self.endpoint}: HF_HUB_OFFLINE is set") from exc
         except (httpx2.TransportError, ConnectionError, TimeoutError) as exc:

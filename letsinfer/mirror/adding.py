@@ -16,6 +16,7 @@ from typing import BinaryIO, Literal
 import httpx
 
 from letsinfer.bundle.progress import Progress
+from letsinfer.fetch import FetchPolicy, FetchRefused, check_url, guarded_client
 from letsinfer.mirror.catalog import ArtifactRecord, read_catalog, write_catalog
 from letsinfer.mirror.errors import MirrorError
 from letsinfer.mirror.layout import DIGEST, MirrorLayout
@@ -34,11 +35,16 @@ def _copy(src: BinaryIO, dst: BinaryIO, progress: Progress) -> tuple[int, str]:
     return size, h.hexdigest()
 
 
-def _from_url(url: str, dst: BinaryIO, progress: Progress) -> tuple[int, int | None, str]:
+def _from_url(
+    url: str, dst: BinaryIO, progress: Progress, policy: FetchPolicy
+) -> tuple[int, int | None, str]:
     h = hashlib.sha256()
     size = 0
     try:
-        with httpx.stream("GET", url, follow_redirects=True, timeout=30.0) as response:
+        with (
+            guarded_client(policy, follow_redirects=True, timeout=30.0) as client,
+            client.stream("GET", url) as response,
+        ):
             if response.status_code != 200:
                 raise MirrorError(f"{url}: HTTP {response.status_code}")
             announced = response.headers.get("Content-Length")
@@ -49,21 +55,36 @@ def _from_url(url: str, dst: BinaryIO, progress: Progress) -> tuple[int, int | N
                 dst.write(chunk)
                 size += len(chunk)
                 progress.advance(len(chunk))
+    except FetchRefused as exc:
+        raise MirrorError(f"{exc}; nothing added") from exc
     except httpx.HTTPError as exc:
         raise MirrorError(f"{url}: {exc}") from exc
     return size, expected, h.hexdigest()
 
 
 def add_artifact(
-    layout: MirrorLayout, source: str, sha256: str, kind: Kind, progress: Progress
+    layout: MirrorLayout,
+    source: str,
+    sha256: str,
+    kind: Kind,
+    progress: Progress,
+    policy: FetchPolicy,
 ) -> tuple[ArtifactRecord, bool]:
-    """The artifact's record, and whether it is new to the mirror."""
+    """The artifact's record, and whether it is new to the mirror. A URL is
+    fetched only as ``policy`` allows (its addresses and redirects)."""
     digest = sha256.removeprefix("sha256:").lower()
     if not DIGEST.fullmatch(digest):
         raise MirrorError(f"--sha256 {sha256}: expected 64 hex digits")
-    is_url = source.startswith(("http://", "https://"))
+    is_url = "://" in source
     path = Path(source).expanduser()
-    if not is_url and not path.is_file():
+    if is_url:
+        try:
+            # Refused before anything is created; the client checks again at
+            # connect time (and each redirect), where a changed DNS answer counts.
+            check_url(source, policy)
+        except FetchRefused as exc:
+            raise MirrorError(f"{exc}; nothing added") from exc
+    elif not path.is_file():
         raise MirrorError(f"{source}: no such file (or give an http(s) URL)")
     name = source.rstrip("/").rsplit("/", 1)[-1]
     with layout.locked():
@@ -76,7 +97,7 @@ def add_artifact(
         try:
             with tmp.open("wb") as dst:
                 if is_url:
-                    size, expected, actual = _from_url(source, dst, progress)
+                    size, expected, actual = _from_url(source, dst, progress, policy)
                 else:
                     expected = path.stat().st_size
                     progress.start(f"copying {name}", expected)
