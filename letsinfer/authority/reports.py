@@ -35,6 +35,7 @@ from letsinfer.storage.uses import groups_for_child
 from letsinfer.store import AuthorityStore, FactsUpdate, PlacementGroupRecord
 from letsinfer.telemetry.view import ClusterView
 from letsinfer.trust.peer import Peer
+from letsinfer.webhooks.events import emit, iso
 
 log = logging.getLogger("letsinfer.node")
 
@@ -425,6 +426,27 @@ class ReportDesk:
                 del self._remote[node_id]
                 self.tasks.forget_node(node_id)
                 log.warning("node %s is stale: its placement groups are unroutable", node_id)
+                self._stale_event(node_id, window)
+
+    def _stale_event(self, node_id: str, window: float) -> None:
+        """A webhook event (letsinfer.webhooks): once per silence, named by the
+        last facts the node sent."""
+        node = self.store.get_node(node_id, facts=False)
+        if node is None:
+            return
+        try:
+            emit(
+                self.store,
+                f"node.stale:{node_id}:{node.facts_seq}",
+                "node.stale",
+                {
+                    "node": node.name,
+                    "silent_for_s": round(window),
+                    "last_facts_at": iso(node.facts_at),
+                },
+            )
+        except Exception:  # an event lost must not stop the sweep
+            log.exception("could not queue the webhook event for stale node %s", node.name)
 
     def forget_node(self, node_id: str, groups: list[tuple[str, str]]) -> None:
         """A node was removed: its groups leave routing now (``groups``: the

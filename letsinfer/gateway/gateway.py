@@ -59,6 +59,20 @@ class Gateway:
     recounting: dict[str, asyncio.Event] = field(default_factory=dict)
     _next_ready: asyncio.Event | None = None  # set when the next read's keys are counted
     _slow: set[str] = field(default_factory=set)  # keys whose read was said to stall
+    # External models (name: provider URL) whose provider [fetch] refused as
+    # the main started: never published, so no request reaches that address
+    # (set once, before serving; a model added again elsewhere is published).
+    refused_providers: dict[str, str] = field(default_factory=dict)
+
+    def budgets_spent(self) -> list[tuple[str, KeyLimits, float]]:
+        """Keys that have spent their token budget: (name, limits, the
+        period's start). For the webhook watch, never a request."""
+        spent = []
+        for name, limits in self._counted.items():
+            start = self.limiter.exhausted(name, limits)
+            if start is not None:
+                spent.append((name, limits, start))
+        return spent
 
     def on_snapshot(self, snapshot: Snapshot) -> None:
         """A new view of keys and models (not per request): publish external
@@ -66,7 +80,11 @@ class Gateway:
         before (a budget period, a request rate), is counted afresh from the
         request records, in the background (:meth:`read_counts`)."""
         # A stopped cluster serves nothing: its external models neither.
-        external.sync(self.routing, {} if snapshot.system_stopped else snapshot.externals())
+        externals = {} if snapshot.system_stopped else snapshot.externals()
+        for name, url in self.refused_providers.items():
+            if name in externals and externals[name].url == url:
+                del externals[name]
+        external.sync(self.routing, externals)
         limited = {k.name: k.limits for k in snapshot.keys.values() if k.limits is not None}
         for gone in self._counted.keys() - limited.keys():
             del self._counted[gone]

@@ -311,6 +311,16 @@ class Limiter:
             self._roll(st, period, now)
             st.spent += tokens
 
+    def exhausted(self, key: str, limits: KeyLimits) -> float | None:
+        """The start of the budget period ``key`` has spent all of (as counted
+        so far), or None: not spent, no budget, or a new period begun."""
+        st = self._keys.get(key)
+        if st is None or limits.budget is None or limits.period is None:
+            return None
+        if st.period_start != period_bounds(limits.period, self.clock())[0]:
+            return None
+        return st.period_start if st.spent >= limits.budget else None
+
     def spent(self, key: str) -> int:
         st = self._keys.get(key)
         return st.spent if st is not None else 0

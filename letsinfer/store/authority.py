@@ -1,7 +1,7 @@
 """The authority's SQLite store: its connection, transactions, migrations
 and settings. Domain code calls its typed methods; those of each group of
 tables live in a mixin of its own (nodes, controllers, releases, services,
-groups, keys, adapters, scaling, audit), all inherited by
+groups, keys, adapters, scaling, webhooks, audit), all inherited by
 :class:`AuthorityStore`; the records they return are in records.py.
 
 One connection per store object, used by one thread (a running main has two:
@@ -55,6 +55,7 @@ from letsinfer.store.records import (
 from letsinfer.store.releases import ReleaseTables
 from letsinfer.store.scaling import ScalingTables
 from letsinfer.store.services import ServiceTables
+from letsinfer.store.webhooks import WebhookTables
 
 # The records were defined here once: they are still importable from here.
 __all__ = [
@@ -109,6 +110,7 @@ class AuthorityStore(
     ServiceTables,
     GroupTables,
     ApiKeyTables,
+    WebhookTables,
 ):
     def __init__(self, path: Path, anchor: HeadKeeper | None = None) -> None:
         """``anchor``: signs the audit chain's head after each commit that

@@ -387,4 +387,32 @@ MIGRATIONS: list[str] = [
         UPDATE revisions SET rev = rev + 1 WHERE name = 'directory';
     END;
     """,
+    # 15: webhooks (letsinfer.webhooks): the endpoints, and the delivery queue on
+    # disk, one row per endpoint and event (an event emitted twice is sent once).
+    """
+    CREATE TABLE webhooks (
+        url TEXT PRIMARY KEY,
+        secret TEXT NOT NULL,
+        events TEXT NOT NULL,
+        state TEXT NOT NULL DEFAULT 'active' CHECK (state IN ('active', 'disabled')),
+        disabled_reason TEXT,
+        created_at REAL NOT NULL
+    );
+    CREATE TABLE webhook_deliveries (
+        id TEXT PRIMARY KEY,
+        url TEXT NOT NULL REFERENCES webhooks(url) ON DELETE CASCADE,
+        event_id TEXT NOT NULL,
+        event TEXT NOT NULL,
+        body TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        last_status TEXT,
+        state TEXT NOT NULL
+            CHECK (state IN ('pending', 'delivered', 'failed', 'dropped')),
+        next_at REAL,
+        delivered_at REAL,
+        UNIQUE (url, event_id)
+    );
+    CREATE INDEX webhook_deliveries_due ON webhook_deliveries(state, next_at);
+    """,
 ]
