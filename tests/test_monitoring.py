@@ -5,15 +5,19 @@ stopped model firing the no-ready-group rule, are in test_cluster_serving.py."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import shutil
 import subprocess
 import time
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import pytest
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, generate_latest, make_asgi_app
 from prometheus_client.parser import text_string_to_metric_families
 
 from letsinfer.gateway.admission import Admission, AdmissionLimits
@@ -21,6 +25,7 @@ from letsinfer.gateway.metrics import GatewayMetrics
 from letsinfer.gateway.policy import RoutingPolicy
 from letsinfer.gateway.routing import Replica, RoutingTable
 from letsinfer.telemetry.collector import ClusterCollector
+from letsinfer.telemetry.discovery import ASGIApp, with_discovery
 from letsinfer.telemetry.view import ClusterView, GroupSample, NodeSample
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,11 +38,18 @@ needs_promtool = pytest.mark.skipif(
 def scrape_text() -> str:
     """The main's registry as node.py wires it, with one node, GPU, group and
     request, scraped through prometheus_client's own exposition."""
+    registry, _ = main_registry()
+    return generate_latest(registry).decode()
+
+
+def main_registry(clock: Callable[[], float] = time.time) -> tuple[CollectorRegistry, ClusterView]:
+    """The main's registry as node.py wires it, and its view of the cluster:
+    one node (n1) with a GPU and two groups, one request."""
     routing = RoutingTable()
     admission = Admission(routing, RoutingPolicy(), AdmissionLimits())
     metrics = GatewayMetrics(routing, admission)
     view = ClusterView(store=None)  # type: ignore[arg-type]  # filled by hand below
-    now = time.time()
+    now = clock()
     view.nodes = (
         NodeSample(
             "id-n1",
@@ -67,12 +79,12 @@ def scrape_text() -> str:
     )
     view.models = ("chat",)
     routing.publish(Replica("pg-1", "chat", "http://engine", "Bearer x", 4, "id-n1"))
-    metrics.registry.register(ClusterCollector(view, routing))
+    metrics.registry.register(ClusterCollector(view, routing, clock=clock))
     metrics.request(
         "chat", 200, 0.5, 0.1, key="team-a", pg="pg-1", prompt_tokens=7, completion_tokens=9
     )
     metrics.error("queue_full")
-    return generate_latest(metrics.registry).decode()
+    return metrics.registry, view
 
 
 def sample_names(text: str) -> set[str]:
@@ -163,3 +175,108 @@ def test_requests_booked_together_count_as_each_would_alone() -> None:
     assert values[("letsinfer_gateway_requests_total", (("model", "chat"), ("status", "200")))] == 3
     assert values[("letsinfer_key_tokens_total", (("key", "team-a"), ("kind", "prompt")))] == 11
     assert ("letsinfer_key_tokens_total", (("key", "team-b"), ("kind", "prompt"))) not in values
+
+
+def node(name: str, role: str = "child", *gpus: str, state: str = "active") -> NodeSample:
+    listed = tuple({"uuid": f"GPU-{name}-{i}", "name": g} for i, g in enumerate(gpus))
+    return NodeSample(f"id-{name}", name, role, state, False, None, None, None, None, listed)
+
+
+def ask(app: ASGIApp, *requests: tuple[str, str]) -> list[httpx.Response]:
+    """``requests`` (method, path) to ``app`` as if it listened on [::1]:9400."""
+
+    async def send_all() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://[::1]:9400") as client:
+            return [await client.request(method, path) for method, path in requests]
+
+    return asyncio.run(send_all())
+
+
+def test_service_discovery_lists_each_active_node_as_a_target_of_the_listener() -> None:
+    """Children have no metrics listener (the main exports their series), so
+    every node's target is the listener the request reached, told apart by
+    ?node=NAME (__param_node) and named by instance; only GET reads the
+    list."""
+    nodes = (
+        node("n1", "child", "NVIDIA H200", "NVIDIA H200"),
+        node("main", "main"),
+        node("gone", state="removed"),
+    )
+    app = with_discovery(
+        make_asgi_app(registry=CollectorRegistry()), CollectorRegistry(), lambda: nodes
+    )
+    sd, posted, scrape = ask(app, ("GET", "/sd"), ("POST", "/sd"), ("GET", "/metrics"))
+    assert sd.status_code == 200 and sd.headers["content-type"] == "application/json"
+
+    def group(name: str, role: str, gpus: str, names: str) -> dict[str, object]:
+        labels = {
+            "__meta_letsinfer_node": name,
+            "__meta_letsinfer_role": role,
+            "__meta_letsinfer_gpus": gpus,
+            "__meta_letsinfer_gpu_names": names,
+            "__param_node": name,
+            "instance": name,
+        }
+        return {"targets": ["[::1]:9400"], "labels": labels}
+
+    assert sd.json() == [
+        group("main", "main", "0", ""),
+        group("n1", "child", "2", ",NVIDIA H200,NVIDIA H200,"),
+    ]
+    assert posted.status_code == 405 and posted.headers["allow"] == "GET"
+    assert scrape.status_code == 200 and scrape.headers["content-type"].startswith("text/plain")
+
+
+Samples = Counter[tuple[str, tuple[tuple[str, str], ...], float]]
+
+
+def samples_of(text: str) -> Samples:
+    return Counter(
+        (s.name, tuple(sorted(s.labels.items())), s.value)
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    )
+
+
+def test_each_node_target_serves_its_own_samples_and_all_targets_every_sample_once() -> None:
+    registry, view = main_registry(clock=lambda: 1_000_000.0)
+    view.nodes = (*view.nodes, node("main", "main", "H200"), node("n2", "child", "H100"))
+    view.groups = (
+        *view.groups,
+        GroupSample("pg-3", "chat", "main", "running", "ready", 0, None),
+        # still recorded on a node removed since: no target of its own
+        GroupSample("pg-4", "chat", "n9", "stopped", "stopped", 0, None),
+    )
+    app = with_discovery(make_asgi_app(registry=registry), registry, lambda: view.nodes)
+    names = [g["labels"]["__meta_letsinfer_node"] for g in ask(app, ("GET", "/sd"))[0].json()]
+    assert names == ["main", "n1", "n2"]
+    plain, *targets = ask(app, ("GET", "/metrics"), *(("GET", f"/metrics?node={n}") for n in names))
+    assert plain.text == generate_latest(registry).decode()  # plain /metrics as before
+    assert all(t.status_code == 200 for t in targets)
+    main, n1, n2 = (samples_of(t.text) for t in targets)
+
+    def nodes_in(got: Samples) -> set[str | None]:
+        return {dict(labels).get("node") for _, labels, _ in got}
+
+    assert nodes_in(main) == {None, "main", "n9"}
+    assert nodes_in(n1) == {"n1"} and nodes_in(n2) == {"n2"}
+    assert ("letsinfer_gateway_requests_total", (("model", "chat"), ("status", "200")), 1.0) in main
+    assert ("letsinfer_node_info", (("node", "n1"), ("role", "child")), 1.0) in n1
+    assert any(name == "letsinfer_gpu_memory_total_bytes" for name, _, _ in n1)
+    assert any(name == "letsinfer_node_info" for name, _, _ in n2)
+    assert main + n1 + n2 == samples_of(plain.text)
+
+
+def test_a_node_target_of_no_active_node_is_not_found() -> None:
+    registry, view = main_registry()
+    view.nodes = (*view.nodes, node("main", "main"), node("gone", state="removed"))
+    app = with_discovery(make_asgi_app(registry=registry), registry, lambda: view.nodes)
+    for path, name in [
+        ("/metrics?node=n7", "n7"),
+        ("/metrics?node=gone", "gone"),
+        ("/metrics?node=", ""),
+    ]:
+        [answer] = ask(app, ("GET", path))
+        assert answer.status_code == 404, path
+        assert answer.text == f"no active node named {name!r}\n"

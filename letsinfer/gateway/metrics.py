@@ -17,7 +17,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
@@ -29,6 +29,8 @@ from letsinfer.config import GatewaySettings
 from letsinfer.connections import METRICS_LIMITS, GuardedServer
 from letsinfer.gateway.routing import RoutingTable
 from letsinfer.planes import RunningPlane
+from letsinfer.telemetry.discovery import with_discovery
+from letsinfer.telemetry.view import NodeSample
 
 if TYPE_CHECKING:
     from letsinfer.gateway.admission import Admission
@@ -245,16 +247,22 @@ def source_filter(allow: tuple[str, ...]) -> Callable[[str], bool]:
 
 
 async def start_metrics_server(
-    metrics: GatewayMetrics, settings: GatewaySettings
+    metrics: GatewayMetrics,
+    settings: GatewaySettings,
+    nodes: Callable[[], Sequence[NodeSample]] | None = None,
 ) -> RunningPlane | None:
     """Serve metrics on ``settings.metrics_host`` unless the port is 0, on the
-    running loop, to loopback and the allowed networks only. A busy port
-    disables metrics with an error in the log; inference keeps working."""
+    running loop, to loopback and the allowed networks only; with ``nodes``
+    (the main's active nodes), Prometheus's HTTP service discovery at ``/sd``
+    and each node's target at ``/metrics?node=NAME`` too
+    (letsinfer.telemetry.discovery). A busy port disables metrics with an
+    error in the log; inference keeps working."""
     host, port = settings.metrics_host, settings.metrics_port
     if port == 0:
         return None
+    app = make_asgi_app(registry=metrics.registry)
     config = uvicorn.Config(
-        make_asgi_app(registry=metrics.registry),
+        app if nodes is None else with_discovery(app, metrics.registry, nodes),
         host=host,
         port=port,
         lifespan="off",
