@@ -18,6 +18,8 @@ BIN = Path(PY).parent
 ROOT = Path(__file__).resolve().parent
 COLLECTION = ROOT / "collections" / "ansible_collections" / "letsinfer" / "cluster"
 BUILD = ROOT / "build"
+# The man pages, written by `./dev man`; pyproject.toml ships them (share/man/man1).
+MAN_PAGES = ROOT / "docs" / "man"
 # Measured at 2 (CI's cores); the cap bounds the lab hosts and engines up at once.
 MAX_TEST_WORKERS = 4
 # Debian packages the tests need: the lab's hosts (sshd, nft, nc; ip and nsenter).
@@ -31,6 +33,7 @@ TEST_SYSTEM_PACKAGES: list[str] = [
     "nginx",  # the gateway benchmark's baseline (its short mode runs in the tests)
     "prometheus",  # promtool: checks and unit-tests the shipped alert rules
     "valgrind",  # callgrind counts the proxies' instructions (benchmarks/instructions.py)
+    "man-db",  # man finds and shows the pages the node role links (tests/test_man_pages.py)
 ]
 
 
@@ -106,6 +109,12 @@ def lint(c: Context) -> None:
 
 
 @task
+def openapi(c: Context) -> None:
+    """Regenerate docs/admin-api.openapi.json from the admin API's routes."""
+    c.run(f"{PY} -m letsinfer.control.ops.openapi", pty=False)
+
+
+@task
 def ansible_lint(c: Context) -> None:
     """ansible-lint (production profile) over playbooks, roles, collection, molecule."""
     c.run(f"{BIN}/ansible-lint --offline -q", env=_env())
@@ -143,6 +152,14 @@ def collection(c: Context) -> None:
     if missing:
         raise Exit(f"{artifact} lacks {', '.join(missing)}", code=1)
     print(f"built {artifact.relative_to(ROOT)} ({len(names)} entries, roles included)")
+
+
+@task
+def man(c: Context) -> None:
+    """Rewrite docs/man/, the man pages, from the commands' current help.
+
+    One page per command and group; the wheel ships them (share/man/man1)."""
+    c.run(f"{PY} -m letsinfer.cli.man_pages {MAN_PAGES}", pty=False)
 
 
 @task

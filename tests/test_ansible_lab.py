@@ -226,6 +226,26 @@ def test_site_changes_nothing_when_a_host_fails_doctor(lab: Lab, wheels: Path) -
     assert "Nodes | Install" not in result.stdout
 
 
+def test_an_installed_host_has_the_man_pages_where_man_looks(converged: Lab) -> None:
+    """The wheel's pages, linked by the node role (the lab's node_man_dir is
+    /opt/man/man1: /usr is shared by every lab host)."""
+    lab = converged
+    # man finds the page by the link (and names the file the link resolves to)
+    found = sh(lab, "n1", "man -M /opt/man -w letsinfer-model-pull")
+    assert found == "/opt/letsinfer/releases/0.1.0/share/man/man1/letsinfer-model-pull.1"
+    link = "/opt/man/man1/letsinfer-model-pull.1"
+    assert sh(lab, "n1", f"readlink {link}") == (
+        "/opt/letsinfer/current/share/man/man1/letsinfer-model-pull.1"
+    )
+    assert sh(lab, "n1", f"cat {link}") == (
+        (ROOT / "docs" / "man" / "letsinfer-model-pull.1").read_text().strip()
+    )
+    shown = sh(lab, "n1", "MANWIDTH=100 man -M /opt/man letsinfer-model-pull")
+    assert "letsinfer-model-pull - Pull a GGUF model" in shown
+    pages = sh(lab, "n1", "ls /opt/man/man1").split()
+    assert sorted(pages) == sorted(p.name for p in (ROOT / "docs" / "man").glob("*.1"))
+
+
 def test_upgrade_to_a_broken_build_stops_at_the_first_host_and_restores_it(
     converged: Lab, wheels: Path, tmp_path: Path
 ) -> None:
@@ -300,6 +320,9 @@ def test_upgrade_to_a_good_build_keeps_the_previous_release_and_runs_once(
         text=True,
     )
 
+    # as if 0.1.0 had no `model pull`: the upgrade links the page 0.1.2 brings
+    sh(lab, "n1", "rm /opt/man/man1/letsinfer-model-pull.1")
+
     began = time.time() - 1
     first = playbook(lab, wheels, "upgrade.yml", *args)
     flag.touch()
@@ -313,6 +336,9 @@ def test_upgrade_to_a_good_build_keeps_the_previous_release_and_runs_once(
     assert sh(lab, "n1", "readlink /opt/letsinfer/current") == "/opt/letsinfer/releases/0.1.2"
     assert sh(lab, "n1", "readlink /opt/letsinfer/previous") == "/opt/letsinfer/releases/0.1.0"
     assert sh(lab, "n1", "/opt/letsinfer/current/bin/letsinfer --version").endswith("0.1.2")
+    assert sh(lab, "n1", "man -M /opt/man -w letsinfer-model-pull") == (
+        "/opt/letsinfer/releases/0.1.2/share/man/man1/letsinfer-model-pull.1"
+    )
     assert active_child(lab, "n1", since=began)  # it rejoined the main
     pid = node_status(lab, "n1")["pid"]
 
@@ -346,6 +372,7 @@ def test_wipe_needs_the_host_name_then_removes_everything_but_models(
     assert "except model data" in done.stdout
     gone = "/opt/letsinfer /etc/letsinfer /run/letsinfer /var/lib/letsinfer/authority.db"
     assert sh(lab, "n1", f"for p in {gone}; do test -e $p && echo $p; done; true") == ""
+    assert sh(lab, "n1", "ls /opt/man/man1") == ""  # the man page links went too
     assert lab.ssh("n1", "nft list table inet letsinfer").returncode != 0
     assert lab.ssh("n1", "nft list table inet othertool").returncode == 0
     assert lab.ssh("n1", "getent passwd letsinfer").returncode == 2

@@ -28,8 +28,10 @@ def every_command() -> list[tuple[str, click.Command]]:
 
     def walk(cmd: click.Command, path: str) -> None:
         found.append((path, cmd))
-        if isinstance(cmd, click.Group):
-            for name, sub in cmd.commands.items():
+        if isinstance(cmd, click.Group):  # asked, so that lazy subcommands are loaded too
+            for name in cmd.list_commands(ctx):
+                sub = cmd.get_command(ctx, name)
+                assert sub is not None, f"{path} {name}"
                 walk(sub, f"{path} {name}")
 
     for name in COMMANDS:
