@@ -45,6 +45,7 @@ from letsinfer.audit.anchor import open_authority
 from letsinfer.audit.denials import DenialLog
 from letsinfer.authority import engine_keys
 from letsinfer.authority.audit_echo import AuditEcho
+from letsinfer.authority.external import refused_providers
 from letsinfer.authority.factwriter import FactWriter
 from letsinfer.authority.overload import AttentionClock, Shedder
 from letsinfer.authority.placements import desired_for_node
@@ -62,9 +63,11 @@ from letsinfer.control.admin_socket import AdminPlane, LocalGate
 from letsinfer.control.app import ControlContext, create_control_app
 from letsinfer.control.local_ops import local_router
 from letsinfer.control.ops import ops_router
+from letsinfer.control.ops.rollouts import OnLoop
 from letsinfer.control.removal_notice import tell_removed
 from letsinfer.control.thread import ControlThread, LoopPost
 from letsinfer.control.typed_app import typed_app
+from letsinfer.fetch import FetchPolicy
 from letsinfer.gateway.app import Gateway, create_app
 from letsinfer.gateway.directory import Directory
 from letsinfer.gateway.metrics import start_metrics_server
@@ -72,7 +75,7 @@ from letsinfer.gateway.routing import ReplicaFacts, RoutingTable
 from letsinfer.home import Home
 from letsinfer.identity import NodeIdentity, load_identity
 from letsinfer.lifecycle import restarts
-from letsinfer.lifecycle.routes import lifecycle_router
+from letsinfer.lifecycle.routes import ServingRollouts, lifecycle_router
 from letsinfer.lifecycle.serving import Serving
 from letsinfer.mirror.layout import MirrorLayout
 from letsinfer.planes import RunningPlane, tls_server
@@ -87,6 +90,8 @@ from letsinfer.trust.discovery import Advertiser
 from letsinfer.trust.material import ClusterCA, presented_fingerprint, tls_files
 from letsinfer.trust.peer import presenting_server
 from letsinfer.usage.recorder import RequestLog
+from letsinfer.webhooks.budgets import BudgetWatch
+from letsinfer.webhooks.dispatch import Dispatcher
 
 log = logging.getLogger("letsinfer.node")
 
@@ -121,6 +126,7 @@ class MainNode:
             records=self.records,
             tracing=settings.tracing,
         )
+        self._refuse_providers(FetchPolicy.from_settings(settings))
         # Loads on demand, idle unloads, eviction, replica counts (on this loop).
         self.capacity = CapacityController(
             Placer(
@@ -193,6 +199,10 @@ class MainNode:
         self.writer = FactWriter(
             self.control_store, control.facts_batch_interval_s, cost_s=control.report_cost_s
         )
+        # Signed webhooks: events queued on disk, sent from the control thread.
+        self.webhooks = Dispatcher(
+            self.control_store, settings.webhooks, FetchPolicy.from_settings(settings)
+        )
         self.control = ControlThread()
         self.desk: ReportDesk | None = None  # made on start (it posts to the gateway's loop)
         self.post: LoopPost | None = None
@@ -227,7 +237,7 @@ class MainNode:
     async def _control_up(self) -> None:
         """On the control thread: the mutual-TLS planes, the nodes' reports
         and the background work about remote nodes."""
-        assert self.desk is not None
+        assert self.desk is not None and self.post is not None
         self.desk.round()  # revocations, parallel groups, link states
         files = tls_files(self.home, self.identity)
         tls = presenting_server(files.cert, files.key, files.ca)
@@ -243,6 +253,9 @@ class MainNode:
             release_key=runtime.ensure_cluster_key(self.home).text,
             denials=self.denials,
             on_change=self._apply_from_control,
+            home=self.home,
+            rollouts=OnLoop(ServingRollouts(self.lifecycle), self.post.loop),
+            scene=self._scene_for_control,
         )
         agent = self.settings.agent
         self._planes = [
@@ -280,11 +293,20 @@ class MainNode:
         self.control.spawn(self._control_rounds)
         self.control.spawn(self.shedder.watch)
         self.control.spawn(self.denials.run)
+        self.control.spawn(self.webhooks.run)
 
     async def _control_down(self) -> None:
         for plane in self._planes:
             await plane.stop()
         self.writer.flush()  # what is staged goes to disk before the thread ends
+
+    def _refuse_providers(self, policy: FetchPolicy) -> None:
+        """External models whose provider's address [fetch] refuses now (the
+        setting may have changed since they were added) are not served."""
+        refused = refused_providers(self.store, policy)
+        for name, (_url, why) in refused.items():
+            log.error("model %s is not served: %s", name, why)
+        self.gateway.refused_providers = {name: url for name, (url, _) in refused.items()}
 
     async def _control_rounds(self) -> None:
         interval = self.settings.agent.reconcile_interval_s
@@ -298,7 +320,9 @@ class MainNode:
 
     async def _start_admin(self) -> AdminPlane:
         admin = typed_app("letsinfer admin socket")
-        admin.include_router(ops_router(self.store, self.identity, on_change=self._apply_here))
+        admin.include_router(
+            ops_router(self.store, self.identity, on_change=self._apply_here, home=self.home)
+        )
         admin.include_router(local_router(self.store, self.node_removed))
         admin.include_router(lifecycle_router(self.lifecycle, self.home.model_store))
         admin.include_router(
@@ -321,6 +345,16 @@ class MainNode:
         a busy gateway gets to it."""
         assert self.post is not None
         await asyncio.wait_for(asyncio.wrap_future(self.post.submit(self.apply_now)), 30)
+
+    async def _scene_for_control(self) -> tuple[list[str], float]:
+        """The groups draining now and how long a child may go unheard, read on
+        the gateway's loop (which owns them) for the control plane's displays."""
+        assert self.post is not None
+        lifecycle = self.lifecycle
+        facts = self.post.submit(
+            lambda: (sorted(self.routing.draining()), lifecycle.shown_stale_after_s)
+        )
+        return await asyncio.wait_for(asyncio.wrap_future(facts), 30)
 
     async def _apply_here(self) -> None:
         """A change made through the admin socket (on the gateway's own loop)."""
@@ -415,6 +449,11 @@ class MainNode:
         echo = asyncio.create_task(self.audit_echo.run(), name="audit echo")
         weigh = asyncio.create_task(self._weigh_own_engines(), name="engine weighing")
         capacity = asyncio.create_task(self.capacity.run(), name="capacity")
+        # Spent budgets are counted on this loop: watched here, off the request path.
+        budgets = asyncio.create_task(
+            BudgetWatch(self.gateway, self.store, self.settings.webhooks.interval_s).run(),
+            name="webhook budgets",
+        )
         records = (
             asyncio.create_task(self.records.run(), name="request records")
             if self.records
@@ -422,7 +461,11 @@ class MainNode:
         )
 
         async def serve_metrics() -> RunningPlane | None:
-            return await start_metrics_server(self.gateway.metrics, self.settings.gateway)
+            return await start_metrics_server(
+                self.gateway.metrics,
+                self.settings.gateway,
+                lambda: self.view.nodes,
+            )
 
         # Scrapes are served on the control thread: a big cluster's series take
         # a while to make, and requests must not wait for them.
@@ -435,7 +478,7 @@ class MainNode:
                 if metrics is not None:
                     stopping = metrics
                     await self.control.run(stopping.stop)
-                await end_tasks([loop, watch, echo, weigh, records, capacity])
+                await end_tasks([loop, watch, echo, weigh, records, capacity, budgets])
                 await self.capacity.aclose()
                 if adv is not None:
                     self.advertiser = None

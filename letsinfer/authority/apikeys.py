@@ -10,6 +10,7 @@ import hashlib
 import secrets
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from letsinfer.authority.refusals import audited
@@ -52,6 +53,34 @@ def policy_json(rec: ApiKeyRecord) -> dict[str, Any]:
         "cache_ttl_s": rec.cache_ttl_s,
         "cache_sampled": rec.cache_sampled,
     }
+
+
+def key_limits(store: AuthorityStore, name: str) -> dict[str, Any]:
+    """`auth key limits NAME` with no change: the active key's policy."""
+    found = store.list_api_keys(name=name)
+    if not found:
+        raise StoreError(f"no active API key named {name!r}")
+    return {"name": name, **policy_json(found[-1])}
+
+
+def key_listing(store: AuthorityStore, include_revoked: bool) -> list[dict[str, Any]]:
+    """`auth key list --json`: names, prefixes and policies, never secrets."""
+
+    def when(ts: float | None) -> str | None:
+        return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds") if ts else None
+
+    return [
+        {
+            "name": k.name,
+            "prefix": k.prefix,
+            "models": list(k.models),  # empty: every model, as `auth key create` takes it
+            "concurrency": k.concurrency,
+            **policy_json(k),
+            "created": when(k.created_at),
+            "revoked": when(k.revoked_at),
+        }
+        for k in store.list_api_keys(include_revoked=include_revoked)
+    ]
 
 
 def check_policy(policy: dict[str, Any], current: ApiKeyRecord | None = None) -> dict[str, Any]:

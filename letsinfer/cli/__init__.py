@@ -61,6 +61,7 @@ COMMANDS: dict[str, tuple[tuple[str, ...], str]] = {
     ),
     "up": (("up",), "Start this node in the foreground; Ctrl-C stops it and its engines."),
     "usage": (("usage",), "Requests and tokens summed per API key, model or node."),
+    "webhook": (("webhook",), "Signed webhooks (Standard Webhooks) sent on cluster events."),
     "wheelhouse": (
         ("wheelhouse",),
         "Signed wheelhouses: what a node that trusts release keys may install.",
@@ -219,15 +220,23 @@ class _Root(click.Group):
     help="Keep all of this node's files under DIR (default as root: /etc/letsinfer, "
     "/var/lib/letsinfer and /run/letsinfer; otherwise ~/.local/share/letsinfer).",
 )
+@click.option(
+    "--controller",
+    envvar="LETSINFER_CONTROLLER",
+    metavar="NAME",
+    help="Run the command on the main this workstation paired with as NAME, over mutual "
+    "TLS (default: the one `letsinfer controller use` chose, if any; see docs/admin-api.md).",
+)
 @click.pass_context
-def cli(ctx: click.Context, home: str | None) -> None:
+def cli(ctx: click.Context, home: str | None, controller: str | None) -> None:
     """letsinfer: a few machines with GPUs (or none) as one OpenAI-compatible service."""
-    ctx.obj = load_context(home)
+    ctx.obj = load_context(home, controller)
 
 
 def home_first(argv: list[str]) -> list[str]:
-    """``--home DIR`` is accepted after the subcommand too (``letsinfer status
-    --home DIR``): it moves in front, where click reads the group's options."""
+    """``--home DIR`` (and ``--controller NAME``) is accepted after the
+    subcommand too (``letsinfer status --home DIR``): it moves in front, where
+    click reads the group's options."""
     front: list[str] = []
     rest: list[str] = []
     i = 0
@@ -236,11 +245,11 @@ def home_first(argv: list[str]) -> list[str]:
         if word == "--":
             rest.extend(argv[i:])
             break
-        if word == "--home" and i + 1 < len(argv):
+        if word in ("--home", "--controller") and i + 1 < len(argv):
             front += argv[i : i + 2]
             i += 2
             continue
-        (front if word.startswith("--home=") else rest).append(word)
+        (front if word.startswith(("--home=", "--controller=")) else rest).append(word)
         i += 1
     return front + rest
 

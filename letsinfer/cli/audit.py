@@ -7,10 +7,11 @@ from datetime import UTC, datetime
 
 import click
 
-from letsinfer.audit.anchor import HeadAnchor, check_anchor, open_authority
-from letsinfer.audit.chain import verify_chain
+from letsinfer.audit.anchor import HeadAnchor, open_authority
+from letsinfer.audit.verification import verify_audit
 from letsinfer.cli import cli
 from letsinfer.cli.output import console, emit
+from letsinfer.cli.remote import call
 from letsinfer.cli.scope import CliContext, scoped
 from letsinfer.store import AuthorityStore
 
@@ -51,34 +52,29 @@ def list_audit(ctx: CliContext, limit: int | None, as_json: bool) -> None:
     )
 
 
-@scoped(audit, "verify", scope="all")
+@scoped(audit, "verify", scope="all", remote="viewer")
 @click.pass_obj
 def verify(ctx: CliContext) -> None:
     """Check every link of the chain, the signed head (its signature with the
     node key, and that the record it names is still there unchanged) and, on
     the main, the heads its children reported. Exit 1 naming what is wrong."""
-    store = _open(ctx)
-    try:
-        records = store.list_audit()
-        anchored = check_anchor(HeadAnchor.for_home(ctx.home), store)
-        children = [n for n in store.list_nodes() if n.audit_problem and n.role != "main"]
-    finally:
-        store.close()
-    problems = []
-    broken = verify_chain(records)
-    if broken is not None:
-        problems.append(f"audit chain broken at record {broken.seq}: {broken.reason}")
-    problems += [f"audit chain not anchored: {p}" for p in anchored.problems]
-    problems += [f"node {n.name}'s audit chain: {n.audit_problem}" for n in children]
-    if problems:
-        raise click.ClickException("\n".join(problems))
-    head = anchored.head
+    if ctx.remote is not None:
+        found = call(ctx.remote, "GET", "/v1/ops/audit/verify")
+    else:
+        store = _open(ctx)
+        try:
+            found = verify_audit(store, HeadAnchor.for_home(ctx.home))
+        finally:
+            store.close()
+    if found["problems"]:
+        raise click.ClickException("\n".join(found["problems"]))
+    head = found["head"]
     console.print(
-        f"audit chain intact: {len(records)} records"
-        + (f", signed head at record {head.count}" if head else "")
+        f"audit chain intact: {found['records']} records"
+        + (f", signed head at record {head}" if head else "")
     )
-    if anchored.unanchored:
+    if found["unanchored"]:
         console.print(
-            f"{anchored.unanchored} record(s) after the signed head are not anchored yet "
+            f"{found['unanchored']} record(s) after the signed head are not anchored yet "
             "(appended without the node key; the next signed append covers them)"
         )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
 import click
@@ -16,13 +15,16 @@ from letsinfer.authority.apikeys import (
     MAX_LIMIT,
     PERIODS,
     create_key,
+    key_limits,
+    key_listing,
     policy_json,
     revoke_key,
     set_policy,
 )
 from letsinfer.cli import cli
-from letsinfer.cli.local import ask_node, segment
+from letsinfer.cli.local import segment
 from letsinfer.cli.output import console, emit
+from letsinfer.cli.remote import ask_main
 from letsinfer.cli.scope import CliContext, scoped
 
 
@@ -37,10 +39,6 @@ def auth() -> None:
 @auth.group()
 def key() -> None:
     """Create, list and revoke API keys."""
-
-
-def _when(ts: float | None) -> str | None:
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds") if ts else None
 
 
 class _Limit(click.ParamType):
@@ -129,7 +127,7 @@ def _policy(given: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-@scoped(key, "create", scope="main")
+@scoped(key, "create", scope="main", remote="administrator")
 @click.argument("name")
 @click.option(
     "--model",
@@ -160,7 +158,7 @@ def create(
     key is rotated). Another name starts afresh."""
     policy = _policy(given)
     body = {"name": name, "models": list(models), "concurrency": concurrency, **policy}
-    made = ask_node(ctx.home, "POST", "/v1/ops/keys", json=body)
+    made = ask_main(ctx, "POST", "/v1/ops/keys", json=body)
     if made is None:  # no node runs here: write the authority directly
         store = open_authority(ctx.home)
         try:
@@ -179,11 +177,11 @@ def create(
             "as one (a rotation). For an account of its own, use another name.",
             highlight=False,
         )
-    if policy:
+    if policy and ctx.remote is None:  # (the main's settings are not at hand remotely)
         _note_retention(ctx, made)
 
 
-@scoped(key, "limits", scope="main")
+@scoped(key, "limits", scope="main", remote="administrator")
 @click.argument("name")
 @policy_options
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
@@ -196,18 +194,17 @@ def limits(ctx: CliContext, name: str, as_json: bool, **given: Any) -> None:
     and tokens of the last minute, tokens of the budget's period) are rebuilt
     from the request records whenever its limits change."""
     change = _policy(given)
-    if not change:
+    path = f"/v1/ops/keys/{segment(name)}/limits"
+    if not change and ctx.remote is not None:
+        answer = ask_main(ctx, "GET", path)
+    elif not change:
         store = open_authority(ctx.home)
         try:
-            found = store.list_api_keys(name=name)
+            answer = key_limits(store, name)
         finally:
             store.close()
-        if not found:
-            raise click.ClickException(f"no active API key named {name!r}")
-        answer = {"name": name, **policy_json(found[-1])}
     else:
-        path = f"/v1/ops/keys/{segment(name)}/limits"
-        answer = ask_node(ctx.home, "POST", path, json=change)  # type: ignore[assignment]
+        answer = ask_main(ctx, "POST", path, json=change)
         if answer is None:
             store = open_authority(ctx.home)
             try:
@@ -218,7 +215,7 @@ def limits(ctx: CliContext, name: str, as_json: bool, **given: Any) -> None:
         click.echo(json.dumps(answer))
         return
     console.print(f"API key [bold]{name}[/bold]: {limits_text(answer)}", highlight=False)
-    if change:
+    if change and ctx.remote is None:  # (the main's settings are not at hand remotely)
         _note_retention(ctx, answer)
 
 
@@ -266,29 +263,20 @@ def limits_text(p: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
-@scoped(key, "list", scope="main")
+@scoped(key, "list", scope="main", remote="administrator")
 @click.option("--all", "include_revoked", is_flag=True, help="Include revoked keys.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
 def list_keys(ctx: CliContext, include_revoked: bool, as_json: bool) -> None:
     """List API keys (names and prefixes, never secrets)."""
-    store = open_authority(ctx.home)
-    try:
-        keys = store.list_api_keys(include_revoked=include_revoked)
-    finally:
-        store.close()
-    rows = [
-        {
-            "name": k.name,
-            "prefix": k.prefix,
-            "models": list(k.models),  # empty: every model, as `auth key create` takes it
-            "concurrency": k.concurrency,
-            **policy_json(k),
-            "created": _when(k.created_at),
-            "revoked": _when(k.revoked_at),
-        }
-        for k in keys
-    ]
+    if ctx.remote is not None:
+        rows = ask_main(ctx, "GET", f"/v1/ops/keys?all={str(include_revoked).lower()}")
+    else:
+        store = open_authority(ctx.home)
+        try:
+            rows = key_listing(store, include_revoked)
+        finally:
+            store.close()
     if as_json:
         emit(rows, [], as_json=True)
         return
@@ -321,14 +309,14 @@ def _limits_cell(r: dict[str, Any]) -> str:
     return ", ".join(cells) or "-"
 
 
-@scoped(key, "revoke", scope="main")
+@scoped(key, "revoke", scope="main", remote="administrator")
 @click.argument("name")
 @click.pass_obj
 def revoke(ctx: CliContext, name: str) -> None:
     """Revoke an API key. With the node running, its gateway refuses the key
     from the moment this returns; otherwise from the node's next start."""
     path = f"/v1/ops/keys/{segment(name)}/revoke"
-    if ask_node(ctx.home, "POST", path) is None:
+    if ask_main(ctx, "POST", path) is None:
         store = open_authority(ctx.home)
         try:
             revoke_key(store, name)

@@ -8,12 +8,12 @@ import click
 
 from letsinfer.audit.anchor import open_authority
 from letsinfer.authority import lifecycle
+from letsinfer.authority.views import group_object, node_object, when
 from letsinfer.cli import cli
 from letsinfer.cli.local import ask_node
 from letsinfer.cli.output import console, emit, emit_object
 from letsinfer.cli.scope import CliContext, scoped
 from letsinfer.cli.shown import read_scene, read_store
-from letsinfer.cli.views import group_object, node_object, when
 
 
 @cli.group()

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import ssl
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import click
@@ -15,7 +13,7 @@ import httpx
 from letsinfer import config
 from letsinfer.audit.anchor import open_authority
 from letsinfer.authority import controllers
-from letsinfer.cli import cli
+from letsinfer.cli import cli, remote
 from letsinfer.cli.auth import auth
 from letsinfer.cli.local import segment
 from letsinfer.cli.output import console, emit
@@ -23,7 +21,6 @@ from letsinfer.cli.scope import CliContext, scoped
 from letsinfer.store import StoreError
 from letsinfer.trust import pki
 from letsinfer.trust.client import PeerMismatch, peer_certificate
-from letsinfer.trust.peer import client_context
 
 
 @auth.group("controller")
@@ -106,27 +103,6 @@ def controller_revoke(ctx: CliContext, name: str) -> None:
 # -- the workstation side ------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class ControllerFiles:
-    root: Path
-
-    @property
-    def key(self) -> Path:
-        return self.root / "controller.key"
-
-    @property
-    def cert(self) -> Path:
-        return self.root / "controller.crt"
-
-    @property
-    def ca(self) -> Path:
-        return self.root / "ca.crt"
-
-    @property
-    def meta(self) -> Path:
-        return self.root / "controller.json"
-
-
 @cli.group()
 def controller() -> None:
     """Act as a paired controller from this workstation."""
@@ -147,10 +123,19 @@ def controller() -> None:
     help="The comparison string the main showed; pairing stops if it differs.",
 )
 @click.option("--yes", is_flag=True, help="Do not ask to confirm the comparison string.")
+@click.option(
+    "--name",
+    default=remote.DEFAULT,
+    show_default=True,
+    help="What this workstation calls the paired main: `controller use NAME` and "
+    "--controller NAME select it. Pair with several mains (or roles) under several names.",
+)
 @click.pass_obj
-def pair(ctx: CliContext, main_address: str, code: str, expect: str | None, yes: bool) -> None:
+def pair(
+    ctx: CliContext, main_address: str, code: str, expect: str | None, yes: bool, name: str
+) -> None:
     """Pair with a main: make a key here (never exported), get a role certificate."""
-    files = ControllerFiles(ctx.home.controller_dir)
+    files = remote.pairing_named(ctx.home, name)
     key = pki.read_private_key(files.key) if files.key.exists() else pki.new_key()
     probe = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     probe.check_hostname = False
@@ -206,28 +191,70 @@ def pair(ctx: CliContext, main_address: str, code: str, expect: str | None, yes:
             }
         )
     )
-    console.print(f"paired with {main_address} as [bold]{answer['role']}[/bold]")
+    console.print(
+        f"paired with {main_address} as [bold]{answer['role']}[/bold]"
+        + ("" if name == remote.DEFAULT else f" (controller {name})")
+    )
 
 
 def _call(ctx: CliContext, method: str, path: str, body: Any = None) -> dict[str, Any]:
-    files = ControllerFiles(ctx.home.controller_dir)
-    if not files.meta.exists():
+    """The selected main (else the pairing made without a name) answers."""
+    pairing = remote.selected(ctx.home, ctx.controller) or remote.pairing_named(
+        ctx.home, remote.DEFAULT
+    )
+    if not pairing.meta.exists():
         raise click.ClickException("this workstation is not paired: `letsinfer controller pair`")
-    meta = json.loads(files.meta.read_text())
-    tls = client_context(files.ca, files.cert, files.key)
-    try:
-        resp = httpx.request(
-            method, f"https://{meta['main']}{path}", json=body, verify=tls, timeout=15
-        )
-    except (httpx.HTTPError, ssl.SSLError) as exc:
-        raise click.ClickException(
-            f"the main at {meta['main']} refused the connection "
-            f"({exc}); is this controller still paired?"
-        ) from exc
-    data: dict[str, Any] = resp.json()
-    if resp.status_code != 200:
-        raise click.ClickException(data.get("error", {}).get("message", resp.text))
+    data: dict[str, Any] = remote.call(pairing, method, path, body, timeout=15)
     return data
+
+
+@scoped(controller, "list", scope="all")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+def list_pairings(ctx: CliContext, as_json: bool) -> None:
+    """The mains this workstation is paired with, each with its role; ``selected``:
+    the one commands run on (`controller use`, --controller, LETSINFER_CONTROLLER)."""
+    chosen = remote.selected_name(ctx.home, ctx.controller)
+    rows = [
+        {
+            "name": p.name,
+            "main": p.main,
+            "role": p.role,
+            "main_id": p.said().get("main_id"),
+            "selected": p.name == chosen,
+        }
+        for p in remote.pairings(ctx.home)
+    ]
+    emit(rows, ["name", "main", "role", "selected"], as_json=as_json, title="paired mains")
+
+
+@scoped(controller, "use", scope="all")
+@click.argument("name", required=False)
+@click.option(
+    "--clear", is_flag=True, help="Select none: commands run here, on this machine's node."
+)
+@click.pass_obj
+def use(ctx: CliContext, name: str | None, clear: bool) -> None:
+    """Select the paired main NAME: from now on commands that have an operation in
+    its admin API run there, as if typed on it (a kubectl context). --controller
+    NAME or LETSINFER_CONTROLLER overrides it for one command."""
+    chosen = remote.use_file(ctx.home)
+    if clear == (name is not None):
+        raise click.UsageError("give a NAME (`letsinfer controller list`) or --clear")
+    if clear:
+        chosen.unlink(missing_ok=True)
+        console.print("no controller selected: commands run on this machine")
+        return
+    assert name is not None
+    pairing = remote.pairing_named(ctx.home, name)
+    if not pairing.meta.is_file():
+        known = ", ".join(p.name for p in remote.pairings(ctx.home)) or "none"
+        raise click.ClickException(f"no main paired as {name!r} here (paired: {known})")
+    chosen.write_text(name + "\n")
+    console.print(
+        f"commands now run on {pairing.main} as controller {name} ({pairing.role})",
+        highlight=False,
+    )
 
 
 @scoped(controller, "state", scope="all")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from letsinfer.authority.views import adapter_refusal, model_object, shown_model
 from letsinfer.cli import LazyGroup, cli
 from letsinfer.cli.model_external import (
     show_external,
@@ -11,8 +12,6 @@ from letsinfer.cli.model_external import (
 from letsinfer.cli.output import brief, console, emit, emit_object
 from letsinfer.cli.scope import CliContext, scoped
 from letsinfer.cli.shown import read_scene, read_store
-from letsinfer.cli.views import model_object
-from letsinfer.store import AuthorityStore, StoreError
 
 # Each subcommand's module, imported when that subcommand is looked up: `model
 # list` loads none of what adds, places or pulls models.
@@ -41,17 +40,22 @@ def model() -> None:
     placement groups (an engine on a node's GPUs or CPU)."""
 
 
-@scoped(model, "list", scope="main")
+@scoped(model, "list", scope="main", remote="viewer")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
 def list_models(ctx: CliContext, as_json: bool) -> None:
     """List model services with their state and placement groups."""
-    store = read_store(ctx.home)
-    try:
-        scene = read_scene(ctx, store)
-        rows = [model_object(store, scene, svc) for svc in store.list_services()]
-    finally:
-        store.close()
+    if ctx.remote is not None:
+        from letsinfer.cli.remote import call
+
+        rows = call(ctx.remote, "GET", "/v1/ops/models")
+    else:
+        store = read_store(ctx.home)
+        try:
+            scene = read_scene(ctx, store)
+            rows = [model_object(store, scene, svc) for svc in store.list_services()]
+        finally:
+            store.close()
     if as_json:
         emit(rows, [], as_json=True)
         return
@@ -82,20 +86,6 @@ def list_models(ctx: CliContext, as_json: bool) -> None:
     )
 
 
-def adapter_refusal(store: AuthorityStore, name: str) -> str | None:
-    """What NAME is when it names no model but a LoRA adapter (clients ask for
-    adapters by name, so operators do too); None otherwise."""
-    if store.resolve_service(name) is not None:
-        return None
-    found = store.get_adapter(name)
-    if found is None:
-        return None
-    return (
-        f"{name!r} is a LoRA adapter of model {found.service!r}, not a model; "
-        f"see `letsinfer model adapter list {found.service}`"
-    )
-
-
 def refuse_adapter_name(ctx: CliContext, name: str, verb: str) -> None:
     """Refuse `model VERB ADAPTER` saying what the name is (the authority would
     only say there is no such model)."""
@@ -108,30 +98,33 @@ def refuse_adapter_name(ctx: CliContext, name: str, verb: str) -> None:
         raise click.ClickException(f"{why} (`letsinfer model {verb}` takes its base model)")
 
 
-@scoped(model, "show", scope="main")
+@scoped(model, "show", scope="main", remote="viewer")
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (one object).")
 @click.pass_obj
 def show(ctx: CliContext, name: str, as_json: bool) -> None:
     """One model: its artifact, state and every placement group with release, GPUs
     and state."""
-    store = read_store(ctx.home)
-    try:
-        svc = store.resolve_service(name)
-        if svc is None:
-            raise StoreError(adapter_refusal(store, name) or f"no model {name!r}")
-        info = model_object(store, read_scene(ctx, store), svc)
-    finally:
-        store.close()
+    if ctx.remote is not None:
+        from letsinfer.cli.local import segment
+        from letsinfer.cli.remote import call
+
+        info = call(ctx.remote, "GET", f"/v1/ops/models/{segment(name)}/show")
+    else:
+        store = read_store(ctx.home)
+        try:
+            info = shown_model(store, read_scene(ctx, store), name)
+        finally:
+            store.close()
     if as_json:
         emit_object(info)
         return
-    if svc.is_external:
-        console.print(f"[bold]{svc.name}[/bold] external: {info['state']}", highlight=False)
+    if info["external"]:
+        console.print(f"[bold]{info['name']}[/bold] external: {info['state']}", highlight=False)
     else:
         console.print(
-            f"[bold]{svc.name}[/bold] sha256:{brief(svc.artifact_digest, 16)} "
-            f"{svc.artifact_size / 1e6:.1f} MB: {info['state']}, "
+            f"[bold]{info['name']}[/bold] sha256:{brief(info['sha256'], 16)} "
+            f"{info['size'] / 1e6:.1f} MB: {info['state']}, "
             f"{info['ready']}/{info['total']} placement group(s) ready",
             highlight=False,
         )

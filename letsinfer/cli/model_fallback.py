@@ -6,13 +6,14 @@ import click
 
 from letsinfer.audit.anchor import open_authority
 from letsinfer.authority.external import fallback_notes, set_fallback
-from letsinfer.cli.local import ask_node, segment
+from letsinfer.cli.local import segment
 from letsinfer.cli.model import model
 from letsinfer.cli.output import console
+from letsinfer.cli.remote import ask_main
 from letsinfer.cli.scope import CliContext, scoped
 
 
-@scoped(model, "fallback", scope="main")
+@scoped(model, "fallback", scope="main", remote="administrator")
 @click.argument("name")
 @click.argument("other", required=False)
 @click.option("--clear", is_flag=True, help="No fallback: the model answers for itself.")
@@ -26,8 +27,8 @@ def fallback(ctx: CliContext, name: str, other: str | None, clear: bool) -> None
         raise click.UsageError("give the fallback model, or --clear")
     target = None if clear else other
     # With the node running its gateway uses the change before this returns.
-    answer = ask_node(
-        ctx.home, "POST", f"/v1/ops/models/{segment(name)}/fallback", json={"fallback": target}
+    answer = ask_main(
+        ctx, "POST", f"/v1/ops/models/{segment(name)}/fallback", json={"fallback": target}
     )
     if answer is None:  # no node runs here: write the authority directly
         store = open_authority(ctx.home)

@@ -11,6 +11,7 @@ from letsinfer.cli.local import ask_node, segment
 from letsinfer.cli.model import model
 from letsinfer.cli.model_install import report_rollout
 from letsinfer.cli.output import console
+from letsinfer.cli.remote import ask_main
 from letsinfer.cli.scope import CliContext, scoped
 
 _NEEDS_NODE = (
@@ -19,7 +20,7 @@ _NEEDS_NODE = (
 )
 
 
-@scoped(model, "upgrade", scope="main")
+@scoped(model, "upgrade", scope="main", remote="operator")
 @click.argument("name")
 @click.option(
     "--release",
@@ -38,8 +39,8 @@ def upgrade(
     time: each replacement is proven (health and one answer) before the group it
     replaces drains; a failed one is removed and the group's exact prior release
     restored, and the upgrade stops. Exits 1 naming the group that failed."""
-    answer = ask_node(
-        ctx.home,
+    answer = ask_main(
+        ctx,
         "POST",
         f"/v1/ops/models/{segment(name)}/upgrade",
         json={"release": release_id, "nodes": list(nodes)},
@@ -52,7 +53,7 @@ def upgrade(
     report_rollout(answer, as_json)
 
 
-@scoped(model, "rollback", scope="main")
+@scoped(model, "rollback", scope="main", remote="operator")
 @click.argument("name")
 @click.option(
     "--to",
@@ -68,8 +69,8 @@ def rollback(
 ) -> None:
     """Reinstall a release this model ran before: the signed release record kept
     in the authority, never re-resolved. One group at a time, as an upgrade."""
-    answer = ask_node(
-        ctx.home,
+    answer = ask_main(
+        ctx,
         "POST",
         f"/v1/ops/models/{segment(name)}/rollback",
         json={"to": to, "nodes": list(nodes)},

@@ -8,9 +8,10 @@ from typing import Any
 
 import click
 
-from letsinfer.cli.local import ask_node, segment
+from letsinfer.cli.local import segment
 from letsinfer.cli.model import model
 from letsinfer.cli.output import console, emit_object
+from letsinfer.cli.remote import ask_main
 from letsinfer.cli.scope import CliContext, scoped
 
 
@@ -104,7 +105,7 @@ def said_policy(ctx: CliContext, name: str, change: dict[str, Any]) -> None:
 def apply_policy(ctx: CliContext, name: str, change: dict[str, Any]) -> dict[str, Any]:
     """Through the running node (it acts on it before this returns), else
     straight into the authority."""
-    answer = ask_node(ctx.home, "POST", f"/v1/ops/models/{segment(name)}/scale", json=change)
+    answer = ask_main(ctx, "POST", f"/v1/ops/models/{segment(name)}/scale", json=change)
     if answer is not None:
         return answer
     from letsinfer.audit.anchor import open_authority
@@ -118,7 +119,7 @@ def apply_policy(ctx: CliContext, name: str, change: dict[str, Any]) -> dict[str
     return {"model": canonical, "policy": policy.to_json(), "summary": policy.describe()}
 
 
-@scoped(model, "scale", scope="main")
+@scoped(model, "scale", scope="main", remote="operator")
 @click.argument("name")
 @scale_options
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (one object).")
@@ -136,6 +137,8 @@ def scale(ctx: CliContext, name: str, as_json: bool, **given: Any) -> None:
     change = policy_change(**given)
     if change:
         answer = apply_policy(ctx, name, change)
+    elif ctx.remote is not None:
+        answer = ask_main(ctx, "GET", f"/v1/ops/models/{segment(name)}/scale")
     else:
         from letsinfer.cli.shown import read_store
 

@@ -7,12 +7,13 @@ from typing import TYPE_CHECKING
 
 import click
 
+from letsinfer.authority.views import group_object, node_object, when
 from letsinfer.cli import cli
 from letsinfer.cli.local import ask_node, segment
 from letsinfer.cli.output import console, emit, emit_object
+from letsinfer.cli.remote import call
 from letsinfer.cli.scope import CliContext, ScopedCommand, scoped
 from letsinfer.cli.shown import read_scene, read_store
-from letsinfer.cli.views import group_object, node_object, when
 
 if TYPE_CHECKING:  # the commands import what each uses: a call loads only its own
     pass
@@ -48,19 +49,22 @@ def init(ctx: CliContext, as_main: bool, name: str | None) -> None:
     click.echo("start it with `letsinfer up`, then run `letsinfer node add` on the main")
 
 
-@scoped(node, "list", scope="main")
+@scoped(node, "list", scope="main", remote="viewer")
 @click.option("--all", "show_all", is_flag=True, help="Also removed nodes (kept for the record).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
 def list_nodes(ctx: CliContext, show_all: bool, as_json: bool) -> None:
     """Nodes of this cluster: state (active, paused, unreachable, down, removed)
     and when each was last heard from."""
-    store = read_store(ctx.home)
-    try:
-        scene = read_scene(ctx, store)
-        rows = [node_object(scene, n) for n in store.list_nodes(include_removed=show_all)]
-    finally:
-        store.close()
+    if ctx.remote is not None:
+        rows = call(ctx.remote, "GET", f"/v1/ops/nodes?all={str(show_all).lower()}")
+    else:
+        store = read_store(ctx.home)
+        try:
+            scene = read_scene(ctx, store)
+            rows = [node_object(scene, n) for n in store.list_nodes(include_removed=show_all)]
+        finally:
+            store.close()
     emit(
         rows,
         ["name", "id", "role", "address", "state", "last_seen"],

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from letsinfer.authority.views import when
 from letsinfer.cli.local import node_runs_here
 from letsinfer.cli.node import node
 from letsinfer.cli.output import console, emit
 from letsinfer.cli.scope import CliContext, scoped
-from letsinfer.cli.views import when
 from letsinfer.identity import load_identity
 
 if TYPE_CHECKING:  # the commands import what each uses: a call loads only its own

@@ -26,6 +26,10 @@ Scope = Literal["main", "child", "all"]
 class CliContext:
     home: Home
     identity: NodeIdentity | None
+    controller: str | None = None  # --controller or LETSINFER_CONTROLLER
+    # The paired main this command runs on (letsinfer.cli.remote.Pairing), or
+    # None: here.
+    remote: Any = None
 
 
 class ScopeError(click.ClickException):
@@ -58,15 +62,34 @@ def check_scope(scope: Scope, command: str, identity: NodeIdentity | None) -> No
     raise ScopeError(f"`{command}` runs on a child node only; this machine is the main node.")
 
 
+Role = Literal["viewer", "operator", "administrator"]
+
+
 class ScopedCommand(click.Command):
-    def __init__(self, *args: Any, scope: Scope, **kwargs: Any) -> None:
+    """``remote``: the role a paired controller needs to run this command on
+    its main through the admin API; None: the API has no operation for it."""
+
+    def __init__(self, *args: Any, scope: Scope, remote: Role | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.scope: Scope = scope
+        self.remote: Role | None = remote
         if self.help is not None:  # cleaned first: the added line would defeat click's dedent
-            self.help = f"{inspect.cleandoc(self.help)}\n\nRuns on: {scope}."
+            where = f"Runs on: {scope}."
+            if remote is not None:
+                where += f" From a paired controller: {remote} role."
+            self.help = f"{inspect.cleandoc(self.help)}\n\n{where}"
 
     def invoke(self, ctx: click.Context) -> Any:
-        require_scope(ctx.ensure_object(CliContext), self.scope, ctx.command_path)
+        cli = ctx.ensure_object(CliContext)
+        if self.scope == "main" or self.remote is not None:
+            from letsinfer.cli import remote
+
+            pairing = remote.selected(cli.home, cli.controller)
+            if pairing is not None:
+                remote.admit(pairing, ctx.command_path.partition(" ")[2], self.remote)
+                cli.remote = pairing
+                return super().invoke(ctx)
+        require_scope(cli, self.scope, ctx.command_path)
         return super().invoke(ctx)
 
 
@@ -115,6 +138,6 @@ def scoped(group: click.Group, name: str | None = None, *, scope: Scope, **kwarg
     return group.command(name, cls=ScopedCommand, scope=scope, **kwargs)
 
 
-def load_context(home_option: str | None) -> CliContext:
+def load_context(home_option: str | None, controller: str | None = None) -> CliContext:
     home = Home.resolve(home_option)
-    return CliContext(home=home, identity=load_identity(home.identity_file))
+    return CliContext(home=home, identity=load_identity(home.identity_file), controller=controller)

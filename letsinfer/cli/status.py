@@ -19,8 +19,8 @@ from letsinfer.trust.presented import file_fingerprint, presented_cert
 
 def _served(ctx: CliContext, node_id: str) -> dict[str, Any]:
     """The main's own state and every model and group, as every display shows them."""
+    from letsinfer.authority.views import group_object, model_object
     from letsinfer.cli.shown import read_scene, read_store
-    from letsinfer.cli.views import group_object, model_object
 
     store = read_store(ctx.home)
     try:

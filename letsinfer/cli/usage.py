@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import sys
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import click
@@ -14,20 +14,18 @@ import click
 from letsinfer import config
 from letsinfer.audit.anchor import open_authority
 from letsinfer.cli import cli
+from letsinfer.cli.local import segment
 from letsinfer.cli.output import console, emit
+from letsinfer.cli.remote import call
 from letsinfer.cli.scope import CliContext, ScopedCommand
-from letsinfer.store.requests import RequestStore, UsageBy
-
-_USAGE_COLUMNS = ["requests", "errors", "prompt_tokens", "completion_tokens", "total_tokens"]
-
-
-def _records(ctx: CliContext) -> RequestStore:
-    path = ctx.home.requests_database
-    if not path.exists():
-        raise click.ClickException(
-            "no request records on this node yet (the gateway writes them as it answers)"
-        )
-    return RequestStore(path, readonly=True)
+from letsinfer.store.requests import UsageBy
+from letsinfer.usage.summary import (
+    USAGE_COLUMNS,
+    NoRecords,
+    NoSuchRequest,
+    request_rows,
+    usage_rows,
+)
 
 
 def _node_names(ctx: CliContext) -> dict[str, str]:
@@ -38,11 +36,14 @@ def _node_names(ctx: CliContext) -> dict[str, str]:
         store.close()
 
 
-def _when(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds")
+def _keep_days(ctx: CliContext) -> int:
+    try:
+        return config.load(ctx.home.config_file).requests.keep_days
+    except config.ConfigError:
+        return config.RequestSettings().keep_days
 
 
-@cli.command("request", cls=ScopedCommand, scope="main")
+@cli.command("request", cls=ScopedCommand, scope="main", remote="viewer")
 @click.argument("request_id")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
@@ -50,44 +51,19 @@ def request(ctx: CliContext, request_id: str, as_json: bool) -> None:
     """What happened to one request: its key, model, placement group and node,
     status, tokens, time to first token and duration (never its text).
     REQUEST_ID is the X-Request-Id the client sent or the gateway returned."""
-    store = _records(ctx)
-    try:
-        found = store.find(request_id)
-    finally:
-        store.close()
-    if not found:
+    if ctx.remote is not None:
+        path = f"/v1/ops/requests/{segment(request_id)}"
+        rows: list[dict[str, Any]] = call(ctx.remote, "GET", path)
+    else:
         try:
-            days = config.load(ctx.home.config_file).requests.keep_days
-        except config.ConfigError:
-            days = config.RequestSettings().keep_days
-        raise click.ClickException(
-            f"no record of request {request_id!r} (records are kept {days} days and "
-            "written about a second after the answer)"
-        )
-    names = _node_names(ctx)
-    rows: list[dict[str, Any]] = [
-        {
-            "request_id": r.request_id,
-            "time": _when(r.ts),
-            "key": r.key,
-            "model": r.model,
-            "placement_group": r.pg,
-            "node": names.get(r.node, r.node) if r.node else None,
-            "endpoint": r.endpoint,
-            "stream": r.stream,
-            "status": r.status,
-            "prompt_tokens": r.prompt_tokens,
-            "completion_tokens": r.completion_tokens,
-            # An answer from the cache costs nothing; a request that reported no
-            # usage (a stream its client cut) was charged this estimate instead.
-            "cached": r.cached,
-            "charged_tokens": r.charged,
-            "ttft_ms": None if r.ttft_ms is None else round(r.ttft_ms, 2),
-            "duration_ms": round(r.duration_ms, 2),
-            "queue_ms": round(r.queue_ms, 2),
-        }
-        for r in found
-    ]
+            rows = request_rows(
+                ctx.home.requests_database,
+                request_id,
+                lambda: _node_names(ctx),
+                lambda: _keep_days(ctx),
+            )
+        except (NoRecords, NoSuchRequest) as exc:
+            raise click.ClickException(str(exc)) from exc
     if as_json:
         json.dump(rows, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -117,7 +93,7 @@ def _since(value: str | None) -> float | None:
     return when.timestamp()  # without an offset: this machine's local time
 
 
-@cli.command("usage", cls=ScopedCommand, scope="main")
+@cli.command("usage", cls=ScopedCommand, scope="main", remote="viewer")
 @click.option(
     "--by",
     type=click.Choice(["key", "model", "node"]),
@@ -134,27 +110,18 @@ def usage(ctx: CliContext, by: UsageBy, since: str | None, as_csv: bool, as_json
     request records (errors: answers with status 400 or above)."""
     if as_csv and as_json:
         raise click.UsageError("--csv and --json are alternatives: choose one")
-    start = _since(since)
-    store = _records(ctx)
-    try:
-        sums = store.usage(by, start)
-    finally:
-        store.close()
-    names = _node_names(ctx) if by == "node" else {}
-    rows = [
-        {
-            by: names.get(u.name, u.name),
-            "requests": u.requests,
-            "errors": u.errors,
-            "prompt_tokens": u.prompt_tokens,
-            "completion_tokens": u.completion_tokens,
-            "total_tokens": u.prompt_tokens + u.completion_tokens,
-        }
-        for u in sums
-    ]
+    start = _since(since)  # (this machine's local time, as on the main)
+    if ctx.remote is not None:
+        query = f"?by={by}" + ("" if start is None else f"&since={start!r}")
+        rows: list[dict[str, Any]] = call(ctx.remote, "GET", f"/v1/ops/usage{query}")
+    else:
+        try:
+            rows = usage_rows(ctx.home.requests_database, by, start, lambda: _node_names(ctx))
+        except NoRecords as exc:
+            raise click.ClickException(str(exc)) from exc
     if as_csv:
-        writer = csv.DictWriter(sys.stdout, [by, *_USAGE_COLUMNS], lineterminator="\n")
+        writer = csv.DictWriter(sys.stdout, [by, *USAGE_COLUMNS], lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
         return
-    emit(rows, [by, *_USAGE_COLUMNS], as_json=as_json, title=f"usage by {by}")
+    emit(rows, [by, *USAGE_COLUMNS], as_json=as_json, title=f"usage by {by}")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from fastapi import HTTPException, Request
+from fastapi import Depends, HTTPException, Request
 from pydantic import BaseModel, ConfigDict
 
 from letsinfer.audit.denials import DenialLog
@@ -21,7 +21,11 @@ from letsinfer.authority import adoption, controllers, enrollment, lifecycle
 from letsinfer.contracts.artifacts import artifact_path
 from letsinfer.control.facts_route import FactsRoute
 from letsinfer.control.ops import actor_of, nothing_to_apply, ops_router
+from letsinfer.control.ops.listing import SceneFacts
+from letsinfer.control.ops.roles import role_check
+from letsinfer.control.ops.rollouts import NoRollouts, Rollouts
 from letsinfer.control.typed_app import typed_app
+from letsinfer.home import Home
 from letsinfer.identity import NodeIdentity
 from letsinfer.mirror.layout import MirrorLayout
 from letsinfer.mirror.serving import artifact_router
@@ -62,6 +66,11 @@ class ControlContext:
     denials: DenialLog  # refusals, counted: never a database write per request
     # After a controller's change: the node applies it at once (key cache, routing).
     on_change: Callable[[], Awaitable[None]] = nothing_to_apply
+    # The main's home (request records, signed audit head) and its rollouts,
+    # run on the gateway's loop: without them those operations answer 503.
+    home: Home | None = None
+    rollouts: Rollouts | None = None
+    scene: SceneFacts | None = None  # what only the gateway knows, for the displays
 
 
 class _Body(BaseModel):
@@ -188,7 +197,22 @@ def create_control_app(ctx: ControlContext) -> PeerGate:
             )
         return {"certificate": cert.decode()}
 
-    app.include_router(ops_router(store, ctx.identity, on_change=ctx.on_change))
+    app.include_router(
+        ops_router(
+            store,
+            ctx.identity,
+            on_change=ctx.on_change,
+            home=ctx.home,
+            rollouts=ctx.rollouts or NoRollouts(),
+            scene=ctx.scene,
+        )
+    )
+
+    @app.get("/v1/ops/openapi.json", dependencies=[Depends(role_check(store, "viewer"))])
+    async def admin_openapi() -> dict[str, Any]:
+        from letsinfer.control.ops.openapi import admin_openapi
+
+        return admin_openapi()
 
     def model_file(digest: str) -> Path | None:
         path = artifact_path(ctx.model_store, digest)

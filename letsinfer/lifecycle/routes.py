@@ -6,28 +6,19 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
-from letsinfer.authority import controllers, lifecycle
-from letsinfer.control.ops import actor_of
+from letsinfer.authority import lifecycle
+from letsinfer.control.ops.roles import actor_of, role_check
+from letsinfer.control.ops.rollouts import Rollback, Upgrade
 from letsinfer.lifecycle import adapters, cluster, rollout
 from letsinfer.lifecycle.serving import Busy, Serving
-from letsinfer.trust.peer import Peer, gated_peer
+from letsinfer.trust.peer import Peer
 
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class Upgrade(_Body):
-    release: str = Field(max_length=200)
-    nodes: list[str] = Field(default_factory=list, max_length=256)
-
-
-class Rollback(_Body):
-    to: str | None = Field(None, max_length=200)
-    nodes: list[str] = Field(default_factory=list, max_length=256)
 
 
 class Replacement(_Body):
@@ -44,37 +35,71 @@ class Remove(_Body):
     stop: bool = False
 
 
+async def exclusively(sv: Serving, what: str, work: Callable[[], Awaitable[Any]]) -> Any:
+    """``work`` alone (one lifecycle operation at a time), its refusals as HTTP."""
+    try:
+        async with sv.exclusive(what):
+            return await work()
+    except Busy as exc:
+        raise HTTPException(409, str(exc)) from exc
+    except rollout.RolloutRefused as exc:
+        raise HTTPException(exc.status, f"{exc}. Nothing changed.") from exc
+    except lifecycle.NotFound as exc:
+        raise HTTPException(404, f"{exc}. Nothing changed.") from exc
+    except lifecycle.Refused as exc:
+        raise HTTPException(409, f"{exc}. Nothing changed.") from exc
+
+
+class ServingRollouts:
+    """Upgrade and rollback on the main's gateway loop: for the CLI on the main
+    (the admin socket) and, through letsinfer.control.ops.rollouts, for
+    controllers. One implementation, so both refuse and answer alike."""
+
+    def __init__(self, sv: Serving) -> None:
+        self.sv = sv
+
+    async def upgrade(self, name: str, body: Upgrade, actor: str, role: str) -> dict[str, Any]:
+        sv = self.sv
+
+        async def work() -> dict[str, Any]:
+            model, changes = rollout.upgrade_changes(sv, name, body.release, body.nodes)
+            result = await rollout.run(
+                sv, model, "model.upgrade", "upgraded", changes, actor=actor, role=role
+            )
+            return result.to_json()
+
+        return await exclusively(sv, f"upgrade of {name}", work)  # type: ignore[no-any-return]
+
+    async def rollback(self, name: str, body: Rollback, actor: str, role: str) -> dict[str, Any]:
+        sv = self.sv
+
+        async def work() -> dict[str, Any]:
+            model, changes, skipped = rollout.rollback_changes(sv, name, body.to, body.nodes)
+            result = await rollout.run(
+                sv,
+                model,
+                "model.rollback",
+                "rolled back",
+                changes,
+                actor=actor,
+                role=role,
+                skipped=skipped,
+            )
+            return result.to_json()
+
+        return await exclusively(sv, f"rollback of {name}", work)  # type: ignore[no-any-return]
+
+
 def lifecycle_router(sv: Serving, model_store: Path) -> APIRouter:
     router = APIRouter()
     store = sv.store
 
-    def need(role: str) -> Callable[[Request], Awaitable[Peer]]:
-        async def check(request: Request) -> Peer:
-            p = gated_peer(request)
-            if not controllers.allows(p.identity.role, role):
-                store.append_audit(
-                    actor_of(store, p), request.url.path, "denied", detail=f"needs {role}"
-                )
-                raise HTTPException(403, f"this operation needs the {role} role")
-            return p
-
-        return check
-
-    Operator = Annotated[Peer, Depends(need("operator"))]
-    Administrator = Annotated[Peer, Depends(need("administrator"))]
+    Operator = Annotated[Peer, Depends(role_check(store, "operator"))]
+    Administrator = Annotated[Peer, Depends(role_check(store, "administrator"))]
+    rollouts = ServingRollouts(sv)
 
     async def exclusive(what: str, work: Callable[[], Awaitable[Any]]) -> Any:
-        try:
-            async with sv.exclusive(what):
-                return await work()
-        except Busy as exc:
-            raise HTTPException(409, str(exc)) from exc
-        except rollout.RolloutRefused as exc:
-            raise HTTPException(exc.status, f"{exc}. Nothing changed.") from exc
-        except lifecycle.NotFound as exc:
-            raise HTTPException(404, f"{exc}. Nothing changed.") from exc
-        except lifecycle.Refused as exc:
-            raise HTTPException(409, f"{exc}. Nothing changed.") from exc
+        return await exclusively(sv, what, work)
 
     @router.get("/v1/local/scene")
     async def scene() -> dict[str, Any]:
@@ -89,38 +114,11 @@ def lifecycle_router(sv: Serving, model_store: Path) -> APIRouter:
 
     @router.post("/v1/ops/models/{name:path}/upgrade")
     async def upgrade(name: str, body: Upgrade, p: Operator) -> dict[str, Any]:
-        async def work() -> dict[str, Any]:
-            model, changes = rollout.upgrade_changes(sv, name, body.release, body.nodes)
-            result = await rollout.run(
-                sv,
-                model,
-                "model.upgrade",
-                "upgraded",
-                changes,
-                actor=actor_of(store, p),
-                role=p.identity.role,
-            )
-            return result.to_json()
-
-        return await exclusive(f"upgrade of {name}", work)  # type: ignore[no-any-return]
+        return await rollouts.upgrade(name, body, actor_of(store, p), p.identity.role)
 
     @router.post("/v1/ops/models/{name:path}/rollback")
     async def rollback(name: str, body: Rollback, p: Operator) -> dict[str, Any]:
-        async def work() -> dict[str, Any]:
-            model, changes, skipped = rollout.rollback_changes(sv, name, body.to, body.nodes)
-            result = await rollout.run(
-                sv,
-                model,
-                "model.rollback",
-                "rolled back",
-                changes,
-                actor=actor_of(store, p),
-                role=p.identity.role,
-                skipped=skipped,
-            )
-            return result.to_json()
-
-        return await exclusive(f"rollback of {name}", work)  # type: ignore[no-any-return]
+        return await rollouts.rollback(name, body, actor_of(store, p), p.identity.role)
 
     @router.post("/v1/ops/models/{name:path}/replace")
     async def replace(name: str, body: Replace, p: Operator) -> dict[str, Any]:

@@ -12,7 +12,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from letsinfer.authority.states import Scene
-from letsinfer.store import AuthorityStore, NodeRecord, PlacementGroupRecord, ServiceRecord
+from letsinfer.store import (
+    AuthorityStore,
+    NodeRecord,
+    PlacementGroupRecord,
+    ServiceRecord,
+    StoreError,
+)
 
 
 def when(ts: float | None) -> str | None:
@@ -111,3 +117,25 @@ def node_object(scene: Scene, n: NodeRecord) -> dict[str, Any]:
         "removed_at": when(n.removed_at),
         "fingerprint": n.cert_fingerprint,
     }
+
+
+def adapter_refusal(store: AuthorityStore, name: str) -> str | None:
+    """What NAME is when it names no model but a LoRA adapter (clients ask for
+    adapters by name, so operators do too); None otherwise."""
+    if store.resolve_service(name) is not None:
+        return None
+    found = store.get_adapter(name)
+    if found is None:
+        return None
+    return (
+        f"{name!r} is a LoRA adapter of model {found.service!r}, not a model; "
+        f"see `letsinfer model adapter list {found.service}`"
+    )
+
+
+def shown_model(store: AuthorityStore, scene: Scene, name: str) -> dict[str, Any]:
+    """`model show NAME --json`: the model NAME names (or alias), or StoreError."""
+    svc = store.resolve_service(name)
+    if svc is None:
+        raise StoreError(adapter_refusal(store, name) or f"no model {name!r}")
+    return model_object(store, scene, svc)

@@ -1,0 +1,194 @@
+"""One CLI, local or remote: the main a command acts on.
+
+A workstation pairs with one or more mains (`letsinfer controller pair
+--name NAME`); `letsinfer controller use NAME`, ``--controller NAME`` or
+``LETSINFER_CONTROLLER`` selects one (in that order of precedence: option,
+environment, `use`). With one selected, a command that has an operation in
+the main's admin API runs there over mutual TLS, with the output and exit
+code it has on the main; a command scoped to the main without one is refused
+here, and so is one the controller's role does not allow (the main still
+records that refusal in its audit chain).
+
+Light to import (every scoped command looks here): HTTP and TLS load only
+when a command goes to a main.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+from letsinfer.home import Home
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+DEFAULT = "default"  # a pairing made without --name (its files at the top)
+
+
+@dataclass(frozen=True)
+class Pairing:
+    """One paired main: its files on this workstation and what pairing said."""
+
+    name: str
+    root: Path
+
+    @property
+    def key(self) -> Path:
+        return self.root / "controller.key"
+
+    @property
+    def cert(self) -> Path:
+        return self.root / "controller.crt"
+
+    @property
+    def ca(self) -> Path:
+        return self.root / "ca.crt"
+
+    @property
+    def meta(self) -> Path:
+        return self.root / "controller.json"
+
+    def said(self) -> dict[str, Any]:
+        return json.loads(self.meta.read_text())  # type: ignore[no-any-return]
+
+    @property
+    def main(self) -> str:
+        return str(self.said()["main"])
+
+    @property
+    def role(self) -> str:
+        return str(self.said()["role"])
+
+
+def pairing_named(home: Home, name: str) -> Pairing:
+    """Where pairing NAME's files are (or go): the unnamed pairing's at the
+    top of the controller directory, as before names existed."""
+    if name == DEFAULT:
+        return Pairing(name, home.controller_dir)
+    if not NAME.match(name):
+        raise click.BadParameter(
+            f"{name!r}: a name is letters, digits, '.', '_' and '-' (at most 63)"
+        )
+    return Pairing(name, home.controller_dir / "mains" / name)
+
+
+def pairings(home: Home) -> list[Pairing]:
+    """Every main this workstation is paired with."""
+    found = [pairing_named(home, DEFAULT)]
+    mains = home.controller_dir / "mains"
+    if mains.is_dir():
+        found += [Pairing(p.name, p) for p in sorted(mains.iterdir()) if NAME.match(p.name)]
+    return [p for p in found if p.meta.is_file()]
+
+
+def use_file(home: Home) -> Path:
+    return home.controller_dir / "use"
+
+
+def selected_name(home: Home, given: str | None) -> str | None:
+    """``given`` (option or environment), else what `controller use` chose."""
+    if given:
+        return given
+    try:
+        return use_file(home).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def selected(home: Home, given: str | None) -> Pairing | None:
+    name = selected_name(home, given)
+    if name is None:
+        return None
+    pairing = pairing_named(home, name)
+    if not pairing.meta.is_file():
+        raise click.ClickException(
+            f"no main paired as {name!r} on this workstation (`letsinfer controller list`; "
+            "`letsinfer controller use --clear` to act locally)"
+        )
+    return pairing
+
+
+class RoleRefused(click.ClickException):
+    """The controller's role lacks what a command needs: refused here."""
+
+
+def admit(pairing: Pairing, command: str, needs: str | None) -> None:
+    """Refuse ``command`` unless the admin API has its operation and this
+    controller's role allows it. A role refusal sends the main only a notice
+    (the command and the role it needs, no operation), which it audits."""
+    if needs is None:
+        raise NoRemoteOperation(
+            f"`{command}` has no operation in the admin API yet, so it cannot run on "
+            f"the main {pairing.name} ({pairing.main}) from here; nothing was sent. Run it "
+            "on the main itself, or without a selected controller "
+            "(`letsinfer controller use --clear`, no --controller, no LETSINFER_CONTROLLER)."
+        )
+    from letsinfer.authority.controllers import allows
+
+    if allows(pairing.role, needs):
+        return
+    try:
+        call(pairing, "POST", "/v1/ops/denied", {"command": command, "needs": needs})
+        noted = "the main recorded the refusal in its audit chain"
+    except click.ClickException as exc:
+        noted = f"the main could not be told ({exc.message})"
+    raise RoleRefused(
+        f"this operation needs the {needs} role; this controller ({pairing.name}) is "
+        f"{pairing.role}. `{command}` was not sent; {noted}."
+    )
+
+
+class NoRemoteOperation(click.ClickException):
+    exit_code = 3  # as a command refused for its scope (letsinfer.cli.scope)
+
+
+def call(
+    pairing: Pairing, method: str, path: str, body: Any = None, timeout: float | None = 60
+) -> Any:
+    """The main's answer over mutual TLS, or ClickException with its message."""
+    import ssl
+
+    import httpx
+
+    from letsinfer.trust.peer import client_context
+
+    main = pairing.main
+    try:
+        tls = client_context(pairing.ca, pairing.cert, pairing.key)
+    except (OSError, ssl.SSLError) as exc:
+        raise click.ClickException(
+            f"cannot use controller {pairing.name}'s key and certificate in {pairing.root}: "
+            f"{exc}; pair again (`letsinfer controller pair --name {pairing.name}`)"
+        ) from exc
+    try:
+        resp = httpx.request(
+            method, f"https://{main}{path}", json=body, verify=tls, timeout=timeout
+        )
+    except (httpx.HTTPError, ssl.SSLError) as exc:
+        raise click.ClickException(
+            f"the main at {main} refused the connection ({exc}); is this controller still paired?"
+        ) from exc
+    try:
+        data = resp.json()
+    except ValueError:
+        data = {"error": {"message": resp.text}}
+    if resp.status_code != 200:
+        err = data.get("error", {}) if isinstance(data, dict) else {}
+        message = err.get("message") if isinstance(err, dict) else None
+        raise click.ClickException(str(message or resp.text))
+    return data
+
+
+def ask_main(ctx: Any, method: str, path: str, json: Any = None, timeout: float | None = 60) -> Any:
+    """The main's answer: over mutual TLS when this command runs from a
+    controller (``ctx.remote``), else the local node's (its admin socket;
+    None when no node runs here)."""
+    if ctx.remote is not None:
+        return call(ctx.remote, method, path, json, timeout)
+    from letsinfer.cli.local import ask_node
+
+    return ask_node(ctx.home, method, path, json=json, timeout=timeout)

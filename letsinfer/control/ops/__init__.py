@@ -1,0 +1,68 @@
+"""The admin API: typed operations on a main node, each within a role. The
+same routes serve a paired controller (mutual TLS, role from its certificate)
+and a local administrator (the admin unix socket, peer credentials). Nothing
+runs commands.
+
+Roles: viewer reads state, usage and the audit chain; operator adds
+lifecycle (pause, resume, model start/stop/upgrade/rollback/scale);
+administrator adds keys and fallbacks (and, through the CLI on the main,
+controllers, nodes and settings). docs/admin-api.md lists each operation.
+"""
+
+from collections.abc import Awaitable, Callable
+
+from fastapi import APIRouter
+
+from letsinfer.control.ops.audit import audit_router
+from letsinfer.control.ops.context import OpsContext
+from letsinfer.control.ops.keys import KeyCreate, KeyPolicyChange, keys_router
+from letsinfer.control.ops.listing import SceneFacts, listing_router
+from letsinfer.control.ops.models import FallbackChange, ScaleChange, models_router
+from letsinfer.control.ops.nodes import nodes_router
+from letsinfer.control.ops.records import records_router
+from letsinfer.control.ops.roles import actor_of, nothing_to_apply
+from letsinfer.control.ops.rollouts import Rollouts, rollouts_router
+from letsinfer.control.ops.state import state_router
+from letsinfer.home import Home
+from letsinfer.identity import NodeIdentity
+from letsinfer.store import AuthorityStore
+
+__all__ = [
+    "FallbackChange",
+    "KeyCreate",
+    "KeyPolicyChange",
+    "ScaleChange",
+    "actor_of",
+    "nothing_to_apply",
+    "ops_router",
+]
+
+
+def ops_router(
+    store: AuthorityStore,
+    identity: NodeIdentity,
+    on_change: Callable[[], Awaitable[None]] = nothing_to_apply,
+    home: Home | None = None,
+    rollouts: Rollouts | None = None,
+    scene: SceneFacts | None = None,
+) -> APIRouter:
+    """``on_change`` runs after each mutation: the node applies it at once
+    instead of at its next reconcile. ``home``: the main's request records and
+    signed audit head. ``rollouts``: upgrade and rollback (the admin socket
+    has its own, beside its other rollouts). ``scene``: what only the running
+    gateway knows, for the displays (none: the settings' word)."""
+    router = APIRouter()
+    for part in admin_routers(OpsContext(store, identity, on_change, home), rollouts, scene):
+        router.include_router(part)
+    return router
+
+
+def admin_routers(
+    ops: OpsContext, rollouts: Rollouts | None, scene: SceneFacts | None = None
+) -> list[APIRouter]:
+    """The admin API by area, each its own router (the OpenAPI document reads
+    each route's role from them)."""
+    parts = [state_router(ops), listing_router(ops, scene), models_router(ops)]
+    if rollouts is not None:
+        parts.append(rollouts_router(ops, rollouts))
+    return [*parts, keys_router(ops), nodes_router(ops), records_router(ops), audit_router(ops)]
