@@ -14,7 +14,13 @@ ROOT = Path(__file__).resolve().parent.parent
 ROLE = ROOT / "roles" / "firewall"
 
 
-def render(members: list[str], mains: list[str], lan: list[str]) -> str:
+def render(
+    members: list[str],
+    mains: list[str],
+    lan: list[str],
+    exposure_port: int = 0,
+    exposure_sources: list[str] | None = None,
+) -> str:
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     env.tests["letsinfer.cluster.ip_address"] = ip_address
     env.tests["letsinfer.cluster.ip_network"] = ip_network
@@ -27,5 +33,7 @@ def render(members: list[str], mains: list[str], lan: list[str]) -> str:
             "firewall_member_addresses": members,
             "firewall_main_addresses": mains,
             "firewall_lan_ranges": lan,
+            "firewall_exposure_port": exposure_port,
+            "firewall_exposure_sources": exposure_sources or [],
         }
     )

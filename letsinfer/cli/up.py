@@ -142,6 +142,10 @@ def up(
     <etc>/first-api-key (mode 0600) and the output says where.
     """
     overrides: dict[str, dict[str, object]] = {"gateway": {}, "engine": {}}
+    if host is None:
+        from letsinfer.exposure.settings import plain_host
+
+        host = plain_host(ctx.home)  # `exposure enable --plain off`: loopback only
     if host is not None:
         overrides["gateway"]["host"] = host
     if port is not None:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from letsinfer import config
 from letsinfer.config import Settings
 from letsinfer.doctor.clock import HttpTimeSource, TimeSource, parse_ntp
+from letsinfer.doctor.exposure import exposure_certificate
 from letsinfer.doctor.findings import Finding, fail, ok, warn
 from letsinfer.doctor.host import HostPlan
 from letsinfer.doctor.ports import Port
@@ -230,5 +231,6 @@ def plan_for(home: Home, identity: NodeIdentity | None, ntp: str | None) -> Host
             lambda: config_findings,
             partial(engine_runtime, settings),
             partial(certificates, home, identity),
+            partial(exposure_certificate, home, identity),
         ],
     )

@@ -54,6 +54,10 @@ class TlsListener(Listener):
     its handshake holds a slot like any other. Each handshake uses the
     context ``tls`` presents at that moment (a renewal swaps it)."""
 
+    # How long closing a connection waits for the client's close_notify
+    # (None: the loop's default, 30 s; an idle client holds a stop that long).
+    ssl_shutdown_timeout_s: float | None = None
+
     def __init__(
         self,
         sock: socket.socket,
@@ -75,7 +79,11 @@ class TlsListener(Listener):
         try:
             # On failure the loop closes the connection (and the socket) itself.
             transport, _ = await loop.connect_accepted_socket(
-                factory, conn, ssl=self.tls.context, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S
+                factory,
+                conn,
+                ssl=self.tls.context,
+                ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S,
+                ssl_shutdown_timeout=self.ssl_shutdown_timeout_s,
             )
         except (OSError, TimeoutError, EOFError) as exc:  # ssl.SSLError is an OSError
             reason = refusal_reason(exc)
