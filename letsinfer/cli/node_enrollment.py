@@ -39,6 +39,15 @@ def _candidates(wait: float) -> list[Advert]:
     "when it is not discovered over mDNS.",
 )
 @click.option("--wait", default=2.0, show_default=True, help="Seconds to listen for mDNS.")
+@click.option(
+    "--code",
+    "join_code",
+    is_flag=True,
+    help="Print a one-time join code instead: `letsinfer join` on the new machine enrolls it.",
+)
+@click.option(
+    "--ttl", default="15m", show_default=True, help="How long a --code stays valid (30s, 15m, 1h)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
 def add(
@@ -47,10 +56,16 @@ def add(
     address: str | None,
     fingerprint: str | None,
     wait: float,
+    join_code: bool,
+    ttl: str,
     as_json: bool,
 ) -> None:
     """Without arguments, list discovered candidates; with NAME or --address, send
-    an enrollment request pinned to the candidate's certificate fingerprint."""
+    an enrollment request pinned to the candidate's certificate fingerprint.
+    With --code, print a one-time join code for `letsinfer join` on the new machine."""
+    if join_code:
+        _join_code(ctx, name, address, fingerprint, ttl, as_json)
+        return
     from letsinfer import config
     from letsinfer.audit.anchor import open_authority
     from letsinfer.audit.denials import record_denial
@@ -157,6 +172,55 @@ def add(
         f"enrollment request [bold]{offer.record.id}[/bold] sent to {offer.record.name} at {target}"
     )
     click.echo(f"on that node, run: letsinfer node accept {offer.record.id}")
+
+
+def _join_code(
+    ctx: CliContext,
+    name: str | None,
+    address: str | None,
+    fingerprint: str | None,
+    ttl: str,
+    as_json: bool,
+) -> None:
+    from letsinfer import config
+    from letsinfer.audit.anchor import open_authority
+    from letsinfer.authority import joining
+    from letsinfer.capacity.policy import PolicyError, parse_duration
+    from letsinfer.trust import pki
+    from letsinfer.trust.material import ClusterCA
+
+    assert ctx.identity is not None
+    if name or address or fingerprint:
+        raise click.UsageError("--code takes no NAME, --address or --fingerprint")
+    try:
+        ttl_s = parse_duration(ttl, "--ttl")
+    except PolicyError as exc:
+        raise click.BadParameter(str(exc), param_hint="--ttl") from exc
+    if not 0 < ttl_s <= joining.MAX_TTL_S:
+        raise click.BadParameter("a join code lives between 1s and 7d", param_hint="--ttl")
+    settings = config.load(ctx.home.config_file)
+    ca_fingerprint = pki.fingerprint(ClusterCA(ctx.home, ctx.identity).cert)
+    store = open_authority(ctx.home)
+    try:
+        code, rec = joining.issue_code(store, ca_fingerprint, ttl_s)
+    finally:
+        store.close()
+    command = f"letsinfer join {_control_address(settings)} {code}"
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "code": str(code),
+                    "id": rec.id,
+                    "ca_fingerprint": ca_fingerprint,
+                    "expires_at": when(rec.expires_at),
+                    "join": command,
+                }
+            )
+        )
+        return
+    click.echo(f"join code (works once, until {when(rec.expires_at)}): {code}")
+    click.echo(f"on the new machine, run: {command}")
 
 
 def _proof(ctx: CliContext, body: dict[str, Any], candidate_id: str) -> dict[str, str]:

@@ -1,6 +1,7 @@
 """Control-plane routes. A fixed set of typed operations; nothing runs commands.
 
-Open paths (no client certificate yet): completing an enrollment and pairing a
+Open paths (no client certificate yet): completing an enrollment, joining
+with a join code (a nonce, then a proof of the code's secret) and pairing a
 controller, each authenticated by its one-time secret, and the main's clock
 (``/v1/time``, which ``letsinfer doctor`` on a child compares with). Everything else needs a
 verified cluster certificate: nodes use ``/v1/agent/*``, controllers
@@ -14,10 +15,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from fastapi import Depends, HTTPException, Request
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from letsinfer.audit.denials import DenialLog
-from letsinfer.authority import adoption, controllers, enrollment, lifecycle
+from letsinfer.authority import adoption, controllers, enrollment, joining, lifecycle
 from letsinfer.contracts.artifacts import artifact_path
 from letsinfer.control.facts_route import FactsRoute
 from letsinfer.control.ops import actor_of, nothing_to_apply, ops_router
@@ -34,7 +35,14 @@ from letsinfer.trust import pki
 from letsinfer.trust.material import ClusterCA
 from letsinfer.trust.peer import NODE_REMOVED, Peer, PeerGate, Refusal, Scope, gated_peer
 
-OPEN_PATHS = ("/v1/enroll/complete", "/v1/pair/ca", "/v1/pair/controller", "/v1/time")
+OPEN_PATHS = (
+    "/v1/enroll/complete",
+    "/v1/join/challenge",
+    "/v1/join",
+    "/v1/pair/ca",
+    "/v1/pair/controller",
+    "/v1/time",
+)
 
 
 class ReportIntake(Protocol):
@@ -84,6 +92,16 @@ class EnrollComplete(_Body):
     agent_address: str | None = None
 
 
+class Join(_Body):
+    code_id: str = Field(max_length=16)
+    nonce: str = Field(max_length=128)
+    proof: str = Field(max_length=256)
+    csr: str = Field(max_length=4096)
+    node_id: str = Field(max_length=64)
+    name: str = Field(max_length=63)
+    agent_address: str = Field(max_length=300)
+
+
 class PairController(_Body):
     code: str
     csr: str
@@ -128,6 +146,47 @@ def create_control_app(ctx: ControlContext) -> PeerGate:
             "node_id": rec.candidate_id,
             "release_key": ctx.release_key,
             "certificate": cert.decode(),
+            "ca": ctx.ca.pem,
+            "main_id": ctx.identity.node_id,
+            "gateway_url": ctx.gateway_url,
+        }
+
+    # Join codes (letsinfer.authority.joining): the candidate checked this
+    # main's CA against its code before it asks.
+    challenges, guesses = joining.Challenges(), joining.GuessBudget()
+
+    @app.get("/v1/join/challenge")
+    async def join_challenge() -> dict[str, str]:
+        return {"nonce": challenges.issue(), "main_id": ctx.identity.node_id}
+
+    @app.post("/v1/join")
+    async def join(body: Join, request: Request) -> dict[str, Any]:
+        ask = joining.JoinAsk(
+            code_id=body.code_id.upper(),
+            nonce=body.nonce,
+            proof=body.proof,
+            csr=body.csr,
+            node_id=body.node_id,
+            name=body.name,
+            agent_address=body.agent_address,
+        )
+        try:
+            joined = joining.admit(
+                store,
+                ctx.ca,
+                ctx.identity.node_id,
+                challenges,
+                guesses,
+                ask,
+                refusals(request, "node.join"),
+            )
+        except joining.JoinRefused as exc:
+            headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after else None
+            raise HTTPException(exc.status, str(exc), headers=headers) from exc
+        return {
+            "node_id": joined.node_id,
+            "release_key": ctx.release_key,
+            "certificate": joined.certificate.decode(),
             "ca": ctx.ca.pem,
             "main_id": ctx.identity.node_id,
             "gateway_url": ctx.gateway_url,

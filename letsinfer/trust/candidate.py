@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import httpx
+from cryptography import x509
 
 from letsinfer.home import Home
 from letsinfer.identity import NodeIdentity, load_identity, save_identity
@@ -227,27 +228,53 @@ def accept(
     ) != pki.public_key_fingerprint(key.public_key()):
         raise EnrollmentError("the main issued a certificate for another identity")
 
+    moved = install_membership(
+        home,
+        identity,
+        ca,
+        cert,
+        release_key=resp.json().get("release_key"),
+        main_address=req.main_address,
+        main_id=req.main_id,
+        gateway_url=req.gateway_url or resp.json().get("gateway_url"),
+    )
+    drop_request(home, req.id)
+    return moved
+
+
+def install_membership(
+    home: Home,
+    identity: NodeIdentity,
+    ca: x509.Certificate,
+    cert: x509.Certificate,
+    *,
+    release_key: str | None,
+    main_address: str,
+    main_id: str,
+    gateway_url: str | None,
+) -> NodeIdentity:
+    """Write the cluster's CA and this node's certificate, then switch this
+    node into that cluster (node.json is replaced last: the commit point)."""
     cluster = pki.fingerprint(ca)
     target = home.cluster_dir(cluster)
     staging = target.with_name(target.name + ".staging")
     shutil.rmtree(staging, ignore_errors=True)
-    pki.write_pem(staging / "ca.crt", req.ca_pem.encode())
+    pki.write_pem(staging / "ca.crt", pki.cert_pem(ca))
     pki.write_pem(staging / "node.crt", pki.cert_pem(cert))
-    if resp.json().get("release_key"):  # what vouches for the main's runtime releases
-        (staging / "release.pub").write_text(resp.json()["release_key"] + "\n")
+    if release_key:  # what vouches for the main's runtime releases
+        (staging / "release.pub").write_text(release_key + "\n")
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
     previous = load_identity(home.identity_file)
     moved = replace(
         identity,
         role="child",
-        main_address=req.main_address,
-        main_id=req.main_id,
+        main_address=main_address,
+        main_id=main_id,
         cluster=cluster,
-        gateway_url=req.gateway_url or resp.json().get("gateway_url"),
+        gateway_url=gateway_url,
     )
     save_identity(home.identity_file, moved)  # the commit point
-    drop_request(home, req.id)
     if previous is not None and previous.cluster and previous.cluster != cluster:
         shutil.rmtree(home.cluster_dir(previous.cluster), ignore_errors=True)
     return moved
