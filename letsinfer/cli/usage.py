@@ -96,7 +96,7 @@ def _since(value: str | None) -> float | None:
 @cli.command("usage", cls=ScopedCommand, scope="main", remote="viewer")
 @click.option(
     "--by",
-    type=click.Choice(["key", "model", "node"]),
+    type=click.Choice(["key", "model", "node", "tag"]),
     default="key",
     show_default=True,
     help="What to sum the records by.",
@@ -106,8 +106,9 @@ def _since(value: str | None) -> float | None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
 def usage(ctx: CliContext, by: UsageBy, since: str | None, as_csv: bool, as_json: bool) -> None:
-    """Requests and tokens summed per API key, model or node, from the kept
-    request records (errors: answers with status 400 or above)."""
+    """Requests and tokens summed per API key, model, node or tag, from the kept
+    request records (errors: answers with status 400 or above). By tag (the
+    X-Letsinfer-Tags clients send), a request counts under each of its tags."""
     if as_csv and as_json:
         raise click.UsageError("--csv and --json are alternatives: choose one")
     start = _since(since)  # (this machine's local time, as on the main)

@@ -101,6 +101,7 @@ class Upstream:
         band: int = STANDARD,
         adapter: str | None = None,
         failed_at: tuple[str, str] | None = None,
+        only: str | None = None,
         fail_on_provider_error: bool = False,
         at_engine: Callable[[Replica | None], None] = lambda replica: None,
         recheck: Callable[[], None] | None = None,
@@ -108,7 +109,8 @@ class Upstream:
         """``adapter``: a LoRA adapter of ``service`` to apply (only replicas that
         loaded it serve, each told its own id for it); ``failed_at``: a replica
         that already failed this request before any byte reached the client,
-        and why (the express lane's), not tried again;
+        and why (the express lane's), not tried again; ``only``: the one
+        group that may take it (letsinfer.gateway.pinning), the others excluded;
         ``fail_on_provider_error``: a provider's 429 or 5xx is raised (for a
         fallback to take), not relayed; ``at_engine``: told of each replica
         the request is sent to, and None when that one did no work on it;
@@ -120,6 +122,9 @@ class Upstream:
         if failed_at is not None:
             tried.add(failed_at[0])
             failures.append(f"{failed_at[0]}: {failed_at[1]}")
+        if only is not None:
+            others = self.admission.routing.replicas(service)
+            tried.update(r.pg_id for r in others if r.pg_id != only)
         queue_s = 0.0
         extra: tuple[tuple[str, str], ...] = (("x-request-id", request_id),)
         while True:

@@ -34,6 +34,8 @@ class RequestRecord(NamedTuple):
     # The tokens its key was charged when it reported none (a stream cut before
     # its usage): an estimate, counted by limits instead of the two counts.
     charged: int | None = None
+    # Its X-Letsinfer-Tags: a JSON array of distinct tags (letsinfer.gateway.tags).
+    tags: str | None = None
 
 
 class UsageRow(NamedTuple):
@@ -44,7 +46,7 @@ class UsageRow(NamedTuple):
     completion_tokens: int
 
 
-UsageBy = Literal["key", "model", "node"]
+UsageBy = Literal["key", "model", "node", "tag"]
 
 # A key's tokens in its budget period, and its last minute's requests as
 # (arrival, end, tokens, counted as a request): what rate limits are rebuilt from.
@@ -74,13 +76,14 @@ CREATE TABLE IF NOT EXISTS requests (
     duration_ms REAL NOT NULL,
     queue_ms REAL NOT NULL,
     cached INTEGER NOT NULL DEFAULT 0,
-    charged INTEGER
+    charged INTEGER,
+    tags TEXT
 );
 CREATE INDEX IF NOT EXISTS requests_ts ON requests (ts);
 CREATE INDEX IF NOT EXISTS requests_id ON requests (request_id);
 """
 # What a column added since the first release reads as in a file without it.
-_DEFAULTS = {"cached": "0", "charged": "NULL"}
+_DEFAULTS = {"cached": "0", "charged": "NULL", "tags": "NULL"}
 _GROUP = {"key": "key", "model": "model", "node": "COALESCE(node, '-')"}
 
 
@@ -116,6 +119,8 @@ class RequestStore:
             self.conn.execute("ALTER TABLE requests ADD COLUMN cached INTEGER NOT NULL DEFAULT 0")
         if "charged" not in columns:  # ... or before estimated charges were kept
             self.conn.execute("ALTER TABLE requests ADD COLUMN charged INTEGER")
+        if "tags" not in columns:  # ... or before request tags
+            self.conn.execute("ALTER TABLE requests ADD COLUMN tags TEXT")
         self._columns = ", ".join(RequestRecord._fields)
         # A new file gets the end-time index now; a file an earlier release
         # filled gets it from the writer's next round (``date_at_end``), not
@@ -167,7 +172,7 @@ class RequestStore:
             f"SELECT {self._columns} FROM requests WHERE request_id = ? ORDER BY ts",
             (request_id,),
         ).fetchall()
-        return [RequestRecord(*r[:7], bool(r[7]), *r[8:14], bool(r[14]), r[15]) for r in rows]
+        return [RequestRecord(*r[:7], bool(r[7]), *r[8:14], bool(r[14]), *r[15:]) for r in rows]
 
     def key_usage(
         self, period_starts: dict[str, float | None], window_from: float
@@ -211,7 +216,37 @@ class RequestStore:
                 recent[key].append((ts, end, 0 if cached else tokens, counted == 1))
         return {key: (int(spent.get(key, 0)), recent[key]) for key in keys}
 
+    def daily_usage(self, keys: list[str], since: float) -> list[tuple[str, str, int, int, int]]:
+        """The portal's "my usage": per UTC day and model, over ``keys``:
+        (day, model, requests, prompt tokens, completion tokens)."""
+        if not keys:
+            return []
+        marks = ", ".join("?" for _ in keys)
+        rows = self.conn.execute(
+            "SELECT date(ts, 'unixepoch') AS day, model, COUNT(*), "
+            "COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0) "
+            f"FROM requests WHERE ts >= ? AND key IN ({marks}) "
+            "GROUP BY day, model ORDER BY day DESC, model",
+            (since, *keys),
+        ).fetchall()
+        return [tuple(r) for r in rows]
+
     def usage(self, by: UsageBy, since: float | None = None) -> list[UsageRow]:
+        """Sums per ``by``; by tag, a request counts under each of its tags
+        (so the rows can sum to more than the requests), and untagged ones
+        under none."""
+        if by == "tag":
+            have = {row[1] for row in self.conn.execute("PRAGMA table_info(requests)")}
+            if "tags" not in have:  # a file no gateway with tags wrote yet
+                return []
+            rows = self.conn.execute(
+                "SELECT tag.value AS name, COUNT(*), SUM(status >= 400), "
+                "COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0) "
+                "FROM requests, json_each(requests.tags) AS tag "
+                "WHERE ts >= ? AND requests.tags IS NOT NULL GROUP BY tag.value ORDER BY name",
+                (since or 0.0,),
+            ).fetchall()
+            return [UsageRow(*r) for r in rows]
         group = _GROUP[by]
         rows = self.conn.execute(
             f"SELECT {group} AS name, COUNT(*), SUM(status >= 400), "

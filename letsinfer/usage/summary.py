@@ -1,9 +1,10 @@
-"""`letsinfer usage` as data: requests and tokens summed per key, model or node
+"""`letsinfer usage` as data: requests and tokens summed per key, model, node or tag
 from the main's request records. The CLI on the main and the admin API (a
 controller's `letsinfer usage`) both answer with this, so they print the same."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -93,6 +94,7 @@ def request_rows(
             # usage (a stream its client cut) was charged this estimate instead.
             "cached": r.cached,
             "charged_tokens": r.charged,
+            "tags": json.loads(r.tags) if r.tags else [],
             "ttft_ms": None if r.ttft_ms is None else round(r.ttft_ms, 2),
             "duration_ms": round(r.duration_ms, 2),
             "queue_ms": round(r.queue_ms, 2),

@@ -170,12 +170,13 @@ class RolloutAnswer(Answer):
 
 
 class UsageRow(Answer):
-    """One row of `letsinfer usage --json`: ``key``, ``model`` or ``node``
-    (whichever was asked for; the others are absent) and the sums."""
+    """One row of `letsinfer usage --json`: ``key``, ``model``, ``node`` or
+    ``tag`` (whichever was asked for; the others are absent) and the sums."""
 
     key: str | None = None
     model: str | None = None
     node: str | None = None
+    tag: str | None = None
     requests: int
     errors: int
     prompt_tokens: int
@@ -199,6 +200,7 @@ class RequestRecord(Answer):
     completion_tokens: int | None
     cached: bool | None
     charged_tokens: int | None
+    tags: list[str] = []
     ttft_ms: float | None
     duration_ms: float
     queue_ms: float

@@ -22,7 +22,7 @@ def records_router(ops: OpsContext) -> APIRouter:
     @router.get("/v1/ops/usage", response_model_exclude_unset=True)
     async def usage(
         p: Annotated[Peer, ops.need("viewer")],
-        by: Literal["key", "model", "node"] = "key",
+        by: Literal["key", "model", "node", "tag"] = "key",
         since: Annotated[float | None, Query(ge=0, le=1e11)] = None,
     ) -> list[UsageRow]:
         """``since``: seconds since the epoch (the CLI turns --since into it)."""
