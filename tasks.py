@@ -34,6 +34,9 @@ TEST_SYSTEM_PACKAGES: list[str] = [
     "prometheus",  # promtool: checks and unit-tests the shipped alert rules
     "valgrind",  # callgrind counts the proxies' instructions (benchmarks/instructions.py)
     "man-db",  # man finds and shows the pages the node role links (tests/test_man_pages.py)
+    # the portal's pages in a real browser, driven by Selenium (tests/test_portal_browser.py)
+    "chromium",
+    "chromium-driver",
 ]
 
 

@@ -306,6 +306,17 @@ class WebhookSettings(_Section):
     keep_deliveries: int = Field(1000, ge=10, le=100_000)
 
 
+class PortalSettings(_Section):
+    """The portal's pages under /ui/ on the gateway (docs/portal.md)."""
+
+    enabled: bool = True
+    session_ttl_s: float = Field(8 * 3600.0, gt=0, le=30 * 86400)
+    # Guessing is bounded per account: this many failed sign-ins within the
+    # window, and the account's sign-in answers 429 until the oldest leaves it.
+    signin_failures: int = Field(10, ge=1, le=1000)
+    signin_window_s: float = Field(900.0, gt=0, le=86400)
+
+
 _RELEASE_PUBLIC_KEY = re.compile(r"ed25519:[A-Za-z0-9+/]{43}=")
 
 
@@ -402,6 +413,7 @@ class Settings(_Section):
     requests: RequestSettings = RequestSettings()
     tracing: TracingSettings = TracingSettings()
     webhooks: WebhookSettings = WebhookSettings()
+    portal: PortalSettings = PortalSettings()
 
     @model_validator(mode="after")
     def _facts_outlive_a_heartbeat(self) -> Settings:

@@ -67,6 +67,8 @@ from letsinfer.control.ops.rollouts import OnLoop
 from letsinfer.control.removal_notice import tell_removed
 from letsinfer.control.thread import ControlThread, LoopPost
 from letsinfer.control.typed_app import typed_app
+from letsinfer.exposure.route import exposure_router
+from letsinfer.exposure.serving import ExposureRunner
 from letsinfer.fetch import FetchPolicy
 from letsinfer.gateway.app import Gateway, create_app
 from letsinfer.gateway.directory import Directory
@@ -212,9 +214,15 @@ class MainNode:
         self.server: Any = None  # the uvicorn server, set by `up`
         self.advertiser: Advertiser | None = None  # while running, with discovery on
         self.moved = False  # this main joined another cluster (see _watch_identity)
+        self.exposure = ExposureRunner(home, settings.gateway)  # `exposure enable`'s TLS
 
     def app(self) -> FastAPI:
-        return create_app(self.gateway, lifespan=self._lifespan)
+        portal = None
+        if self.settings.portal.enabled:
+            from letsinfer.portal.pages import Portal  # (not loaded when off)
+
+            portal = Portal(self.home, self.settings.portal, self.gateway, self.gateway_url).app
+        return create_app(self.gateway, lifespan=self._lifespan, portal=portal)
 
     def gateway_url(self) -> str:
         gw = self.settings.gateway
@@ -323,7 +331,8 @@ class MainNode:
         admin.include_router(
             ops_router(self.store, self.identity, on_change=self._apply_here, home=self.home)
         )
-        admin.include_router(local_router(self.store, self.node_removed))
+        admin.include_router(local_router(self.store, self.node_removed, self._apply_here))
+        admin.include_router(exposure_router(self.exposure))
         admin.include_router(lifecycle_router(self.lifecycle, self.home.model_store))
         admin.include_router(
             storage_router(
@@ -431,6 +440,7 @@ class MainNode:
             shedder=self.shedder,
         )
         await self.control.start(self._control_up)
+        await self.exposure.start(app)  # the same app over TLS (docs/exposure.md)
         admin = await self._start_admin()
         adv = None
         if self.settings.discovery.enabled:
@@ -475,6 +485,7 @@ class MainNode:
             yield
         finally:
             try:
+                await self.exposure.stop()
                 if metrics is not None:
                     stopping = metrics
                     await self.control.run(stopping.stop)

@@ -129,12 +129,15 @@ def create_key(
     actor: str = "cli",
     policy: dict[str, Any] | None = None,
     role: str | None = None,
+    owner: str | None = None,
+    project: str | None = None,
 ) -> IssuedKey:
     """Create a key; every allowlisted model must exist (name, alias or LoRA
-    adapter). ``policy``: its band, limits and cache (see :func:`check_policy`).
+    adapter). ``policy``: its band, limits and cache (see :func:`check_policy`);
+    ``owner``, ``project``: the portal account and project it belongs to.
     A refusal is audited and changes nothing else."""
     with audited(store, actor, "auth.key.create", _target(name), role=role):
-        return _create_key(store, name, models, concurrency, actor, policy, role)
+        return _create_key(store, name, models, concurrency, actor, policy, role, owner, project)
 
 
 def _target(name: str) -> str | None:
@@ -151,6 +154,8 @@ def _create_key(
     actor: str,
     policy: dict[str, Any] | None,
     role: str | None,
+    owner: str | None = None,
+    project: str | None = None,
 ) -> IssuedKey:
     if _target(name) is None:
         raise StoreError("key name must be 1-64 ASCII letters, digits, '-' or '_'")
@@ -177,6 +182,8 @@ def _create_key(
             tuple(canonical),
             concurrency,
             policy,
+            owner,
+            project,
         )
         store.append_audit(
             actor,

@@ -34,9 +34,21 @@ COMMANDS: dict[str, tuple[tuple[str, ...], str]] = {
     ),
     "controller": (("controller",), "Act as a paired controller from this workstation."),
     "doctor": (("doctor",), "Check this machine before (and after) letsinfer runs on it."),
+    "eval": (
+        ("evals",),
+        "Eval suites: run one against a model through the gateway, list and show runs.",
+    ),
+    "exposure": (
+        ("exposure",),
+        "Publish the inference plane over TLS on one port: enable, status, disable.",
+    ),
     "fleet": (
         ("fleet",),
         "Install, firewall, upgrade and wipe machines with the Ansible collection.",
+    ),
+    "join": (
+        ("join",),
+        "Enroll this machine with a main's join code (`letsinfer node add --code`).",
     ),
     "mirror": (("mirror",), "Imported artifacts, kept by sha256: add, list, find unused, remove."),
     "model": (
@@ -60,8 +72,10 @@ COMMANDS: dict[str, tuple[tuple[str, ...], str]] = {
         "Nodes, their GPUs, the placement groups on them and their data links.",
     ),
     "up": (("up",), "Start this node in the foreground; Ctrl-C stops it and its engines."),
-    "usage": (("usage",), "Requests and tokens summed per API key, model or node."),
+    "usage": (("usage",), "Requests and tokens summed per API key, model, node or tag."),
     "webhook": (("webhook",), "Signed webhooks (Standard Webhooks) sent on cluster events."),
+    "user": (("user",), "Portal accounts: approve, suspend, remove, reset a password."),
+    "project": (("project",), "Projects: members, models and the limits their keys share."),
     "wheelhouse": (
         ("wheelhouse",),
         "Signed wheelhouses: what a node that trusts release keys may install.",

@@ -9,7 +9,7 @@ from contextlib import AbstractAsyncContextManager
 from fastapi import FastAPI, Request
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from letsinfer.gateway.availability import MEANT_TO_SERVE
 from letsinfer.gateway.direct import protocol_mixin
@@ -54,7 +54,10 @@ def direct_path(app: FastAPI) -> tuple[type, ...]:
 def create_app(
     gw: Gateway,
     lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None,
+    portal: ASGIApp | None = None,
 ) -> FastAPI:
+    """``portal``: the pages under /ui/ (letsinfer.portal), mounted after
+    every gateway route (the inference POSTs never reach the router at all)."""
     app = _GatewayApp(
         title="letsinfer gateway",
         docs_url=None,
@@ -172,4 +175,6 @@ def create_app(
             body["states"] = states
         return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
+    if portal is not None:
+        app.mount("/ui", portal)
     return app

@@ -64,6 +64,16 @@ class Booking:
         elif not cached:
             # Its key got limits while it ran: what it used counts against them.
             self.gw.limiter.charge_late(ex.key, (prompt_tokens or 0) + (completion_tokens or 0))
+        shared = ex.project_admitted
+        if shared is not None:  # its project's count, charged as its key's is
+            if cached:
+                used = 0
+            elif prompt_tokens is None and completion_tokens is None and ex.pg != "-":
+                used = shared.estimate + (shared.events if ex.stream else len(ex.tail) // 4)
+            else:
+                used = (prompt_tokens or 0) + (completion_tokens or 0)
+            counted = ex.pg != "-" or ex.status not in (429, CLIENT_GONE)
+            self.gw.limiter.settle(shared, used, counted)
         finished = self._finished
         finished.append(ex)
         if len(finished) == 1:
@@ -97,6 +107,7 @@ class Booking:
                     ex.queue_s * 1000,
                     ex.cache is cache.HIT,
                     None if ex.admitted is None else ex.admitted.charged,
+                    ex.tags,
                 )
                 for ex in finished
                 if ex.key != "-"  # refused keys are counted as denials

@@ -19,6 +19,7 @@ from letsinfer.gateway.cache import CachePolicy
 from letsinfer.gateway.limits import KeyLimits
 from letsinfer.gateway.providers import GROUP_PREFIX, ExternalModel
 from letsinfer.store import ApiKeyRecord, AuthorityStore, ServiceRecord
+from letsinfer.store.people import ProjectRecord
 
 log = logging.getLogger("letsinfer.gateway")
 
@@ -35,22 +36,44 @@ class KeyPolicy:
     band: int = STANDARD  # its turn in the admission queue (0 first)
     limits: KeyLimits | None = None  # None: no rate limit or budget (nothing counted)
     cache: CachePolicy | None = None  # None: its answers are never cached
+    # Its project's shared limits, counted under PROJECT_SCOPE + the project's
+    # name; None: no project, or one without limits (nothing more counted).
+    project_scope: str | None = None
 
     def allows(self, model: str) -> bool:
         return not self.models or model in self.models
 
     @classmethod
-    def from_record(cls, k: ApiKeyRecord) -> KeyPolicy:
+    def from_record(cls, k: ApiKeyRecord, project: ProjectRecord | None = None) -> KeyPolicy:
         limits = KeyLimits(k.rpm, k.tpm, k.budget_tokens, k.budget_period)
+        models, band = frozenset(k.models), k.band
+        scope = None
+        if project is not None:
+            if project.models:  # the project's models bound the key's
+                models = models & frozenset(project.models) if models else frozenset(project.models)
+                models = models or frozenset({""})  # (nothing left: no model, not every one)
+            band = project.band or band
+            shared = project_limits(project)
+            scope = PROJECT_SCOPE + project.name if shared is not None else None
         return cls(
             k.name,
             k.digest,
-            frozenset(k.models),
+            models,
             k.concurrency,
-            BAND_NAMES.index(k.band) if k.band in BAND_NAMES else STANDARD,
+            BAND_NAMES.index(band) if band in BAND_NAMES else STANDARD,
             limits if limits.any else None,
             CachePolicy(k.cache_ttl_s, k.cache_sampled) if k.cache_ttl_s else None,
+            scope,
         )
+
+
+# A project's counts in the limiter, beside its keys' (no key name has a ':').
+PROJECT_SCOPE = "project:"
+
+
+def project_limits(project: ProjectRecord) -> KeyLimits | None:
+    limits = KeyLimits(project.rpm, project.tpm, project.budget_tokens, project.budget_period)
+    return limits if limits.any else None
 
 
 @dataclass(frozen=True)
@@ -88,6 +111,8 @@ class Snapshot:
     names: dict[str, ServiceEntry] = field(default_factory=dict)
     services: tuple[ServiceEntry, ...] = ()  # models and adapters, as /v1/models lists them
     system_stopped: bool = False  # `letsinfer cluster stop`
+    # Each project with limits: (its limits, its keys' names), as PROJECT_SCOPE + name.
+    projects: dict[str, tuple[KeyLimits, frozenset[str]]] = field(default_factory=dict)
 
     def externals(self) -> dict[str, ExternalModel]:
         """The external models to publish (not those stopped)."""
@@ -141,7 +166,21 @@ class Directory:
             fresh = time.monotonic() - self._loaded_at < self.max_stale_s / 3
             if not force and self._snapshot is not None and version == self._version and fresh:
                 return
-            keys = {k.digest: KeyPolicy.from_record(k) for k in store.list_api_keys()}
+            projects = {p.name: p for p in store.list_projects()}
+            refused = store.unusable_owners()  # (suspended: refused from this snapshot on)
+            keys = {
+                k.digest: KeyPolicy.from_record(k, projects.get(k.project) if k.project else None)
+                for k in store.list_api_keys()
+                if k.owner is None or k.owner not in refused
+            }
+            scoped: dict[str, tuple[KeyLimits, frozenset[str]]] = {}
+            for p in projects.values():
+                shared = project_limits(p)
+                if shared is not None:
+                    members = frozenset(
+                        k.name for k in keys.values() if k.project_scope == PROJECT_SCOPE + p.name
+                    )
+                    scoped[PROJECT_SCOPE + p.name] = (shared, members)
             scaling = store.scaling_policies()
             groups: dict[str, list[tuple[str, str]]] = {}
             for pg in store.list_placement_groups():
@@ -187,7 +226,9 @@ class Directory:
             names[svc.name] = svc
             for alias in svc.aliases:
                 names.setdefault(alias, svc)
-        snapshot = Snapshot(keys=keys, names=names, services=services, system_stopped=stopped)
+        snapshot = Snapshot(
+            keys=keys, names=names, services=services, system_stopped=stopped, projects=scoped
+        )
         self._snapshot = snapshot
         self._version = version
         self._loaded_at = time.monotonic()

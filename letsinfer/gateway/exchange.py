@@ -92,6 +92,7 @@ class Exchange:
         "key",
         "node",
         "pg",
+        "project_admitted",
         "queue_s",
         "renamed",
         "request_id",
@@ -100,6 +101,7 @@ class Exchange:
         "started",
         "status",
         "stream",
+        "tags",
         "tail",
         "task",
         "tokens",
@@ -129,6 +131,7 @@ class Exchange:
         self.responded = False  # the status line went out
         self.head_sent = False  # ... early: a stream that opened while its model loaded
         self.admitted: Admitted | None = None  # what its key's limits counted: charged at the end
+        self.project_admitted: Admitted | None = None  # and its project's, the same way
         self.cache: bytes | None = None  # hit, miss or bypass, for a key with a cache
         self.cache_key: bytes | None = None  # where to keep the answer
         self.fallback: str | None = None  # the model that answered instead
@@ -136,6 +139,7 @@ class Exchange:
         # The name its answer gives as its model, when not the engine's own
         # (an adapter's, or an external model's instead of the provider's).
         self.renamed: bytes | None = None
+        self.tags: str | None = None  # its X-Letsinfer-Tags, as records keep them
 
     def at_engine(self, replica: Replica | None) -> None:
         """The replica working on the request now (None: none did any work)."""

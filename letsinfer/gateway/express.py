@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, MutableMapping
 from typing import Any, Protocol
 
-from letsinfer.gateway import access_log, adapters, protocol, stream_usage
+from letsinfer.gateway import access_log, adapters, protocol, stream_usage, tags
 from letsinfer.gateway.engine_client import CallbackResponse, EngineError, EngineTimeout
 from letsinfer.gateway.errors import (
     GatewayError,
@@ -318,18 +318,23 @@ class Express:
         gw = self.gw
         if gw.tracing is not None:
             return None
-        auth = given_id = None
+        auth = given_id = given_tags = None
         for name, value in cycle.scope["headers"]:
             if name == b"authorization":
                 auth = value
             elif name == b"x-request-id":
                 given_id = value
+            elif name == b"x-letsinfer-tags":
+                given_tags = value
+            elif name == b"x-letsinfer-group":  # pinned (or refused): the handler's
+                return None
         body = cycle.body
         if len(body) > gw.max_body_bytes:
             return None
         key = authenticate(gw, auth.decode("latin-1") if auth else None)
-        if key.limits is not None or key.cache is not None:
-            return None
+        if key.limits is not None or key.cache is not None or key.project_scope is not None:
+            return None  # (counted or cached: the handler's way)
+        kept_tags = None if given_tags is None else tags.parse(given_tags)  # (refused: the handler)
         if key.concurrency is not None and gw.admission.key_in_flight(key.name) >= key.concurrency:
             return None
         path = cycle.scope["path"]
@@ -349,6 +354,7 @@ class Express:
             protocol.refuse_media(parsed, entry.name)  # (refused: the handler answers)
         lane = _Lane(request_id_from(given_id), self, cycle)
         lane.key = key.name
+        lane.tags = kept_tags
         lane.asked = access_log.loggable(parsed["model"])
         lane.served = entry.name
         lane.endpoint = ENDPOINTS[path]

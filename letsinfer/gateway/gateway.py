@@ -21,6 +21,7 @@ from letsinfer.gateway.metrics import GatewayMetrics
 from letsinfer.gateway.policy import RoutingPolicy
 from letsinfer.gateway.routing import RoutingTable
 from letsinfer.gateway.upstream import Upstream
+from letsinfer.store.requests import KeyUsage
 from letsinfer.usage.recorder import RequestLog
 
 if TYPE_CHECKING:
@@ -53,6 +54,7 @@ class Gateway:
     # are still to be read from the request records.
     _counted: dict[str, KeyLimits] = field(default_factory=dict)
     _unread: dict[str, KeyLimits] = field(default_factory=dict)
+    _members: dict[str, frozenset[str]] = field(default_factory=dict)  # a project's keys
     _reading: set[asyncio.Task[None]] = field(default_factory=set)
     # Keys whose counts are being read again: their requests wait for the read
     # (a spent budget must not look unspent while it runs).
@@ -86,6 +88,10 @@ class Gateway:
                 del externals[name]
         external.sync(self.routing, externals)
         limited = {k.name: k.limits for k in snapshot.keys.values() if k.limits is not None}
+        # A project's limits: one more scope, counted from its keys' records.
+        for scope, (shared, members) in snapshot.projects.items():
+            limited[scope] = shared
+            self._members[scope] = members
         for gone in self._counted.keys() - limited.keys():
             del self._counted[gone]
             self._unread.pop(gone, None)  # (a read not begun yet would count it again)
@@ -142,12 +148,14 @@ class Gateway:
             self.book_now()
             generations = {n: self.limiter.recount(n, limits) for n, limits in unread.items()}
             try:
-                usage = await self.records.usage_of(starts, now - WINDOW_S)
+                usage = self._project_usage(
+                    starts, await self.records.usage_of(self._with_members(starts), now - WINDOW_S)
+                )
             except Exception as exc:  # a broken records file: count from now, say so
                 log.error("cannot read the request records to rebuild rate limits: %s", exc)
                 usage = {}
             for name, (spent, recent) in usage.items():
-                limits = self._counted.get(name)
+                limits = self._counted.get(name) if name in generations else None
                 if limits is not None:
                     self.limiter.restore(
                         name, limits, spent, recent, generations[name], starts[name]
@@ -157,6 +165,33 @@ class Gateway:
                 del self.recounting[name]
                 self._slow.discard(name)
             ready.set()
+
+    def _with_members(self, starts: dict[str, float | None]) -> dict[str, float | None]:
+        """The keys whose records to read: those asked, and each project
+        scope's keys, in one read (with the project's period start; a key
+        with a budget of its own keeps its own, and the project's spent is
+        then read over that period)."""
+        out = dict(starts)
+        for scope, start in starts.items():
+            for key in self._members.get(scope, ()):
+                out.setdefault(key, start)
+        return out
+
+    def _project_usage(
+        self, starts: dict[str, float | None], usage: dict[str, KeyUsage]
+    ) -> dict[str, KeyUsage]:
+        """``usage`` with each project scope among ``starts``: the sum of its keys'."""
+        out = dict(usage)
+        for scope in starts:
+            if scope not in self._members:
+                continue
+            spent, recent = 0, []
+            for key in self._members[scope]:
+                had, seen = usage.get(key, (0, []))
+                spent += had
+                recent.extend(seen)
+            out[scope] = (spent, sorted(recent))
+        return out
 
     def _read_done(self, task: asyncio.Task[None]) -> None:
         self._reading.discard(task)

@@ -89,10 +89,24 @@ def period_bounds(period: str, now: float) -> tuple[float, float]:
     return start.timestamp(), end.timestamp()
 
 
+def _who(key: str) -> str:
+    """What a refusal names: the key, or the project whose limits it shares
+    (counted as ``project:NAME``, a name no key can have)."""
+    scope, _, project = key.partition(":")
+    return f"project '{project}'" if project and scope == "project" else f"API key '{key}'"
+
+
+def _who_first(key: str) -> str:
+    """The same, at the start of a sentence."""
+    who = _who(key)
+    return who[0].upper() + who[1:]
+
+
 def rate_limited(key: str, what: str, limit: int, retry_after: int) -> GatewayError:
     return GatewayError(
         429,
-        f"API key '{key}' reached its limit of {limit} {what} per minute; retry in {retry_after}s.",
+        f"{_who_first(key)} reached its limit of {limit} {what} per minute; "
+        f"retry in {retry_after}s.",
         type_="rate_limit_exceeded",
         code="rate_limit_exceeded",
         headers={"retry-after": str(retry_after)},
@@ -102,7 +116,7 @@ def rate_limited(key: str, what: str, limit: int, retry_after: int) -> GatewayEr
 def budget_exhausted(key: str, budget: int, period: str, retry_after: int) -> GatewayError:
     return GatewayError(
         429,
-        f"API key '{key}' has spent its budget of {budget} tokens this {period} (UTC); "
+        f"{_who_first(key)} has spent its budget of {budget} tokens this {period} (UTC); "
         f"it renews in {retry_after}s.",
         type_="insufficient_quota",
         code="budget_exhausted",
@@ -113,7 +127,7 @@ def budget_exhausted(key: str, budget: int, period: str, retry_after: int) -> Ga
 def budget_held(key: str, budget: int, period: str, spent: int, held: int) -> GatewayError:
     return GatewayError(
         429,
-        f"API key '{key}' has spent {spent} of its budget of {budget} tokens this {period} "
+        f"{_who_first(key)} has spent {spent} of its budget of {budget} tokens this {period} "
         f"(UTC) and its requests in progress may use the rest (about {held} tokens); "
         "retry when one finishes.",
         type_="insufficient_quota",
@@ -129,7 +143,7 @@ def budget_short(
     return GatewayError(
         429,
         f"This request may use about {asks} tokens (its prompt, and the most it lets the "
-        f"model write), and API key '{key}' has about {left} left of its budget of "
+        f"model write), and {_who(key)} has about {left} left of its budget of "
         f"{budget} tokens this {period} (UTC){held_by}; ask for fewer tokens or retry later.",
         type_="insufficient_quota",
         code="budget_exhausted",
@@ -141,8 +155,8 @@ def beyond_budget(key: str, budget: int, period: str, asks: int) -> GatewayError
     return GatewayError(
         400,
         f"This request may use about {asks} tokens (its prompt, and the most it lets the "
-        f"model write: max_tokens, max_completion_tokens or n_predict), more than API key "
-        f"'{key}' may use in a whole {period} ({budget} tokens): ask for fewer tokens.",
+        f"model write: max_tokens, max_completion_tokens or n_predict), more than "
+        f"{_who(key)} may use in a whole {period} ({budget} tokens): ask for fewer tokens.",
         code="invalid_value",
         param="max_tokens",
     )

@@ -34,7 +34,7 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from letsinfer.gateway import access_log, adapters, cache, policy, protocol, stream_usage
+from letsinfer.gateway import access_log, adapters, cache, policy, protocol, stream_usage, tags
 from letsinfer.gateway.booking import Booking
 from letsinfer.gateway.directory import KeyPolicy, ServiceEntry, StoreUnavailable
 from letsinfer.gateway.engine_client import EngineError
@@ -55,6 +55,7 @@ from letsinfer.gateway.exchange import (
 )
 from letsinfer.gateway.gateway import Gateway
 from letsinfer.gateway.limits import estimate_prompt
+from letsinfer.gateway.pinning import pinned_group
 from letsinfer.gateway.upstream import Started
 
 log = logging.getLogger("letsinfer.gateway")
@@ -70,7 +71,7 @@ ROUTES: dict[str, protocol.Route] = {
 }
 
 # Refusals of a key's use that land in the audit chain (never the key itself).
-_AUDITED = frozenset({"invalid_api_key", "concurrency_limit_exceeded"})
+_AUDITED = frozenset({"invalid_api_key", "concurrency_limit_exceeded", "group_pin_refused"})
 
 # Why a model's own groups could not take a request that its fallback then gets:
 # none will serve (parked, stopped, not placed), none is ready now (or every one
@@ -250,7 +251,7 @@ class InferenceEndpoints:
         watch: Watch,
         task: asyncio.Task[Any] | None,
     ) -> Exchange:
-        auth = given_id = declared = cache_control = None
+        auth = given_id = declared = cache_control = given_tags = pin = None
         for name, value in scope["headers"]:
             if name == b"authorization":
                 auth = value
@@ -258,6 +259,10 @@ class InferenceEndpoints:
                 given_id = value
             elif name == b"content-length":
                 declared = value
+            elif name == b"x-letsinfer-tags":
+                given_tags = value
+            elif name == b"x-letsinfer-group":
+                pin = value
             elif name == b"cache-control":  # (every line of it: HTTP joins them)
                 cache_control = value if cache_control is None else cache_control + b"," + value
         ex = Exchange(request_id_from(given_id), task)
@@ -265,10 +270,12 @@ class InferenceEndpoints:
         try:
             key = authenticate(self.gw, auth.decode("latin-1") if auth else None)
             ex.key = key.name
+            if given_tags is not None:
+                ex.tags = tags.parse(given_tags)
             body = await read_body(receive, declared, self.gw.max_body_bytes)
             unwatch = watch(ex.client_gone)
             await self._serve(
-                scope["path"], key, body, ex, send, cache_control, scope.get(FAILED_AT)
+                scope["path"], key, body, ex, send, cache_control, scope.get(FAILED_AT), pin
             )
         except GatewayError as err:
             ex.status = err.status
@@ -314,6 +321,7 @@ class InferenceEndpoints:
         send: Send,
         cache_control: bytes | None = None,
         failed_at: tuple[str, str] | None = None,
+        pin: bytes | None = None,
     ) -> None:
         gw = self.gw
         ex.endpoint = ENDPOINTS[path]
@@ -333,6 +341,7 @@ class InferenceEndpoints:
             raise unknown_model(parsed["model"])
         if entry.text_only and route.kind == "chat" and protocol.may_carry_media(body):
             protocol.refuse_media(parsed, entry.name)
+        only = None if pin is None else pinned_group(pin, key.name, entry.serves, gw.routing)
         ex.served = entry.name
         ex.renamed = answers_as(entry)
         ex.stream = stream = parsed.get("stream", False)
@@ -347,6 +356,8 @@ class InferenceEndpoints:
                     estimate_prompt(body),
                     protocol.completion_limit(parsed) if route.sampling else None,
                 )
+        if key.project_scope is not None:  # its project's limits, shared by all its keys
+            await self._admit_project(key.project_scope, body, parsed, route, ex)
         if key.cache is not None:
             if self._stopped(entry):  # never answered from the cache (its fallback may answer)
                 ex.cache = cache.BYPASS
@@ -369,6 +380,7 @@ class InferenceEndpoints:
                     band=key.band,
                     adapter=entry.name if entry.base is not None else None,
                     failed_at=failed_at,
+                    only=only,
                     fail_on_provider_error=entry.fallback is not None,
                     at_engine=ex.at_engine,
                     recheck=functools.partial(self._not_revoked, key),
@@ -386,7 +398,7 @@ class InferenceEndpoints:
             except GatewayError as err:
                 if entry.base is not None and not key.allows(entry.base):
                     err = adapters.told_as(entry.name, err)
-                if entry.fallback is None or err.code not in FALLBACK_ON:
+                if entry.fallback is None or err.code not in FALLBACK_ON or only is not None:
                     raise err from None
                 started = await self._fall_back(entry, key, path, body, ex, hint, err)
             ex.queue_s = started.queue_s
@@ -396,6 +408,21 @@ class InferenceEndpoints:
                 gw.upstream.finish(started)
         finally:
             gw.admission.leave_key(key.name)
+
+    async def _admit_project(
+        self, scope: str, body: bytes, parsed: dict[str, Any], route: Any, ex: Exchange
+    ) -> None:
+        gw = self.gw
+        if gw.recounting:
+            await gw.counted(scope)
+        limits = gw.limits_of(scope)
+        if limits is not None:
+            ex.project_admitted = gw.limiter.admit(
+                scope,
+                limits,
+                estimate_prompt(body),
+                protocol.completion_limit(parsed) if route.sampling else None,
+            )
 
     async def _while_loading(
         self, starting: Awaitable[Started], entry: ServiceEntry, ex: Exchange, send: Send

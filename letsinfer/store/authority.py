@@ -1,7 +1,7 @@
 """The authority's SQLite store: its connection, transactions, migrations
 and settings. Domain code calls its typed methods; those of each group of
 tables live in a mixin of its own (nodes, controllers, releases, services,
-groups, keys, adapters, scaling, webhooks, audit), all inherited by
+groups, keys, adapters, scaling, webhooks, people, evals, audit), all inherited by
 :class:`AuthorityStore`; the records they return are in records.py.
 
 One connection per store object, used by one thread (a running main has two:
@@ -30,10 +30,13 @@ from letsinfer.home import admin_gid, share_with_group
 from letsinfer.store.adapters import AdapterTables
 from letsinfer.store.audit import AuditTables, HeadKeeper
 from letsinfer.store.controllers import ControllerTables
+from letsinfer.store.evals import EvalTables
 from letsinfer.store.groups import GroupTables
+from letsinfer.store.join_codes import JoinCodeTables
 from letsinfer.store.keys import KEY_POLICY_FIELDS, ApiKeyTables
 from letsinfer.store.migrations import MIGRATIONS
 from letsinfer.store.nodes import NodeTables
+from letsinfer.store.people import PeopleTables
 from letsinfer.store.records import (
     ApiKeyRecord,
     ArtifactReference,
@@ -111,6 +114,9 @@ class AuthorityStore(
     GroupTables,
     ApiKeyTables,
     WebhookTables,
+    PeopleTables,
+    JoinCodeTables,
+    EvalTables,
 ):
     def __init__(self, path: Path, anchor: HeadKeeper | None = None) -> None:
         """``anchor``: signs the audit chain's head after each commit that

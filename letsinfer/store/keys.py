@@ -36,8 +36,11 @@ class ApiKeyTables(Plumbing):
         models: tuple[str, ...],
         concurrency: int | None,
         policy: dict[str, Any] | None = None,
+        owner: str | None = None,
+        project: str | None = None,
     ) -> ApiKeyRecord:
-        """``policy``: any of KEY_POLICY_FIELDS (band, limits, cache)."""
+        """``policy``: any of KEY_POLICY_FIELDS (band, limits, cache);
+        ``owner``, ``project``: the portal account and project it belongs to."""
         try:
             self.db["api_keys"].insert(
                 {
@@ -49,6 +52,8 @@ class ApiKeyTables(Plumbing):
                     "concurrency": concurrency,
                     "created_at": time.time(),
                     "revoked_at": None,
+                    "owner": owner,
+                    "project": project,
                     **_policy_columns(policy or {}),
                 }
             )

@@ -415,4 +415,104 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX webhook_deliveries_due ON webhook_deliveries(state, next_at);
     """,
+    # 16: people (the portal, letsinfer.portal): accounts approved on the CLI,
+    # projects whose models and limits bound every key in them, each key's
+    # owner and project, and the portal's server-side sessions. An account's
+    # state or a project's policy moves the directory (the gateway's keys).
+    """
+    CREATE TABLE projects (
+        name TEXT PRIMARY KEY,
+        models TEXT NOT NULL DEFAULT '[]',
+        band TEXT CHECK (band IN ('interactive', 'standard', 'batch')),
+        rpm INTEGER,
+        tpm INTEGER,
+        budget_tokens INTEGER,
+        budget_period TEXT CHECK (budget_period IN ('day', 'week', 'month')),
+        created_at REAL NOT NULL
+    );
+    CREATE TABLE accounts (
+        name TEXT PRIMARY KEY,
+        password_hash TEXT NOT NULL,
+        state TEXT NOT NULL DEFAULT 'pending'
+            CHECK (state IN ('pending', 'active', 'suspended')),
+        project TEXT REFERENCES projects(name),
+        operator INTEGER NOT NULL DEFAULT 0,
+        created_at REAL NOT NULL
+    );
+    CREATE TABLE portal_sessions (
+        id_digest TEXT PRIMARY KEY,
+        account TEXT NOT NULL REFERENCES accounts(name) ON DELETE CASCADE,
+        csrf TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        expires_at REAL NOT NULL
+    );
+    CREATE TABLE sign_in_failures (
+        account TEXT NOT NULL,
+        at REAL NOT NULL
+    );
+    CREATE INDEX sign_in_failures_account ON sign_in_failures(account, at);
+    ALTER TABLE api_keys ADD COLUMN owner TEXT;
+    ALTER TABLE api_keys ADD COLUMN project TEXT;
+    CREATE TRIGGER projects_added AFTER INSERT ON projects BEGIN
+        UPDATE revisions SET rev = rev + 1 WHERE name = 'directory';
+    END;
+    CREATE TRIGGER projects_changed AFTER UPDATE ON projects BEGIN
+        UPDATE revisions SET rev = rev + 1 WHERE name = 'directory';
+    END;
+    CREATE TRIGGER projects_deleted AFTER DELETE ON projects BEGIN
+        UPDATE revisions SET rev = rev + 1 WHERE name = 'directory';
+    END;
+    CREATE TRIGGER accounts_changed AFTER UPDATE OF state, project ON accounts BEGIN
+        UPDATE revisions SET rev = rev + 1 WHERE name = 'directory';
+    END;
+    CREATE TRIGGER accounts_deleted AFTER DELETE ON accounts BEGIN
+        UPDATE revisions SET rev = rev + 1 WHERE name = 'directory';
+    END;
+    """,
+    # join codes (`letsinfer node add --code`, letsinfer.authority.joining):
+    # the public verifier of each code's secret, never the secret.
+    """
+    CREATE TABLE join_codes (
+        id TEXT PRIMARY KEY,
+        verifier TEXT NOT NULL,
+        state TEXT NOT NULL CHECK (state IN ('open', 'used', 'burnt')),
+        wrong_proofs INTEGER NOT NULL DEFAULT 0,
+        created_at REAL NOT NULL,
+        expires_at REAL NOT NULL,
+        used_at REAL,
+        node_id TEXT
+    );
+    """,
+    # eval runs (`letsinfer eval`, letsinfer.evals): each run of a suite against
+    # a model, its score against its threshold, and each case's score.
+    """
+    CREATE TABLE eval_runs (
+        id TEXT PRIMARY KEY,
+        suite TEXT NOT NULL,
+        source TEXT NOT NULL,
+        model TEXT NOT NULL,
+        pg TEXT,
+        threshold REAL NOT NULL,
+        score REAL NOT NULL,
+        passed INTEGER NOT NULL,
+        cases INTEGER NOT NULL,
+        started_at REAL NOT NULL,
+        finished_at REAL NOT NULL
+    );
+    CREATE INDEX eval_runs_started ON eval_runs(started_at);
+    CREATE TABLE eval_cases (
+        run_id TEXT NOT NULL REFERENCES eval_runs(id) ON DELETE CASCADE,
+        idx INTEGER NOT NULL,
+        name TEXT NOT NULL,
+        scorer TEXT NOT NULL,
+        weight REAL NOT NULL,
+        score REAL NOT NULL,
+        note TEXT NOT NULL,
+        request_id TEXT,
+        status INTEGER,
+        answer TEXT,
+        duration_ms REAL NOT NULL,
+        PRIMARY KEY (run_id, idx)
+    );
+    """,
 ]

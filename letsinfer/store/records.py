@@ -233,6 +233,8 @@ class ApiKeyRecord:
     budget_period: str | None = None  # day, week or month (UTC calendar)
     cache_ttl_s: int | None = None  # None: no response cache for this key
     cache_sampled: bool = False  # also cache answers sampled at a non-zero temperature
+    owner: str | None = None  # the portal account that made it (its keys stop when it does)
+    project: str | None = None  # its project: the project's models and limits bound it
 
 
 @dataclass(frozen=True)
@@ -300,4 +302,6 @@ def _key(r: dict[str, Any]) -> ApiKeyRecord:
         budget_period=r.get("budget_period"),
         cache_ttl_s=r.get("cache_ttl_s"),
         cache_sampled=bool(r.get("cache_sampled")),
+        owner=r.get("owner"),
+        project=r.get("project"),
     )
