@@ -128,7 +128,7 @@ def _node(s: ClusterState, n: NodeRecord) -> list[Finding]:
         fix = (
             "renewal happens with its reports: make sure it reaches the main"
             if child
-            else "the main does not renew its own certificate yet: re-issue it from the CA"
+            else "the main renews its own with its rounds: its log says why it could not"
         )
         if left <= 0:
             out.append(fail(f"certificate {name}", f"{name}'s certificate expired on {when}", fix))
