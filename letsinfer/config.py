@@ -14,10 +14,12 @@ import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -34,6 +36,28 @@ class ConfigError(Exception):
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _split_networks(value: object) -> object:
+    # From an environment variable the list arrives as one string.
+    if isinstance(value, str):
+        return tuple(part for part in re.split(r"[,\s]+", value) if part)
+    return value
+
+
+def _checked_networks(value: tuple[str, ...]) -> tuple[str, ...]:
+    for network in value:
+        try:
+            ipaddress.ip_network(network, strict=False)
+        except ValueError:
+            raise ValueError(f"{network!r} is not a network (such as 10.0.0.0/8)") from None
+    return value
+
+
+# A list of CIDRs (metrics sources, networks fetches may reach).
+Networks = Annotated[
+    tuple[str, ...], BeforeValidator(_split_networks), AfterValidator(_checked_networks)
+]
 
 
 class GatewaySettings(_Section):
@@ -80,7 +104,7 @@ class GatewaySettings(_Section):
     # firewall role keeps them out too).
     metrics_port: int = Field(9400, ge=0, le=65535)
     metrics_host: str = "127.0.0.1"
-    metrics_allow: tuple[str, ...] = ()
+    metrics_allow: Networks = ()
 
     @field_validator("metrics_host")
     @classmethod
@@ -89,24 +113,6 @@ class GatewaySettings(_Section):
             ipaddress.ip_address(value)
         except ValueError:
             raise ValueError(f"{value!r} is not an IP address of this machine") from None
-        return value
-
-    @field_validator("metrics_allow", mode="before")
-    @classmethod
-    def _split_allow(cls, value: object) -> object:
-        # From LETSINFER_GATEWAY__METRICS_ALLOW the list arrives as one string.
-        if isinstance(value, str):
-            return tuple(part for part in re.split(r"[,\s]+", value) if part)
-        return value
-
-    @field_validator("metrics_allow")
-    @classmethod
-    def _networks(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for network in value:
-            try:
-                ipaddress.ip_network(network, strict=False)
-            except ValueError:
-                raise ValueError(f"{network!r} is not a network (such as 10.0.0.5/32)") from None
         return value
 
     @model_validator(mode="after")
@@ -375,25 +381,7 @@ class FetchSettings(_Section):
     service), CGNAT and other non-global addresses are refused unless their
     network is listed here (docs/safe-fetching.md)."""
 
-    allow_networks: tuple[str, ...] = ()  # e.g. ["10.0.0.0/8", "127.0.0.1/32"]
-
-    @field_validator("allow_networks", mode="before")
-    @classmethod
-    def _split_allow(cls, value: object) -> object:
-        # From LETSINFER_FETCH__ALLOW_NETWORKS the list arrives as one string.
-        if isinstance(value, str):
-            return tuple(part for part in re.split(r"[,\s]+", value) if part)
-        return value
-
-    @field_validator("allow_networks")
-    @classmethod
-    def _networks(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for network in value:
-            try:
-                ipaddress.ip_network(network, strict=False)
-            except ValueError:
-                raise ValueError(f"{network!r} is not a network (such as 10.0.0.0/8)") from None
-        return value
+    allow_networks: Networks = ()  # e.g. ["10.0.0.0/8", "127.0.0.1/32"]
 
 
 class Settings(_Section):
