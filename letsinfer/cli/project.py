@@ -15,7 +15,7 @@ from letsinfer.cli import cli
 from letsinfer.cli.auth import _OFF, LIMIT
 from letsinfer.cli.output import console, emit, emit_object
 from letsinfer.cli.scope import CliContext, scoped
-from letsinfer.cli.user import applied
+from letsinfer.cli.user import applied, changed
 
 COLUMNS = ["name", "models", "band", "rpm", "tpm", "budget_tokens", "budget_period", "members"]
 
@@ -147,10 +147,5 @@ def limits(
 @click.pass_obj
 def remove(ctx: CliContext, name: str) -> None:
     """Remove NAME (refused while it has members or active keys)."""
-    store = open_authority(ctx.home)
-    try:
-        people.remove_project(store, name)
-    finally:
-        store.close()
-    applied(ctx)
+    changed(ctx, people.remove_project, name)
     console.print(f"project {name} removed")

@@ -8,6 +8,7 @@ from its next request on."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import click
@@ -25,6 +26,16 @@ def user() -> None:
     """Portal accounts: approve, suspend, remove, reset a password.
 
     Grant one the operator role with `user grant NAME operator`."""
+
+
+def changed(ctx: CliContext, change: Callable[..., object], *args: object) -> None:
+    """``change(store, *args)`` in the authority, then applied by the running node."""
+    store = open_authority(ctx.home)
+    try:
+        change(store, *args)
+    finally:
+        store.close()
+    applied(ctx)
 
 
 def applied(ctx: CliContext) -> None:
@@ -65,12 +76,7 @@ def list_users(ctx: CliContext, as_json: bool) -> None:
 @click.pass_obj
 def approve(ctx: CliContext, name: str, project: str) -> None:
     """Let NAME sign in and make keys in PROJECT (reinstates a suspended one)."""
-    store = open_authority(ctx.home)
-    try:
-        people.approve(store, name, project)
-    finally:
-        store.close()
-    applied(ctx)
+    changed(ctx, people.approve, name, project)
     console.print(f"user {name} approved in project {project}")
 
 
@@ -79,12 +85,7 @@ def approve(ctx: CliContext, name: str, project: str) -> None:
 @click.pass_obj
 def suspend(ctx: CliContext, name: str) -> None:
     """Sign NAME out and refuse its keys from their next request on."""
-    store = open_authority(ctx.home)
-    try:
-        people.suspend(store, name)
-    finally:
-        store.close()
-    applied(ctx)
+    changed(ctx, people.suspend, name)
     console.print(f"user {name} suspended: its sessions ended, its keys are refused")
 
 
@@ -93,12 +94,7 @@ def suspend(ctx: CliContext, name: str) -> None:
 @click.pass_obj
 def remove(ctx: CliContext, name: str) -> None:
     """Remove NAME: its sessions end and its keys are revoked."""
-    store = open_authority(ctx.home)
-    try:
-        people.remove(store, name)
-    finally:
-        store.close()
-    applied(ctx)
+    changed(ctx, people.remove, name)
     console.print(f"user {name} removed, its keys revoked")
 
 
