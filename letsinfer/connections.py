@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import resource
 import socket
@@ -534,3 +535,20 @@ class GuardedServer(uvicorn.Server):
             await self.listener.close(keep=self.keep_listener)
         await super().shutdown(sockets=sockets)
         self.late.close()
+
+
+def address_filter(networks: tuple[str, ...], *, loopback: bool) -> Callable[[str], bool]:
+    """Whether a peer address may connect: in one of ``networks`` (an
+    IPv4-mapped IPv6 address as its IPv4 one), or loopback when ``loopback``."""
+    parsed = [ipaddress.ip_network(n, strict=False) for n in networks]
+
+    def admit(address: str) -> bool:
+        try:
+            ip = ipaddress.ip_address(address)
+        except ValueError:
+            return False
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        return (loopback and ip.is_loopback) or any(ip in n for n in parsed)
+
+    return admit

@@ -13,7 +13,6 @@ accepted (the firewall drops them before, where it is loaded).
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import socket
@@ -25,7 +24,13 @@ from typing import Any
 import uvicorn
 
 from letsinfer.config import GatewaySettings
-from letsinfer.connections import ConnectionLimits, GuardedServer, Listener, ProtocolFactory
+from letsinfer.connections import (
+    ConnectionLimits,
+    GuardedServer,
+    Listener,
+    ProtocolFactory,
+    address_filter,
+)
 from letsinfer.exposure.certificate import CertificateRefused, check_pair, server_context
 from letsinfer.exposure.settings import Exposure, load
 from letsinfer.home import Home
@@ -71,21 +76,6 @@ class ServedCertificate:
             self.reloads += 1
             log.info("exposure: serving the renewed certificate %s", self.cert)
         return self._context
-
-
-def sources_filter(sources: tuple[str, ...]) -> Callable[[str], bool]:
-    networks = [ipaddress.ip_network(n, strict=False) for n in sources]
-
-    def admit(address: str) -> bool:
-        try:
-            ip = ipaddress.ip_address(address)
-        except ValueError:
-            return False
-        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-            ip = ip.ipv4_mapped
-        return any(ip.version == n.version and ip in n for n in networks)
-
-    return admit
 
 
 class ExposedServer(GuardedServer):
@@ -144,7 +134,7 @@ def exposed_server(app: Any, exposure: Exposure, gw: GatewaySettings) -> Exposed
         config,
         exposure_limits(gw),
         tls,
-        sources_filter(exposure.sources),
+        address_filter(exposure.sources, loopback=False),
         batch_writes=True,
         protocol_mixins=direct_path(app),
     )

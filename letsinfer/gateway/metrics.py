@@ -14,7 +14,6 @@ letsinfer.telemetry.collector the same way.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -26,7 +25,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from letsinfer.config import GatewaySettings
-from letsinfer.connections import METRICS_LIMITS, GuardedServer
+from letsinfer.connections import METRICS_LIMITS, GuardedServer, address_filter
 from letsinfer.gateway.routing import RoutingTable
 from letsinfer.planes import RunningPlane
 from letsinfer.telemetry.discovery import with_discovery
@@ -232,18 +231,7 @@ def observe_all(histogram: Any, values: list[float]) -> None:
 
 def source_filter(allow: tuple[str, ...]) -> Callable[[str], bool]:
     """Which sources may read metrics: loopback, and the ``allow`` networks."""
-    networks = [ipaddress.ip_network(n, strict=False) for n in allow]
-
-    def admit(address: str) -> bool:
-        try:
-            ip = ipaddress.ip_address(address)
-        except ValueError:
-            return False
-        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-            ip = ip.ipv4_mapped
-        return ip.is_loopback or any(ip in n for n in networks)
-
-    return admit
+    return address_filter(allow, loopback=True)
 
 
 async def start_metrics_server(
