@@ -27,6 +27,7 @@ from standardwebhooks.webhooks import WebhookVerificationError
 from letsinfer import config
 from letsinfer.audit.anchor import open_authority
 from letsinfer.authority.bootstrap import init_main
+from letsinfer.cli.local import ask_node
 from letsinfer.home import Home
 from letsinfer.webhooks.dispatch import Dispatcher
 from tests.nodes import RunningNode, free_port, letsinfer, start_node
@@ -342,6 +343,55 @@ def test_a_key_that_spends_its_budget_is_announced(
     assert body["type"] == "key.budget_exhausted"
     assert body["data"] == {  # never the key itself
         "key": "metered",
+        "budget_tokens": 40,
+        "period": "day",
+        "period_start": body["data"]["period_start"],  # type: ignore[index]
+    }
+
+
+def test_a_project_that_spends_its_budget_is_announced_as_the_project(
+    node: RunningNode, receiver: Receiver, secret_file: Path
+) -> None:
+    """Two members' keys share their project's budget: when they have spent
+    it together, one event names the project (not a key, not twice)."""
+    from letsinfer.authority import people
+
+    url = receiver.url("/project")
+    add(node, url, secret_file, "project.budget_exhausted,key.budget_exhausted")
+    made = node.cli("project", "create", "shared", "--budget", "40", "--budget-period", "day")
+    assert made.returncode == 0, made.stderr
+    home = Home.resolve(node.home)
+    secrets = []
+    for name in ("erin", "frank"):
+        store = open_authority(home)
+        try:
+            people.sign_up(store, name, "a long enough password")
+        finally:
+            store.close()
+        approved = node.cli("user", "approve", name, "--project", "shared")
+        assert approved.returncode == 0, approved.stderr
+        store = open_authority(home)
+        try:  # a key as the portal makes one
+            secrets.append(people.create_own_key(store, name, "k", ()).secret)
+        finally:
+            store.close()
+    ask_node(home, "POST", "/v1/local/apply", json={})  # as the portal's own refresh
+    statuses: list[int] = []
+    while len(statuses) < 12 and (not statuses or statuses[-1] == 200):
+        asked = httpx.post(
+            node.url + "/v1/chat/completions",
+            json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}]},
+            headers={"authorization": f"Bearer {secrets[len(statuses) % 2]}"},
+            timeout=60,
+        )
+        statuses.append(asked.status_code)
+    assert statuses[-1] == 429 and statuses.count(200) >= 2, statuses
+    wait("the project's event", lambda: receiver.at("/project"))
+    time.sleep(1)  # a second round of the watch: still one event
+    [body] = verified(receiver.at("/project"))
+    assert body["type"] == "project.budget_exhausted"
+    assert body["data"] == {
+        "project": "shared",
         "budget_tokens": 40,
         "period": "day",
         "period_start": body["data"]["period_start"],  # type: ignore[index]

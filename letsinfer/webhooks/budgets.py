@@ -1,8 +1,9 @@
-"""``key.budget_exhausted``: the gateway counts budgets in memory, on its own
-loop, so this watch runs there too, as a background task (never in a
-request): each round it asks which keys have spent their budget and queues
-an event once per key and period (the event's id names both, so a restart
-that finds the budget still spent queues nothing new)."""
+"""``key.budget_exhausted`` and ``project.budget_exhausted``: the gateway
+counts budgets in memory, on its own loop, so this watch runs there too, as a
+background task (never in a request): each round it asks which keys and
+projects have spent their budget and queues an event once per key (or
+project) and period (the event's id names both, so a restart that finds the
+budget still spent queues nothing new)."""
 
 from __future__ import annotations
 
@@ -29,16 +30,24 @@ class BudgetWatch:
     def check(self) -> int:
         """Queue the newly spent budgets' events; how many."""
         new = 0
-        for key, limits, start in self.gateway.budgets_spent():
-            event_id = f"key.budget_exhausted:{key}:{int(start)}"
+        for scope, limits, start in self.gateway.budgets_spent():
+            # A project's shared limits are counted as the scope "project:NAME"
+            # (a name no key can have): its own event, so a subscriber can tell
+            # one key's budget from a whole project's.
+            kind, _, project = scope.partition(":")
+            if kind == "project" and project:
+                event, about = "project.budget_exhausted", {"project": project}
+            else:
+                event, about = "key.budget_exhausted", {"key": scope}
+            event_id = f"{event}:{scope}:{int(start)}"
             if event_id in self._queued:
                 continue
             emit(
                 self.store,
                 event_id,
-                "key.budget_exhausted",
+                event,
                 {
-                    "key": key,
+                    **about,
                     "budget_tokens": limits.budget,
                     "period": limits.period,
                     "period_start": iso(start),

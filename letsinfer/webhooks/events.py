@@ -22,6 +22,7 @@ EVENTS: dict[str, str] = {
     "node.removed": "a node was removed from the cluster",
     "certificate.expiring": "a node's certificate expires within the warning window",
     "key.budget_exhausted": "an API key spent its token budget for the period",
+    "project.budget_exhausted": "a project's keys together spent its token budget for the period",
     "upgrade.finished": "a model's runtime upgrade finished",
     "upgrade.failed": "a model's runtime upgrade failed (the prior release restored)",
     "rollback.finished": "a model's rollback finished",
