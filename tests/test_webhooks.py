@@ -466,6 +466,30 @@ def test_an_audited_event_read_twice_is_queued_once(home: Home) -> None:
         store.close()
 
 
+def test_a_removed_node_becomes_its_event_through_the_removal_s_own_audit(home: Home) -> None:
+    """The event comes from what `node remove` itself writes in the chain
+    (not a record the test makes up), and only a removal that happened: a
+    refused one is no event."""
+    from letsinfer.authority.removal import RemovalRefused, remove_node
+    from letsinfer.fetch import FetchPolicy
+
+    store = open_authority(home)
+    try:
+        store.add_webhook("http://hooks.example/", SECRET, ("node.removed",))
+        store.add_node("c1", "n1", "child", "10.0.0.2:8444", "fp-n1")
+        dispatcher = Dispatcher(store, config.WebhookSettings(), FetchPolicy())
+        dispatcher.step()  # the first round: history is not news
+        with pytest.raises(RemovalRefused):
+            remove_node(store, "nobody", actor="cli")
+        remove_node(store, "n1", actor="cli")
+        dispatcher.step()
+        [queued] = store.list_deliveries("http://hooks.example/")
+        assert queued.event == "node.removed"
+        assert json.loads(queued.body)["data"]["node"] == "n1"
+    finally:
+        store.close()
+
+
 def test_watched_states_become_events_once_each_even_across_a_restart(home: Home) -> None:
     """Parked and back, not ready and ready again, a certificate near its
     expiry: one event per change, and a dispatcher started afresh (a main
