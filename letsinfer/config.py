@@ -294,6 +294,11 @@ class CapacitySettings(_Section):
     # recent use) or "lru" (least recently used: the usual cache's rule, kept
     # as the baseline benchmarks/capacity.py measures against).
     eviction: Literal["cost", "lru"] = "cost"
+    # A request for a model that is out defers to the models resident while
+    # its model is asked for less than the one that would go; at most this
+    # long: then its load takes a group past its minimum residence (one busy
+    # is drained first). Keep it below [gateway] queue_max_wait_s.
+    max_defer_s: float = Field(5.0, ge=0, le=600)
 
 
 class WebhookSettings(_Section):
@@ -379,9 +384,21 @@ class FetchSettings(_Section):
     """URLs an operator gives (mirrors, hub, providers, webhooks) reach only
     global addresses: loopback, private, link-local (the cloud metadata
     service), CGNAT and other non-global addresses are refused unless their
-    network is listed here (docs/safe-fetching.md)."""
+    network is listed here (docs/safe-fetching.md). ``proxy``: the HTTP proxy
+    those fetches go through (empty: HTTPS_PROXY/HTTP_PROXY/NO_PROXY from the
+    environment, if set)."""
 
     allow_networks: Networks = ()  # e.g. ["10.0.0.0/8", "127.0.0.1/32"]
+    proxy: str = ""  # e.g. "http://proxy.lan:3128"
+
+    @field_validator("proxy")
+    @classmethod
+    def _proxy(cls, value: str) -> str:
+        if value and not re.fullmatch(r"https?://([^\s/?#@]+@)?[^\s/?#@]+/?", value):
+            raise ValueError(
+                f"{value!r} is not an http(s) proxy URL (such as http://proxy.lan:3128)"
+            )
+        return value
 
 
 class Settings(_Section):

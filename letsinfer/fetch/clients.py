@@ -10,8 +10,13 @@ host name, not the address. Redirect hops go through the same backend, so each
 hop's addresses are checked too; which hosts a redirect may go to is checked
 before its request is sent.
 
-Guarded clients never use a proxy (explicit or from the environment): through
-a proxy the address checked would be the proxy's, not the destination's.
+Through a proxy (``[fetch] proxy``, else the environment's HTTPS_PROXY,
+HTTP_PROXY and NO_PROXY) the connection goes to the proxy the operator named,
+and the destination is checked before the request is sent: a literal address
+or a name that resolves here as without a proxy; a name only the proxy can
+resolve is left to the proxy's own egress rules (``check_proxied``). The
+clients' own ``proxy=`` and ``mounts=`` are still refused: the policy says
+which proxy, so no caller can route around the check.
 
 The same classes are built for huggingface_hub's copy of httpx (httpx2 over
 httpcore2, the same code under other names): ``guarded_kit`` takes the pair.
@@ -28,6 +33,9 @@ import httpx
 
 from letsinfer.fetch.destinations import (
     check_addresses,
+    check_proxied,
+    check_proxied_async,
+    default_port,
     redirect_refusal,
     resolve,
     resolve_async,
@@ -172,11 +180,27 @@ def guarded_kit(http: types.ModuleType, core: types.ModuleType) -> GuardedKit:
             "http2": options.get("http2", False),
         }
 
+    def proxy_options(options: dict[str, typing.Any]) -> dict[str, typing.Any]:
+        # The proxy is the operator's: httpx's own proxy transport, nothing
+        # else taken from the environment.
+        kept = {k: v for k, v in options.items() if k != "trust_env"}
+        return {**kept, "trust_env": False}
+
+    def proxied(request: typing.Any, policy: FetchPolicy) -> tuple[str, str, int] | None:
+        url = request.url
+        proxy = policy.proxy_for(url.scheme, url.host)
+        if proxy is None:
+            return None
+        return proxy, url.host, default_port(httpx.URL(str(url)))
+
     class Transport(http.HTTPTransport):  # type: ignore[misc, name-defined]
         # httpx's transport builds its httpcore pool with the default network
         # backend and has no setting for another; this one builds the same
         # pool with the guarded backend and keeps httpx's request handling.
         def __init__(self, policy: FetchPolicy, options: dict[str, typing.Any]) -> None:
+            self._policy = policy
+            self._options = options
+            self._through: dict[str, typing.Any] = {}  # proxy URL -> its transport
             self._pool = core.ConnectionPool(
                 **pool_options(options), network_backend=Backend(policy)
             )
@@ -185,10 +209,27 @@ def guarded_kit(http: types.ModuleType, core: types.ModuleType) -> GuardedKit:
             refusal = request.extensions.get(_REFUSED_REDIRECT)
             if refusal:
                 raise FetchRefused(refusal)
-            return super().handle_request(request)
+            via = proxied(request, self._policy)
+            if via is None:
+                return super().handle_request(request)
+            proxy, host, port = via
+            check_proxied(host, port, self._policy, _target(host, port))
+            if proxy not in self._through:
+                self._through[proxy] = http.HTTPTransport(
+                    proxy=proxy, **proxy_options(self._options)
+                )
+            return self._through[proxy].handle_request(request)
+
+        def close(self) -> None:
+            for transport in self._through.values():
+                transport.close()
+            super().close()
 
     class AsyncTransport(http.AsyncHTTPTransport):  # type: ignore[misc, name-defined]
         def __init__(self, policy: FetchPolicy, options: dict[str, typing.Any]) -> None:
+            self._policy = policy
+            self._options = options
+            self._through: dict[str, typing.Any] = {}
             self._pool = core.AsyncConnectionPool(
                 **pool_options(options), network_backend=AsyncBackend(policy)
             )
@@ -197,7 +238,21 @@ def guarded_kit(http: types.ModuleType, core: types.ModuleType) -> GuardedKit:
             refusal = request.extensions.get(_REFUSED_REDIRECT)
             if refusal:
                 raise FetchRefused(refusal)
-            return await super().handle_async_request(request)
+            via = proxied(request, self._policy)
+            if via is None:
+                return await super().handle_async_request(request)
+            proxy, host, port = via
+            await check_proxied_async(host, port, self._policy, _target(host, port))
+            if proxy not in self._through:
+                self._through[proxy] = http.AsyncHTTPTransport(
+                    proxy=proxy, **proxy_options(self._options)
+                )
+            return await self._through[proxy].handle_async_request(request)
+
+        async def aclose(self) -> None:
+            for transport in self._through.values():
+                await transport.aclose()
+            await super().aclose()
 
     def mark(request: typing.Any, redirect: typing.Any, policy: FetchPolicy) -> typing.Any:
         refusal = redirect_refusal(

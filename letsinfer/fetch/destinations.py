@@ -85,10 +85,35 @@ def default_port(url: httpx.URL) -> int:
     return url.port or (443 if url.scheme == "https" else 80)
 
 
+def check_proxied(host: str, port: int, policy: FetchPolicy, target: str) -> None:
+    """A destination reached through the operator's proxy: the proxy resolves
+    the name and connects, so this machine checks what it can know. A literal
+    address, or a name that resolves here, is checked as without a proxy (a
+    proxy must not become a way to reach this machine or its LAN); a name that
+    does not resolve here is the proxy's to resolve (its egress rules apply)."""
+    try:
+        addresses = resolve(host, port)
+    except (OSError, UnicodeError):
+        return
+    check_addresses(addresses, policy, target)
+
+
+async def check_proxied_async(host: str, port: int, policy: FetchPolicy, target: str) -> None:
+    try:
+        addresses = await resolve_async(host, port)
+    except (OSError, UnicodeError):
+        return
+    check_addresses(addresses, policy, target)
+
+
 def check_url(url: str, policy: FetchPolicy) -> None:
     """Refuse (``FetchRefused``) a URL that is not http(s), whose host does not
-    resolve, or any of whose addresses is non-global and not allowed."""
+    resolve (unless a proxy is to resolve it), or any of whose addresses is
+    non-global and not allowed."""
     parsed = parse(url)
+    if policy.proxy_for(parsed.scheme, parsed.host) is not None:
+        check_proxied(parsed.host, default_port(parsed), policy, shown(parsed))
+        return
     try:
         addresses = resolve(parsed.host, default_port(parsed))
     except (socket.gaierror, UnicodeError) as exc:

@@ -8,6 +8,7 @@ is refused unless the operator lists its network in ``[fetch] allow_networks``.
 from __future__ import annotations
 
 import ipaddress
+import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,9 @@ class FetchRefused(Exception):
 class FetchPolicy:
     allow_networks: tuple[IPNetwork, ...] = ()
     allow_redirect_hosts: tuple[str, ...] = ()
+    # The operator's HTTP proxy ([fetch] proxy); None: the environment's
+    # HTTPS_PROXY / HTTP_PROXY / NO_PROXY, as other tools read them.
+    proxy: str | None = None
 
     @classmethod
     def from_settings(cls, settings: Any) -> FetchPolicy:
@@ -36,8 +40,19 @@ class FetchPolicy:
             allow_networks=tuple(
                 ipaddress.ip_network(network, strict=False)
                 for network in settings.fetch.allow_networks
-            )
+            ),
+            proxy=settings.fetch.proxy or None,
         )
+
+    def proxy_for(self, scheme: str, host: str) -> str | None:
+        """The proxy a fetch of ``scheme://host`` goes through, if any."""
+        if self.proxy is not None:
+            return self.proxy
+        found = urllib.request.getproxies_environment()
+        proxy = found.get(scheme)
+        if not proxy or urllib.request.proxy_bypass_environment(host, found):
+            return None
+        return proxy
 
     def allows_redirect_to(self, host: str) -> bool:
         """Whether a redirect to ``host`` (another host) is followed: an entry

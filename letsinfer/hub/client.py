@@ -21,6 +21,7 @@ huggingface.co its storage hosts).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -104,8 +105,8 @@ class HubClient:
         self.endpoint = endpoint.rstrip("/")
         self._token = token
         self.timeout_s = timeout_s
-        self._policy = FetchPolicy(
-            allow_networks=policy.allow_networks,
+        self._policy = dataclasses.replace(
+            policy,
             allow_redirect_hosts=policy.allow_redirect_hosts + _storage_hosts(self.endpoint),
         )
 
