@@ -26,7 +26,12 @@ _CHILD_STOP_S = 10.0
 
 def _child_setup() -> None:  # in the child, between fork and exec
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP)  # the mask survives exec
-    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    # SIGKILL, not SIGTERM: the keeper stops its child itself on every way out
+    # it takes, so a keeper that is gone was killed, and the agent is starting
+    # a fresh engine. An engine told to stop gently (llama-server's graceful
+    # shutdown) could keep its clients' connections open without answering;
+    # killed, its sockets close at once and the gateway retries elsewhere.
+    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _stop(child: subprocess.Popen[bytes]) -> int:
