@@ -207,6 +207,15 @@ def _cli_json(node: RunningNode, *args: str) -> Any:
     return json.loads(done.stdout)
 
 
+def _record(node: RunningNode, request_id: str) -> Any:
+    """`request ID --json`, once the record is written (about a second after the answer)."""
+    deadline = time.monotonic() + 10
+    while (done := node.cli("request", request_id, "--json")).returncode != 0:
+        assert time.monotonic() < deadline, done.stderr
+        time.sleep(0.3)
+    return json.loads(done.stdout)
+
+
 MIXED = """\
 name: mixed
 threshold: 0.9
@@ -295,7 +304,7 @@ def test_group_pinning_is_for_the_eval_key_only(main_node: RunningNode, tmp_path
     smoke.write_text(SMOKE)
     run = _cli_json(main_node, "eval", "tiny", "--suite", str(smoke), "--group", group)
     assert run["group"] == group and run["passed"] is True
-    [record] = _cli_json(main_node, "request", run["cases"][0]["request_id"])
+    [record] = _record(main_node, run["cases"][0]["request_id"])
     assert record["placement_group"] == group
 
     # Any other key naming a group is refused, on either request path

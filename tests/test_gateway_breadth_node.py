@@ -268,7 +268,16 @@ def test_removing_the_only_model_of_a_key_is_refused_through_the_node_and_it_ser
         ok(node.cli("auth", "key", "revoke", "only-tiny"))
 
 
-def test_a_spent_budget_stays_spent_across_a_restart(node: RunningNode) -> None:
+def test_a_spent_budget_stays_spent_across_a_restart(tmp_path: Path) -> None:
+    # A node of its own: the restart would leave the module's node stopped.
+    node = start_node(tmp_path / "home")
+    try:
+        spend_and_restart(node)
+    finally:
+        node.stop()
+
+
+def spend_and_restart(node: RunningNode) -> None:
     made = ok(
         node.cli(
             "auth", "key", "create", "metered", "--budget", "40", "--budget-period", "day",

@@ -27,19 +27,18 @@ HEADER_TIMEOUT_S = 2
 # The node's own file limit, low enough that 20,000 connections would exhaust
 # it many times over (the node raises its soft limit to the hard one).
 FILE_LIMIT = (1024, 4096)
+MAIN_ENV = {
+    "LETSINFER_GATEWAY__HEADER_TIMEOUT_S": str(HEADER_TIMEOUT_S),
+    "LETSINFER_GATEWAY__IDLE_TIMEOUT_S": "2",
+    "LETSINFER_ENGINE__THREADS": "1",
+}
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     lab = NetLab(["main", "client", "outsider"]).up()
     c = Cluster(lab, tmp_path_factory.mktemp("plane"))
-    c.extra_env = {
-        "main": {
-            "LETSINFER_GATEWAY__HEADER_TIMEOUT_S": str(HEADER_TIMEOUT_S),
-            "LETSINFER_GATEWAY__IDLE_TIMEOUT_S": "2",
-            "LETSINFER_ENGINE__THREADS": "1",
-        }
-    }
+    c.extra_env = {"main": dict(MAIN_ENV)}
     try:
         out = c.ok("main", "node", "init", "--main", "--name", "main")
         c.key = out.split("API key (shown once): ")[1].split()[0]
@@ -48,6 +47,19 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     finally:
         c.stop()
         lab.down()
+
+
+def given_main_with(c: Cluster, settings: dict[str, str]) -> None:
+    """The main runs with ``settings`` beside its own (restarted where it runs
+    with others: a test before may have exposed its metrics)."""
+    wanted = {**MAIN_ENV, **settings}
+    if c.extra_env["main"] == wanted:
+        return
+    proc = c.procs.pop("main")
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+    c.extra_env["main"] = wanted
+    c.up("main", file_limit=FILE_LIMIT)
 
 
 def get(c: Cluster, host: str, url: str, key: str | None = None) -> dict[str, object]:
@@ -90,6 +102,7 @@ def chat(c: Cluster, host: str, key: str) -> dict[str, object]:
 
 def test_metrics_stay_on_the_main_by_default(cluster: Cluster) -> None:
     c = cluster
+    given_main_with(c, {})
     main = c.lab.hosts["main"]
     for host in ("client", "outsider"):
         assert get(c, host, f"http://{main}:9400/metrics")["status"] is None
@@ -215,14 +228,11 @@ def test_a_connection_flood_neither_stops_the_node_nor_stays_open(cluster: Clust
 def test_exposed_metrics_answer_listed_sources_only(cluster: Cluster) -> None:
     c = cluster
     main, client = c.lab.hosts["main"], c.lab.hosts["client"]
-    proc = c.procs.pop("main")
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=30)
-    c.extra_env["main"] |= {
+    exposed = {
         "LETSINFER_GATEWAY__METRICS_HOST": "0.0.0.0",
         "LETSINFER_GATEWAY__METRICS_ALLOW": f"{client}/32",
     }
-    c.up("main", file_limit=FILE_LIMIT)
+    given_main_with(c, exposed)
 
     listed = get(c, "client", f"http://{main}:9400/metrics")
     assert listed["status"] == 200 and "letsinfer_gateway_requests" in str(listed["text"])

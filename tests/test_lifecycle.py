@@ -57,6 +57,29 @@ class Lab:
         return pg
 
 
+FLAKY = "org/flaky"  # a name with a slash, through the running node's admin socket
+
+
+def add_flaky(lab: Lab) -> subprocess.CompletedProcess[str]:
+    source = write_tiny_model(lab.root / "flaky.gguf", name="flaky")
+    return lab.node.cli("model", "add", FLAKY, "--gguf", str(source), "--engine", "llama-server")
+
+
+def given_flaky_serving(lab: Lab) -> dict[str, object]:
+    """The flaky model added (a test before may have added it) and its group ready."""
+    if lab.node.cli("model", "show", FLAKY, "--json").returncode != 0:
+        added = add_flaky(lab)
+        assert added.returncode == 0, added.stderr
+    return lab.wait_state(FLAKY, "ready")
+
+
+def given_no_flaky(lab: Lab) -> None:
+    """No flaky model (a test before may have added it)."""
+    if lab.node.cli("model", "show", FLAKY, "--json").returncode == 0:
+        removed = lab.node.cli("model", "remove", FLAKY, "--stop")
+        assert removed.returncode == 0, removed.stderr
+
+
 def shim(path: Path, *, broken: bool = False) -> Path:
     fail = "LLAMA_SHIM_FAIL=1 " if broken else ""
     path.write_text(
@@ -151,10 +174,9 @@ def test_model_add_refuses_a_gguf_no_engine_can_load(lab: Lab) -> None:
 
 
 def test_a_group_failing_to_start_is_parked_and_model_start_unparks_it(lab: Lab) -> None:
-    node = lab.node
-    model = "org/flaky"  # a name with a slash, through the running node's admin socket
-    source = write_tiny_model(lab.root / "flaky.gguf", name="flaky")
-    added = node.cli("model", "add", model, "--gguf", str(source), "--engine", "llama-server")
+    node, model = lab.node, FLAKY
+    given_no_flaky(lab)  # its subject starts at the add (its first start: generation 0)
+    added = add_flaky(lab)
     assert added.returncode == 0, added.stderr
     lab.wait_state(model, "ready")
     assert lab.chat(model).json()["choices"][0]["message"]["content"] == SENTENCE
@@ -221,8 +243,8 @@ def test_a_group_failing_to_start_is_parked_and_model_start_unparks_it(lab: Lab)
 
 
 def test_replacing_with_a_failing_group_keeps_the_old_one_serving(lab: Lab) -> None:
-    node, model = lab.node, "org/flaky"
-    before = lab.wait_state(model, "ready")
+    node, model = lab.node, FLAKY
+    before = given_flaky_serving(lab)
     statuses: list[int] = []
     done = threading.Event()
 
@@ -301,8 +323,8 @@ def test_a_release_written_into_the_database_without_the_release_key_never_runs(
     history: neither an upgrade nor a rollback runs it, and nothing changes."""
     import sqlite3
 
-    node, model = lab.node, "org/flaky"
-    before = lab.wait_state(model, "ready")
+    node, model = lab.node, FLAKY
+    before = given_flaky_serving(lab)
     db = sqlite3.connect(node.home / "var/authority.db")
     [signature] = db.execute(
         "SELECT signature FROM runtime_releases WHERE id = ?", (before["release"],)

@@ -115,8 +115,16 @@ def ensure_wide(c: Cluster) -> None:
     c.wait(lambda: chat(c, "wide")[0] == 200, "the parallel group serving", timeout=90)
 
 
+def given_no_group(c: Cluster, model: str) -> None:
+    """``model`` registered with no placement group (a test before may have placed it)."""
+    if json.loads(c.ok("main", "model", "show", model, "--json"))["placement_groups"]:
+        c.ok("main", "model", "remove", model, "--stop", timeout=120)
+        c.ok("main", "model", "add", model, "--gguf", str(c.root / "tiny.gguf"), "--no-serve")
+
+
 def test_a_two_task_group_is_published_only_after_both_tasks_are_ready(cluster: Cluster) -> None:
     c = cluster
+    given_no_group(c, "wide")  # its subject is the group's creation
     hold = c.root / "hold.flag"
     hold.touch()  # n2's task answers its head but does not report ready
     out = c.ok(
@@ -170,6 +178,12 @@ def test_a_failed_task_unpublishes_the_whole_group(cluster: Cluster) -> None:
 
 def test_core_never_splits_a_single_device_runtime(cluster: Cluster) -> None:
     c = cluster
+
+    def groups() -> list[str]:
+        info = json.loads(c.ok("main", "model", "show", "solo", "--json"))
+        return [str(pg["id"]) for pg in info["placement_groups"]]
+
+    before = groups()  # none, or those a test before placed
     split = c.cli(
         "main",
         "model",
@@ -188,8 +202,7 @@ def test_core_never_splits_a_single_device_runtime(cluster: Cluster) -> None:
     assert "single-device runtime" in split.stderr and "Nothing changed" in split.stderr
     alone = c.cli("main", "model", "install", "solo", "--parallel", "--node", "n1", "--yes")
     assert alone.returncode == 1 and "two or more distinct nodes" in alone.stderr
-    info = json.loads(c.ok("main", "model", "show", "solo", "--json"))
-    assert info["placement_groups"] == []
+    assert groups() == before
     denied = [d for a, o, d in actions(c) if a == "model.install" and o == "denied"]
     assert any("single-device runtime" in (d or "") for d in denied)
 
@@ -203,7 +216,8 @@ def _nft(c: Cluster, host: str, ruleset: str) -> None:
 
 def test_a_lost_link_pauses_only_the_group_that_needs_it(cluster: Cluster) -> None:
     c = cluster
-    c.ok("main", "model", "install", "solo", "--node", "n1", "--target", "cpu", "--yes")
+    if not json.loads(c.ok("main", "model", "show", "solo", "--json"))["placement_groups"]:
+        c.ok("main", "model", "install", "solo", "--node", "n1", "--target", "cpu", "--yes")
     c.wait(lambda: chat(c, "solo")[0] == 200, "the single-node group on n1 serving")
     ensure_wide(c)
 

@@ -68,9 +68,11 @@ def chat(node: RunningNode, key: str) -> httpx.Response:
     )
 
 
-def audit(node: RunningNode, action: str) -> list[dict[str, object]]:
+def audit(node: RunningNode, action: str, target: str | None = None) -> list[dict[str, object]]:
+    """The audit records of ``action`` (on ``target`` only, where given: the
+    module's other tests add records of their own accounts)."""
     records = json.loads(cli_ok(node, "audit", "list", "--json"))
-    return [r for r in records if r["action"] == action]
+    return [r for r in records if r["action"] == action and target in (None, r["target"])]
 
 
 def users(node: RunningNode) -> dict[str, dict[str, object]]:
@@ -92,8 +94,8 @@ def test_a_signed_up_account_is_pending_until_approved_and_every_change_is_audit
     cli_ok(node, "user", "grant", "carol", "operator")
     shown = users(node)["carol"]
     assert (shown["state"], shown["project"], shown["operator"]) == ("active", "study", True)
-    assert [r["outcome"] for r in audit(node, "user.approve")] == ["denied", "ok"]
-    assert [r["target"] for r in audit(node, "user.signup")] == ["carol"]
+    assert [r["outcome"] for r in audit(node, "user.approve", "carol")] == ["denied", "ok"]
+    assert [r["target"] for r in audit(node, "user.signup", "carol")] == ["carol"]
     assert audit(node, "project.create")[-1]["target"] == "study"
     assert audit(node, "user.grant")[-1]["detail"] == "operator"
     project = json.loads(cli_ok(node, "project", "show", "study", "--json"))
