@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from letsinfer.engines.tinymodel import write_tiny_model
+from tests.lab.netns import ANSIBLE_SSH_ARGS
 from tests.nodes import RunningNode, free_port, start_node
 
 # No test reaches huggingface.co: every node (and huggingface_hub itself) that a
@@ -17,6 +18,8 @@ from tests.nodes import RunningNode, free_port, start_node
 for _name in ("LETSINFER_HUB__ENDPOINT", "HF_ENDPOINT"):
     os.environ.setdefault(_name, "http://127.0.0.1:9")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+# Playbooks the tests run reach lab hosts without SSH compression.
+os.environ.setdefault("ANSIBLE_SSH_ARGS", ANSIBLE_SSH_ARGS)
 
 # A CLI call a test makes without --home (`fleet apply`, a helper that forgot
 # it) must never reach this machine's own node: after `./dev up` as root that
@@ -37,13 +40,38 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+# The longest test files (docs/testing.md), longest first: under xdist they
+# run first. The workers take whole files in collection order (`./dev test`:
+# --dist loadfile --no-loadscope-reorder), and a long file taken last would
+# leave the other worker idle at the end. (A fixed list, not the last run's
+# build/test-times.tsv: both workers must collect the same order.)
+LONGEST_FILES = (
+    "tests/test_ansible_bundle.py",
+    "tests/test_cluster_serving.py",
+    "tests/test_ansible_onboarding.py",
+    "tests/test_ansible_lab.py",
+    "tests/test_ansible_molecule.py",
+    "tests/test_trust.py",
+    "tests/test_bundles.py",
+)
+TIMES = Path(__file__).resolve().parent.parent / "build" / "test-times.tsv"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not config.getoption("--reverse"):
+    reverse = config.getoption("--reverse")
+    on_a_worker = hasattr(config, "workerinput")  # (xdist schedules from the workers' order)
+    if not reverse and not on_a_worker:
         return
     modules: dict[str, list[pytest.Item]] = {}
     for item in items:
         modules.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
-    items[:] = [item for group in modules.values() for item in reversed(group)]
+    ordered = list(modules)
+    if on_a_worker:  # the longest first, the rest in their order (a stable sort)
+        rank = {path: i for i, path in enumerate(LONGEST_FILES)}
+        ordered.sort(key=lambda path: rank.get(path, len(rank)))
+    items[:] = [
+        item for path in ordered for item in (reversed(modules[path]) if reverse else modules[path])
+    ]
 
 
 _FILE_SECONDS: dict[str, float] = {}
@@ -62,9 +90,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if not _FILE_SECONDS:
         return
     ranked = sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1])
-    out = Path(__file__).resolve().parent.parent / "build" / "test-times.tsv"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text("".join(f"{seconds:.1f}\t{path}\n" for path, seconds in ranked))
+    TIMES.parent.mkdir(exist_ok=True)
+    TIMES.write_text("".join(f"{seconds:.1f}\t{path}\n" for path, seconds in ranked))
     terminalreporter.section("seconds per test file (the 15 longest)")
     for path, seconds in ranked[:15]:
         terminalreporter.write_line(f"{seconds:8.1f}  {path}")
