@@ -1,6 +1,7 @@
 """The playbooks against a lab of real hosts (namespaces with sshd, nftables,
-their own /etc, /var/lib and /opt): a rolling upgrade to a broken build, wipe,
-and onboarding one machine over SSH with fabric. Needs root, like CI."""
+their own /etc, /var/lib and /opt): a rolling upgrade to a broken build and
+wipe (onboarding one machine over SSH: tests/test_node_add_ssh.py). Needs root,
+like CI."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from letsinfer.fleet.ssh_onboard import OnboardSettings, connect, onboard
 from tests.lab import wheelhouse
 from tests.lab.netns import Lab, running_lab
 
@@ -35,7 +35,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def lab(wheels: Path) -> Iterator[Lab]:
-    with running_lab(["main", "n1", "n2"]) as the_lab:
+    with running_lab(["main", "n1"]) as the_lab:
         yield the_lab
 
 
@@ -173,24 +173,6 @@ def tiny_on(lab: Lab, node: str) -> dict[str, object]:
 def served_by(lab: Lab, pg_id: object) -> int:
     log = "/var/lib/letsinfer/logs/node.log"
     return int(sh(lab, "main", f"grep -c 'pg={pg_id} status=200' {log} || true"))
-
-
-def test_onboarding_one_machine_over_ssh_serves_and_is_idempotent(lab: Lab, wheels: Path) -> None:
-    n2 = lab.hosts["n2"]
-    settings = OnboardSettings(version="0.1.0", wheelhouse=wheels, engine_threads=1)
-    proxy = f"ip netns exec {lab.ctl_ns} nc {n2.address} 22"
-    steps: list[str] = []
-    with connect(f"root@{n2.address}", key_file=lab.key, proxy_command=proxy) as conn:
-        first = onboard(conn, settings, echo=steps.append)
-    assert first.installed and first.config_changed and first.started
-    assert steps[0] == "check Python" and "start the node" in steps
-    assert healthy(lab, "n2")
-    assert sh(lab, "n2", "/opt/letsinfer/current/bin/letsinfer --version").endswith("0.1.0")
-    assert sh(lab, "n2", "stat -c %a /etc/letsinfer/config.toml") == "600"
-
-    with connect(f"root@{n2.address}", key_file=lab.key, proxy_command=proxy) as conn:
-        second = onboard(conn, settings)
-    assert (second.installed, second.config_changed, second.started) == (False, False, False)
 
 
 def test_site_changes_nothing_when_a_host_fails_doctor(lab: Lab, wheels: Path) -> None:

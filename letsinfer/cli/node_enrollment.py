@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -48,6 +49,32 @@ def _candidates(wait: float) -> list[Advert]:
 @click.option(
     "--ttl", default="15m", show_default=True, help="How long a --code stays valid (30s, 15m, 1h)."
 )
+@click.option(
+    "--ssh",
+    "ssh_host",
+    metavar="HOST",
+    help="Onboard HOST over SSH: doctor, firewall, install, service, enrollment (as site.yml).",
+)
+@click.option("--user", default="root", show_default=True, help="The SSH account (--ssh).")
+@click.option(
+    "--identity",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="The SSH private key (--ssh); default: the user's keys.",
+)
+@click.option(
+    "--wheelhouse",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    help="Install letsinfer on HOST from this archive of wheels only (--ssh).",
+)
+@click.option("--index-url", metavar="URL", help="Install from this package index (--ssh).")
+@click.option(
+    "--playbooks",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="The collection's playbooks folder (--ssh); default: ./playbooks or the checkout's.",
+)
+@click.option(
+    "-e", "--extra-vars", "extra", multiple=True, help="KEY=VALUE or JSON for the roles (--ssh)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
 def add(
@@ -58,11 +85,39 @@ def add(
     wait: float,
     join_code: bool,
     ttl: str,
+    ssh_host: str | None,
+    user: str,
+    identity: Path | None,
+    wheelhouse: Path | None,
+    index_url: str | None,
+    playbooks: Path | None,
+    extra: tuple[str, ...],
     as_json: bool,
 ) -> None:
     """Without arguments, list discovered candidates; with NAME or --address, send
     an enrollment request pinned to the candidate's certificate fingerprint.
-    With --code, print a one-time join code for `letsinfer join` on the new machine."""
+    With --code, print a one-time join code for `letsinfer join` on the new machine.
+    With --ssh HOST, onboard that machine over SSH with the node_add.yml playbook
+    (site.yml's steps for one host) and wait until it is an active child (NAME
+    names it; default: HOST's first label)."""
+    ssh_only = {
+        "--wheelhouse": wheelhouse,
+        "--index-url": index_url,
+        "--identity": identity,
+        "--playbooks": playbooks,
+        "-e": extra,
+    }
+    if ssh_host is None and (user != "root" or any(ssh_only.values())):
+        given = [k for k, v in ssh_only.items() if v] or ["--user"]
+        raise click.UsageError(f"{', '.join(given)} only go with --ssh HOST")
+    if ssh_host is not None:
+        if join_code or address or fingerprint:
+            raise click.UsageError("--ssh takes no --code, --address or --fingerprint")
+        from letsinfer.cli.node_ssh import SshOptions, add_over_ssh
+
+        opts = SshOptions(ssh_host, user, identity, wheelhouse, index_url, playbooks, extra)
+        add_over_ssh(ctx, name, opts, as_json)
+        return
     if join_code:
         _join_code(ctx, name, address, fingerprint, ttl, as_json)
         return

@@ -1,2 +1,3 @@
 """Fleet automation from the ``letsinfer`` command: playbooks through
-ansible-runner (``apply``) and single-machine onboarding over SSH (``ssh_onboard``)."""
+ansible-runner (``apply``), and one machine onboarded from the main over SSH
+(``ssh_reach`` proves the host with fabric, ``node_add`` runs node_add.yml)."""

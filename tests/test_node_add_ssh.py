@@ -1,0 +1,427 @@
+"""`letsinfer node add --ssh HOST` on a lab of real hosts: a main (made by hand,
+with a letsinfer table that admits members only), n1 (fresh, onboarded), n2
+(fails doctor: its agent port is taken) and an outsider (a LAN host in no
+letsinfer group) that tries every protected port n1 listens on while the
+onboarding runs and after it.
+
+Local helpers here (the outsider's view: listening ports, connection tries
+from a network namespace) are small copies of what tests/test_ansible_onboarding.py
+does, kept here so this file needs nothing changed in tests/lab. Needs root,
+like CI.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import json
+import os
+import selectors
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.lab.netns import Lab, running_lab
+
+ROOT = Path(__file__).resolve().parent.parent
+HOSTS = ("main", "n1", "n2", "outsider")
+LETSINFER = "/opt/letsinfer/current/bin/letsinfer"
+# what lab hosts need: /usr is shared, so nothing is linked there; one engine thread
+LAB_VARS = ("node_cli_link=", "node_man_dir=/opt/man/man1", "node_engine_threads=1")
+# The main's own table (as site.yml leaves one): control and agent from members only.
+MAIN_TABLE = """
+table inet letsinfer {
+    set members_v4 { type ipv4_addr; }
+    set members_v6 { type ipv6_addr; }
+    chain input {
+        type filter hook input priority filter; policy accept;
+        ct state established,related accept
+        iif "lo" accept
+        tcp dport { 8443, 8444 } ip saddr @members_v4 accept
+        tcp dport { 8443, 8444 } ip6 saddr @members_v6 accept
+        tcp dport { 8443, 8444 } drop
+    }
+}
+"""
+
+pytestmark = [
+    pytest.mark.skipif(
+        os.geteuid() != 0 or not all(shutil.which(t) for t in ("sshd", "nft", "nc", "nsenter")),
+        reason="the lab needs root, openssh-server, nftables, netcat-openbsd and util-linux",
+    ),
+    pytest.mark.timeout(1200),  # two onboarding runs and a placement on a loaded 2-core machine
+]
+
+
+def protected(port: int) -> bool:
+    """Control, agent, metrics, parallel tasks and engines (letsinfer's defaults)."""
+    return port in (8443, 8444, 9400) or 20000 <= port <= 29999
+
+
+# -- the outsider's view -------------------------------------------------------
+
+
+def listening_ports(pid: int) -> set[int]:
+    """TCP ports something listens on in ``pid``'s network namespace."""
+    ports = set()
+    for name in ("tcp", "tcp6"):
+        with contextlib.suppress(FileNotFoundError):
+            for line in Path(f"/proc/{pid}/net/{name}").read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A":  # LISTEN
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def connects(targets: list[tuple[str, int]], timeout: float = 1.0) -> set[tuple[str, int]]:
+    """Which targets accept a TCP connection (tried all at once)."""
+    sel = selectors.DefaultSelector()
+    socks, accepted = [], set()
+    for target in targets:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setblocking(False)
+        if s.connect_ex(target) in (0, errno.EINPROGRESS):
+            sel.register(s, selectors.EVENT_WRITE, target)
+        socks.append(s)
+    deadline = time.monotonic() + timeout
+    try:
+        while sel.get_map() and (left := deadline - time.monotonic()) > 0:
+            for key, _ in sel.select(left):
+                sel.unregister(key.fileobj)
+                if key.fileobj.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0:  # type: ignore[union-attr]
+                    accepted.add(key.data)
+    finally:
+        sel.close()
+        for s in socks:
+            s.close()
+    return accepted
+
+
+def enter_network_namespace(ns: str) -> None:
+    """Move the calling thread (only it) into network namespace ``ns``."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(f"/run/netns/{ns}", os.O_RDONLY)
+    try:
+        if libc.setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
+            raise OSError(ctypes.get_errno(), f"setns into {ns}")
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class Watch:
+    """The outsider trying, round after round, every protected port it finds
+    listening on ``host``."""
+
+    lab: Lab
+    host: str
+    tries: list[tuple[int, bool]] = field(default_factory=list)  # (port, reached)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    _error: BaseException | None = None
+
+    def _run(self) -> None:
+        try:
+            enter_network_namespace(self.lab.hosts["outsider"].namespace)
+            target = self.lab.hosts[self.host]
+            sshd = int((Path(target.workdir) / "sshd.pid").read_text())
+            while not self._stop.is_set():
+                ports = sorted(filter(protected, listening_ports(sshd)))
+                accepted = connects([(target.address, p) for p in ports])
+                self.tries += [(p, (target.address, p) in accepted) for p in ports]
+                self._stop.wait(0.2)
+        except BaseException as exc:  # reported by stop()
+            self._error = exc
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="outsider-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        assert self._thread is not None
+        self._thread.join(timeout=30)
+        if self._error is not None:
+            raise self._error
+
+
+# -- the lab ------------------------------------------------------------------------
+
+
+def plain_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("LETSINFER_")}
+
+
+def on_main(lab: Lab, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    """`letsinfer ARGS` run by the operator on the main (this checkout's letsinfer)."""
+    argv = lab.hosts["main"].nsenter(sys.executable, "-m", "letsinfer", *args)
+    return subprocess.run(
+        argv, capture_output=True, text=True, env=plain_env(), cwd=ROOT, timeout=timeout
+    )
+
+
+def ok_on_main(lab: Lab, *args: str) -> str:
+    result = on_main(lab, *args)
+    assert result.returncode == 0, f"letsinfer {' '.join(args)}: {result.stdout}{result.stderr}"
+    return result.stdout
+
+
+def sh(lab: Lab, host: str, command: str) -> str:
+    result = lab.ssh(host, command, timeout=120)
+    assert result.returncode == 0, f"{host}: {command}: {result.stderr}"
+    return result.stdout.strip()
+
+
+def add_over_ssh(
+    lab: Lab, wheels: Path, host: str, *args: str, as_json: bool = True
+) -> subprocess.CompletedProcess[str]:
+    extra = [a for v in LAB_VARS for a in ("-e", v)]
+    return on_main(
+        lab,
+        *("node", "add", host, "--ssh", lab.hosts[host].address, "--identity", lab.key),
+        *("--wheelhouse", str(wheels), *extra, *args),
+        *(["--json"] if as_json else []),
+    )
+
+
+def what_letsinfer_left(lab: Lab, host: str) -> dict[str, str]:
+    """Every trace onboarding leaves on a host: files, unit, firewall table, processes."""
+    probes = {
+        "install": "ls -A /opt/letsinfer",
+        "config": "ls -A /etc/letsinfer",
+        "state": "ls -A /var/lib/letsinfer",
+        "unit": "ls /etc/systemd/system/letsinfer.service",
+        "rules": "ls /etc/nftables.d/letsinfer.nft",
+        "table": "nft list table inet letsinfer",
+    }
+    found = {}
+    for what, command in probes.items():
+        result = lab.ssh(host, command)
+        if result.returncode == 0 and result.stdout.strip():
+            found[what] = result.stdout.strip()
+    if processes := letsinfer_processes(lab, host):
+        found["processes"] = "\n".join(processes)
+    return found
+
+
+def letsinfer_processes(lab: Lab, host: str) -> list[str]:
+    """Command lines of processes in ``host``'s filesystem view that run letsinfer
+    (the PID namespace is the machine's: other tests' nodes are left out)."""
+    sshd = int((Path(lab.hosts[host].workdir) / "sshd.pid").read_text())
+    view = os.stat(f"/proc/{sshd}/ns/mnt").st_ino
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.stat(entry / "ns" / "mnt").st_ino != view:
+                continue
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if "/opt/letsinfer" in cmdline or " -m letsinfer" in cmdline:
+            found.append(cmdline)
+    return found
+
+
+@dataclass
+class Story:
+    run1: subprocess.CompletedProcess[str]
+    run2: subprocess.CompletedProcess[str]
+    served: bool  # n1's placement group answered a request through the gateway
+    requests: list[str]  # what happened to each request
+    watch: Watch
+    after: set[tuple[str, int]]  # n1's protected ports the outsider reached once it was all done
+    main_reaches: set[tuple[str, int]]  # the same ports from the main
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[Lab]:
+    with running_lab(list(HOSTS)) as the_lab:
+        yield the_lab
+
+
+@pytest.fixture(scope="module")
+def main(lab: Lab) -> Lab:
+    """The main, made by hand (one engine thread, no metrics port), behind its table."""
+    sh(lab, "main", "mkdir -p /etc/letsinfer && printf '[engine]\\nthreads = 1\\n' "
+       "> /etc/letsinfer/config.toml")  # fmt: skip
+    sh(lab, "main", f"nft -f - <<'EOF'\n{MAIN_TABLE}\nEOF")
+    ok_on_main(lab, "node", "init", "--main", "--name", "main")
+    ok_on_main(lab, "service", "start", "--json", "--timeout", "150")
+    return lab
+
+
+@pytest.fixture(scope="module")
+def story(main: Lab, wheels: Path) -> Iterator[Story]:
+    lab = main
+    watch = Watch(lab, "n1")
+    watch.start()
+    try:
+        run1 = add_over_ssh(lab, wheels, "n1")
+        assert run1.returncode == 0, run1.stdout + run1.stderr
+        ok_on_main(lab, "model", "install", "tiny", "--node", "n1", "--target", "cpu", "--yes")
+        served, requests = serve_through_n1(lab)
+        run2 = add_over_ssh(lab, wheels, "n1", as_json=False)
+        time.sleep(2)  # a few more rounds on the finished host
+    finally:
+        watch.stop()
+    n1 = lab.hosts["n1"]
+    ports = sorted(
+        filter(protected, listening_ports(int(Path(n1.workdir, "sshd.pid").read_text())))
+    )
+    targets = [(n1.address, p) for p in ports]
+    result: list[set[tuple[str, int]]] = []
+    for host in ("outsider", "main"):
+        probe = threading.Thread(
+            target=lambda h=host: (
+                enter_network_namespace(lab.hosts[h].namespace),
+                result.append(connects(targets)),
+            )
+        )
+        probe.start()
+        probe.join()
+    yield Story(run1, run2, served, requests, watch, result[0], result[1])
+
+
+def serve_through_n1(lab: Lab, timeout: float = 300) -> tuple[bool, list[str]]:
+    """Chat requests to the main's gateway from the LAN (each with its own
+    X-Request-Id) until `letsinfer request ID` on the main says node n1 served
+    one with 200; and what happened to each request."""
+    key = json.loads(ok_on_main(lab, "auth", "key", "create", "lab", "--json"))["key"]
+    url = f"http://{lab.hosts['main'].address}:8000/v1/chat/completions"
+    body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}]})
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        request_id = f"nadd-{len(seen)}"
+        answer = subprocess.run(
+            lab.hosts["outsider"].nsenter(
+                *("curl", "-s", "-m", "30", "-w", "\n%{http_code}", url),
+                *("-H", f"authorization: Bearer {key}", "-H", "content-type: application/json"),
+                *("-H", f"x-request-id: {request_id}", "--data-binary", body),
+            ),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+        text, _, code = answer.rpartition("\n")
+        seen.append(f"{request_id}: HTTP {code} {text[:300]}")
+        for _ in range(10):  # its record is written just after the answer
+            shown = on_main(lab, "request", request_id, "--json")
+            if shown.returncode == 0:
+                rows = json.loads(shown.stdout)
+                seen[-1] += f" {rows}"
+                if any(r.get("node") == "n1" and r.get("status") == 200 for r in rows):
+                    return True, seen
+                break
+            time.sleep(1)
+        time.sleep(2)
+    return False, seen
+
+
+# -- what the operator and the outsider see ----------------------------------------
+
+
+def test_node_add_ssh_onboards_a_fresh_host_that_serves_a_placement(
+    main: Lab, story: Story
+) -> None:
+    answer = json.loads(story.run1.stdout)
+    assert answer["result"] == "onboarded" and answer["changed"] > 0
+    nodes = {n["name"]: n for n in json.loads(ok_on_main(main, "node", "list", "--json"))}
+    assert nodes["n1"]["state"] == "active" and nodes["n1"]["role"] == "child"
+    status = json.loads(sh(main, "n1", f"{LETSINFER} status --json"))
+    status = status[0] if isinstance(status, list) else status
+    main_status = json.loads(ok_on_main(main, "status", "--json"))
+    main_status = main_status[0] if isinstance(main_status, list) else main_status
+    assert status["ca_fingerprint"] == main_status["ca_fingerprint"]  # bound to this main's CA
+    assert story.served, story.requests
+    # the main's table admits the new member (the child reaches the control port)
+    assert main.hosts["n1"].address in sh(main, "main", "nft list set inet letsinfer members_v4")
+
+
+def test_the_outsider_never_reaches_the_new_node_s_planes(story: Story) -> None:
+    seen = {port for port, _ in story.watch.tries}
+    assert 8444 in seen, f"the agent never listened while watched: {sorted(seen)}"
+    assert any(21000 <= p <= 29999 for p in seen), f"no engine port watched: {sorted(seen)}"
+    reached = sorted({port for port, ok in story.watch.tries if ok})
+    assert reached == [], f"the outsider reached n1 on {reached} during onboarding"
+    assert story.after == set(), f"the outsider reaches n1 afterwards: {story.after}"
+    # the table filters by member, it does not drop everything: the main gets in
+    assert {port for _, port in story.main_reaches} >= {8444}
+
+
+def test_a_rerun_changes_nothing_and_says_so(main: Lab, story: Story) -> None:
+    assert story.run2.returncode == 0, story.run2.stdout + story.run2.stderr
+    assert "already a child of this cluster: nothing changed" in story.run2.stdout
+    assert "summary" in story.run2.stdout  # the live view's last table
+
+
+def test_a_host_failing_doctor_is_left_unchanged(main: Lab, wheels: Path) -> None:
+    """n2's agent port is taken: doctor (run from the wheel, before anything is
+    installed) names the port, and n2 has no letsinfer file, unit, table or process."""
+    holder = subprocess.Popen(
+        [
+            "ip",
+            *("netns", "exec", main.hosts["n2"].namespace, sys.executable, "-c"),
+            "import socket, time; s = socket.socket(); "
+            "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+            "s.bind(('0.0.0.0', 8444)); s.listen(); print('ready', flush=True); time.sleep(900)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+        result = add_over_ssh(main, wheels, "n2")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert result.returncode != 0
+    answer = json.loads(result.stdout)
+    assert answer["result"] == "failed"
+    message = " ".join(f["message"] for f in answer["failures"])
+    assert "doctor failed on n2" in message and "8444" in message, message
+    assert what_letsinfer_left(main, "n2") == {}
+    nodes = {n["name"] for n in json.loads(ok_on_main(main, "node", "list", "--json"))}
+    assert "n2" not in nodes
+    members = sh(main, "main", "nft list set inet letsinfer members_v4")
+    assert main.hosts["n2"].address not in members
+
+
+def test_ssh_problems_are_named_and_change_nothing(main: Lab, tmp_path: Path) -> None:
+    n2 = main.hosts["n2"].address
+    unreachable = on_main(
+        main, "node", "add", "ghost", "--ssh", "10.77.0.250", "--identity", main.key
+    )
+    assert unreachable.returncode != 0
+    assert "cannot reach 10.77.0.250 on SSH port 22" in unreachable.stderr
+
+    stranger = tmp_path / "stranger"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)], check=True)
+    refused = on_main(main, "node", "add", "n2", "--ssh", n2, "--identity", str(stranger))
+    assert refused.returncode != 0
+    assert f"root@{n2} refused the key {stranger}" in refused.stderr
+
+    # the main knows another key for n2's address (a machine answering in its place)
+    other = tmp_path / "other"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    other_key = Path(str(other) + ".pub").read_text().split()[:2]
+    sh(main, "main", f"mkdir -p /root/.ssh; ssh-keygen -R {n2} >/dev/null 2>&1; "
+       f"echo '{n2} {' '.join(other_key)}' >> /root/.ssh/known_hosts")  # fmt: skip
+    try:
+        mismatch = on_main(main, "node", "add", "n2", "--ssh", n2, "--identity", main.key)
+    finally:
+        sh(main, "main", f"ssh-keygen -R {n2} >/dev/null 2>&1; true")
+    assert mismatch.returncode != 0
+    assert f"host key mismatch for {n2}" in mismatch.stderr
+    assert what_letsinfer_left(main, "n2") == {}
