@@ -87,6 +87,7 @@ def agent() -> tuple[AgentNode, Engines]:
     node._removal_began = 0.0
     node._report_now = asyncio.Event()
     node._reported = asyncio.Event()
+    node._main_answering = True
     node._built = node._sent = 0
 
     async def no_loads(timeout_s: float) -> dict[str, object]:

@@ -29,6 +29,7 @@ from letsinfer.trust.peer import Peer, PeerGate, Scope
 
 OPEN_PATHS = ("/v1/identity", "/v1/enroll/request")
 REMOVED_PATH = "/v1/agent/removed"
+REPORT_NOW_PATH = "/v1/agent/report-now"
 
 
 class EnrollRequest(BaseModel):
@@ -75,9 +76,11 @@ def create_agent_app(
     lifespan: Any = None,
     revoked: Callable[[str], bool] = lambda fingerprint: False,
     on_removed: Callable[[str], Awaitable[int]] | None = None,
+    on_report_now: Callable[[], None] | None = None,
 ) -> PeerGate:
     """``on_removed(main_name)`` stops this node's engines when its main says it
-    removed the node, and returns how many it stopped."""
+    removed the node, and returns how many it stopped; ``on_report_now()``
+    makes a child send its facts now, not at its next heartbeat."""
     app = typed_app("letsinfer agent", lifespan=lifespan)
 
     @app.get("/v1/identity")
@@ -178,6 +181,15 @@ def create_agent_app(
         peer: Peer = request.scope["state"]["peer"]
         stopped = await on_removed(f"main:{peer.identity.id}")
         return {"node": identity().name, "engines_stopped": stopped}
+
+    @app.post(REPORT_NOW_PATH)
+    async def report_now() -> dict[str, Any]:
+        """The main placed or changed work for this node: report now, and get
+        the main's word in the answer (only the main gets here)."""
+        if on_report_now is None:
+            raise HTTPException(409, "this node does not report: it is the main")
+        on_report_now()
+        return {"node": identity().name, "reporting": True}
 
     @app.post(CHALLENGE_PATH)
     async def link_challenge(body: LinkChallenge, request: Request) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from letsinfer.agent.firewall import FirewallProbe
 from letsinfer.agent.hardware import gpu_probe, host_facts
 from letsinfer.agent.pacing import ReportPacing, keepalive_s, retry_after
 from letsinfer.agent.placement import Fetch, PlacementRunner
-from letsinfer.agent.supervisor import EngineSupervisor, SupervisionPolicy
+from letsinfer.agent.supervisor import EngineStatus, EngineSupervisor, SupervisionPolicy
 from letsinfer.audit.anchor import HeadAnchor, head_report
 from letsinfer.audit.denials import DenialLog
 from letsinfer.config import Settings
@@ -55,6 +55,17 @@ from letsinfer.trust.material import tls_files
 from letsinfer.trust.peer import NODE_REMOVED, presenting_client, presenting_server
 
 log = logging.getLogger("letsinfer.agent")
+
+# An early report (an engine changed state, the main asked for one) goes at
+# most this soon after the last report: a flapping engine makes one report a
+# gap, with every change since, not one per change.
+EARLY_REPORT_GAP_S = 0.5
+
+
+def early_report_wait(since_last_s: float, interval_s: float) -> float:
+    """How long an early report still waits, ``since_last_s`` after the last
+    report went: until the gap has passed (never past the next heartbeat)."""
+    return max(0.0, min(EARLY_REPORT_GAP_S, interval_s) - since_last_s)
 
 
 def instance_name(identity: NodeIdentity) -> str:
@@ -127,11 +138,12 @@ class AgentNode:
         self.gpus = gpu_probe(settings.hardware.fake_gpus)
         self.firewall = FirewallProbe()
         agent = settings.agent
+        self._report_now = asyncio.Event()
         self.supervisor = EngineSupervisor(
             home.engine_logs,
             home.engine_run,
             SupervisionPolicy.from_settings(settings),
-            lambda status: None,  # reported to the main with the next facts
+            self.engine_changed,
         )
         # Engines listen on this node's data address, for the main's gateway only.
         release_pub = (
@@ -165,8 +177,8 @@ class AgentNode:
         self._removal_began = 0.0  # (monotonic) a report sent before it is answered from before
         # Every group the main placed here, running or stopped (its last word).
         self.groups: list[dict[str, Any]] | None = None
-        self._report_now = asyncio.Event()
         self._reported = asyncio.Event()
+        self._main_answering = True  # the last report got the main's 200
         # Reports whose facts were built, and the last of them that went out:
         # report_soon waits for one built after its call, not one in flight.
         self._built = self._sent = 0
@@ -181,7 +193,22 @@ class AgentNode:
             lifespan=self.lifespan,
             revoked=lambda fp: fp in self.revoked,
             on_removed=self.removed,
+            on_report_now=self.report_now,
         )
+
+    def report_now(self) -> None:
+        """Send facts early (bounded by EARLY_REPORT_GAP_S), without waiting:
+        the main placed work here, or an engine changed state."""
+        self._report_now.set()
+
+    def engine_changed(self, status: EngineStatus) -> None:
+        """A runner's state changed (starting, ready, restarting, failed,
+        parked, stopped): the main hears it now, not at the next heartbeat, so
+        a load it waits on is routed as soon as its engine is ready. Not while
+        the main sheds or misses reports: then the paced wait stands (engines
+        changing state across a fleet must not add load to a busy main)."""
+        if self._main_answering:
+            self.report_now()
 
     async def removed(self, by: str) -> int:
         """The main removed this node: stop every engine now (the main no longer
@@ -510,6 +537,7 @@ class AgentNode:
                 sent = time.monotonic()
                 self._built += 1
                 built = self._built
+                answered = False
                 try:
                     resp = await client.arequest(
                         "POST", url + "/facts", json=sign(self._facts(seq, loads), key)
@@ -521,6 +549,7 @@ class AgentNode:
                         wait = pacing.answered()
                     elif resp.status_code == 200:
                         wait = pacing.answered()
+                        answered = True
                         refused = False
                         self._removal = None
                         desired = [
@@ -563,9 +592,13 @@ class AgentNode:
                     wait = pacing.failed()
                     log.exception("cannot build this node's facts; next report in %.1fs", wait)
                 self._sent = built
+                self._main_answering = answered
                 self._reported.set()
+                early = False
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._report_now.wait(), wait)
+                    early = await asyncio.wait_for(self._report_now.wait(), wait)
+                if early:  # what asks for a report meanwhile goes with this one
+                    await asyncio.sleep(early_report_wait(time.monotonic() - sent, interval))
                 self._report_now.clear()
         finally:
             await client.aclose()

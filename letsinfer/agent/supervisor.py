@@ -43,6 +43,9 @@ from letsinfer.engines.proof import ProofRequest, prove
 log = logging.getLogger("letsinfer.agent")
 
 _STABLE_AFTER_S = 30.0  # a run this long resets the backoff
+# /health is asked this often while an engine starts: a request may be
+# waiting for it (a load on demand), and each look costs a refused connect.
+_READY_POLL_S = 0.02
 _UNHEALTHY_PROBES = 3
 # A binary we did not write cannot watch its lease: it runs under a keeper.
 _KEEPER = [sys.executable, "-m", "letsinfer.engines.keeper", "--"]
@@ -332,7 +335,7 @@ class EngineRunner:
                     left = max(deadline - time.monotonic(), 1.0)
                     failed = await prove(probe, base_url, proof, left)
                     return None if failed is None else f"engine not proven: {failed}"
-            await asyncio.wait({exited}, timeout=0.1)
+            await asyncio.wait({exited}, timeout=_READY_POLL_S)
         return f"engine not ready after {self._policy.ready_timeout_s:.0f}s"
 
     async def _watch(
