@@ -63,6 +63,16 @@ def add_on_demand(node: RunningNode, name: str, *policy: str) -> None:
     assert f"model {name}: on demand" in added.stdout
 
 
+def given_on_demand(node: RunningNode, name: str, *policy: str) -> None:
+    """Model ``name`` loaded on demand with ``policy`` (a test before may have
+    added it, with a policy of its own)."""
+    if not node_has(node, name):
+        add_on_demand(node, name, *policy)
+        return
+    scaled = node.cli("model", "scale", name, "--min", "0", *policy)
+    assert scaled.returncode == 0, scaled.stderr
+
+
 def audit(node: RunningNode, *actions: str) -> list[dict[str, object]]:
     records = json.loads(node.cli("audit", "list", "--json").stdout)
     return [r for r in records if r["action"] in actions]
@@ -142,7 +152,7 @@ def test_two_models_that_cannot_both_fit_take_turns_without_thrashing(
     node: RunningNode,
 ) -> None:
     for name in ("left", "right"):
-        add_on_demand(node, name, "--idle", "1h", "--min-resident", "2s")
+        given_on_demand(node, name, "--idle", "1h", "--min-resident", "2s")
     make_room(node)
     before = len(audit(node, "model.load"))
     started = time.monotonic()
@@ -201,6 +211,7 @@ def test_a_stream_on_a_group_is_never_cut_by_the_load_of_another(
 def test_a_pinned_model_is_never_evicted_and_one_that_cannot_fit_is_refused_at_once(
     node: RunningNode,
 ) -> None:
+    given_on_demand(node, "right")  # the model that cannot fit beside it
     for name in ("left", "right", "idle"):  # nothing on the GPU before the pinned one
         if node_has(node, name):
             node.cli("model", "scale", name, "--min", "0", "--idle", "0s", "--min-resident", "0s")
@@ -331,7 +342,7 @@ def test_a_stream_that_waits_for_a_load_hears_so_and_then_gets_its_answer(
         with httpx.stream(
             "POST",
             f"{slow.url}/v1/chat/completions",
-            headers={"authorization": f"Bearer {slow.key}"},
+            headers={"authorization": f"Bearer {slow.key}", "x-request-id": "cold-stream"},
             json={"model": "slow", "stream": True, "messages": [{"role": "user", "content": "hi"}]},
             timeout=120,
         ) as reply:
@@ -341,6 +352,21 @@ def test_a_stream_that_waits_for_a_load_hears_so_and_then_gets_its_answer(
         data = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
         said = "".join(c["choices"][0]["delta"].get("content") or "" for c in data if c["choices"])
         assert said == SENTENCE and lines[-1] == "data: [DONE]"
+        # `letsinfer request ID` says it waited for the load (the engine took
+        # 5 s to start), and a request that found the model loaded did not.
+        warm = httpx.post(
+            f"{slow.url}/v1/chat/completions",
+            headers={"authorization": f"Bearer {slow.key}", "x-request-id": "warm-one"},
+            json={"model": "slow", "messages": [{"role": "user", "content": "hi"}]},
+            timeout=60,
+        )
+        assert warm.status_code == 200
+        cold_record, warm_record = recorded(slow, "cold-stream"), recorded(slow, "warm-one")
+        assert cold_record["load_wait_ms"] >= 5000, cold_record
+        assert cold_record["queue_ms"] >= cold_record["load_wait_ms"] - 1
+        assert warm_record["load_wait_ms"] is None, warm_record
+        shown = slow.cli("request", "cold-stream")
+        assert shown.returncode == 0 and "load_wait_ms" in shown.stdout, shown.stderr
         # unloaded again: the openai client, streaming, sees only the answer
         assert slow.cli("model", "scale", "slow", "--idle", "0s").returncode == 0
         wait("slow unloads", lambda: not groups(slow, "slow"), timeout=60)
@@ -348,6 +374,19 @@ def test_a_stream_that_waits_for_a_load_hears_so_and_then_gets_its_answer(
         assert chat(slow, "slow", stream=True) == SENTENCE
     finally:
         slow.stop()
+
+
+def recorded(node: RunningNode, request_id: str) -> dict[str, object]:
+    """The request's record (`request ID --json`), once the writer has it."""
+    found: list[dict[str, object]] = []
+
+    def look() -> bool:
+        done = node.cli("request", request_id, "--json")
+        found[:] = json.loads(done.stdout) if done.returncode == 0 else []
+        return bool(found)
+
+    wait(f"the record of {request_id}", look, timeout=30)
+    return found[-1]
 
 
 def test_a_policy_with_the_default_s_values_is_still_the_operator_s(tmp_path: Path) -> None:

@@ -1,6 +1,8 @@
 """Replicas that follow load, on a main and a child in network namespaces:
 sustained requests above a model's target add a group on the other node;
-calm removes it again, drained first, so no stream breaks."""
+calm removes it again, drained first, so no stream breaks. And a load on
+demand on a child that reports only once a minute: the main's request to
+report now and the child's report when its engine is ready carry it."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -155,3 +158,77 @@ def test_a_child_lost_during_a_load_makes_the_main_place_it_elsewhere(cluster: C
 def active(c: Cluster) -> set[str]:
     nodes = json.loads(c.ok("main", "node", "list", "--json"))
     return {n["name"] for n in nodes if n["state"] == "active"}
+
+
+@pytest.fixture
+def slow_heartbeat(tmp_path: Path) -> Iterator[Cluster]:
+    """A main and one child, n1, whose heartbeat is a minute long once
+    restarted (facts stay fresh that long on the main)."""
+    lab = NetLab(["main", "n1"]).up()
+    c = Cluster(lab, tmp_path)
+    fast = {"LETSINFER_ENGINE__THREADS": "1", "LETSINFER_ENGINE__PARALLEL": "2"}
+    fresh = {"LETSINFER_GATEWAY__FACT_MAX_AGE_S": "120"}
+    c.extra_env = {
+        "main": {
+            **fast,
+            **fresh,
+            "LETSINFER_CAPACITY__INTERVAL_S": "0.2",
+            "LETSINFER_CONTROL__NODE_STALE_AFTER_S": "180",
+        },
+        "n1": {**fast, **fresh},
+    }
+    try:
+        c.main_with_children(("n1",))
+        yield c
+    finally:
+        c.stop()
+        lab.down()
+
+
+def test_a_load_on_a_child_does_not_wait_for_its_heartbeats(slow_heartbeat: Cluster) -> None:
+    """A cold request for an on-demand model whose file n1 holds: n1 reports
+    once a minute, the queue waits 30 s at most, yet the request is answered
+    from n1 (the main asks n1 to report as soon as it placed the load, and
+    n1 reports again as soon as its engine is ready)."""
+    c = slow_heartbeat
+    write_tiny_model(c.root / "cold.gguf", name="tiny-cold")
+    c.ok("main", "model", "add", "cold", "--gguf", str(c.root / "cold.gguf"), "--node", "n1")
+    c.wait(
+        lambda: [(g["node"], g["state"]) for g in groups(c, "cold")] == [("n1", "ready")],
+        "cold served on n1 (so that n1 holds its file)",
+        timeout=90,
+    )
+    c.ok("main", "model", "scale", "cold", "--min", "0", "--idle", "0s", "--min-resident", "0s")
+    c.wait(lambda: not groups(c, "cold"), "cold unloaded", timeout=60)
+    c.ok("main", "model", "scale", "cold", "--idle", "1h")
+    # n1 again, now with a heartbeat of a minute; once the main has its first
+    # report, the next is a minute away.
+    stopped = time.time()
+    n1 = c.procs.pop("n1")
+    n1.terminate()
+    n1.wait(timeout=30)
+    c.extra_env["n1"]["LETSINFER_CONTROL__HEARTBEAT_INTERVAL_S"] = "60"
+    c.up("n1")
+    c.wait(lambda: last_seen(c, "n1") > stopped, "n1's first report", timeout=90)
+    url = f"http://{c.lab.hosts['main']}:8000/v1/chat/completions"
+    answer = c.lab.run(
+        "main",
+        PY,
+        "-c",
+        "import httpx, sys; r = httpx.post(sys.argv[1], headers={'authorization': 'Bearer '"
+        " + sys.argv[2]}, json={'model': 'cold', 'messages': [{'role': 'user', 'content': "
+        "'hi'}]}, timeout=120); print(r.status_code, r.text[:300])",
+        url,
+        str(c.key),
+        timeout=150,
+    )
+    assert answer.stdout.split(" ", 1)[0] == "200", (answer.stdout, answer.stderr)
+    loads = [r for r in c.audit("main") if r["action"] == "model.load"]
+    assert loads and loads[-1]["target"] == "cold@n1", loads
+
+
+def last_seen(c: Cluster, name: str) -> float:
+    """When the main last heard from ``name`` (to the second), 0 if never."""
+    nodes = json.loads(c.ok("main", "node", "list", "--json"))
+    seen = next(n["last_seen"] for n in nodes if n["name"] == name)
+    return datetime.fromisoformat(seen).timestamp() if seen else 0.0

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from letsinfer.gateway.admission import Admission
     from letsinfer.gateway.directory import Directory
     from letsinfer.gateway.routing import RoutingTable
+    from letsinfer.store import NodeRecord
 
 log = logging.getLogger("letsinfer.node")
 
@@ -84,8 +85,13 @@ class CapacityController:
         settings: CapacitySettings | None = None,
         metrics: CapacityMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
+        placed_on: Callable[[NodeRecord], None] = lambda node: None,
     ) -> None:
+        """``placed_on(node)`` asks a child the controller placed a group on to
+        report now (fire and forget): it hears of the group at once, not at
+        its next heartbeat."""
         self.placer = placer
+        self.placed_on = placed_on
         self.routing = routing
         self.directory = directory
         self.apply_now = apply_now
@@ -101,6 +107,9 @@ class CapacityController:
         # Loads waiting for room, oldest first: only the first may evict, so
         # each gets its turn (a load that looked last must not always win).
         self._needs_room: list[str] = []
+        # Busy groups drained to make room (pg -> the model loading), evicted
+        # once their requests finish (eviction.to_drain).
+        self._room_drains: dict[str, str] = {}
 
     # -- what the gateway asks (on its loop; no database) -----------------------
     def policy(self, service: str) -> ScalingPolicy | None:
@@ -183,6 +192,13 @@ class CapacityController:
         finally:
             if service in self._needs_room:
                 self._needs_room.remove(service)
+            # A group drained for this load that is still there (the load ended
+            # without needing it: its clients left, or it failed) serves again.
+            kept = {pg for pg, wanted in self._room_drains.items() if wanted == service}
+            if kept:
+                for pg in kept:
+                    del self._room_drains[pg]
+                self.routing.undrain(kept)
 
     async def _place_and_wait(self, service: str, reason: str) -> bool:
         """Place one group and wait for it; True when its node was lost
@@ -207,11 +223,26 @@ class CapacityController:
                 self._needs_room.append(service)
             settled = evicted_at is None or self.clock() - evicted_at >= self.settings.settle_s
             if settled and self._needs_room[0] == service:
-                victim = eviction.choose(residents, service, self.settings.eviction)
-                if victim is not None and self._evict(victim, service):
-                    evicted_at = self.clock()
-                    continue
-                if not eviction.may_free_later(residents, service):
+                rule = self.settings.eviction
+                victim = eviction.choose(residents, service, rule)
+                asking = eviction.Waiting(
+                    service,
+                    self._waiting(service),
+                    self._model(service).recent,
+                    self.clock() - started,
+                )
+                defer_s = self.settings.max_defer_s
+                if victim is not None and (
+                    rule == "lru" or eviction.worth_swapping(victim, asking, defer_s)
+                ):
+                    if self._evict(victim, service):
+                        evicted_at = self.clock()
+                        continue
+                elif victim is None and rule != "lru":
+                    busy = eviction.to_drain(residents, asking, defer_s)
+                    if busy is not None:
+                        self._drain_for_room(busy, service)
+                if victim is None and not eviction.may_free_later(residents, service):
                     self._exhausted(service, found.reasons())
                     return False
             if reason == "a request" and not self._waiting(service):
@@ -228,6 +259,8 @@ class CapacityController:
         if self.metrics is not None:
             self.metrics.loads.labels(service, _reason_label(reason)).inc()
         self.apply_now()
+        if placement.node.id != self.placer.settings.main_id:
+            self.placed_on(placement.node)
         model = self._model(service)
         ready = asyncio.Event()
 
@@ -325,6 +358,7 @@ class CapacityController:
                     reload_s=model.reload_s if model else None,
                     recent_requests=model.recent if model else 0.0,
                     idle_s=self.clock() - model.last_active if model else math.inf,
+                    draining=pg.id in self._room_drains,
                 )
             )
         return out
@@ -334,11 +368,13 @@ class CapacityController:
         turn of the loop, so no request can take a slot between)."""
         self.routing.drain({victim.pg_id})
         if self.routing.in_flight({victim.pg_id}):
-            self.routing.undrain({victim.pg_id})
+            if victim.pg_id not in self._room_drains:  # (one drained for room stays so)
+                self.routing.undrain({victim.pg_id})
             return False
         why = f"makes room for {for_service}"
         if not self.placer.unload(victim.service, victim.pg_id, "model.evict", why):
             return False
+        self._room_drains.pop(victim.pg_id, None)
         log.info(
             "model %s: evicted %s to make room for %s", victim.service, victim.pg_id, for_service
         )
@@ -347,6 +383,22 @@ class CapacityController:
         self._forget_group(victim.service, victim.pg_id)
         self.apply_now()
         return True
+
+    def _drain_for_room(self, busy: eviction.Resident, for_service: str) -> None:
+        """``for_service`` deferred its bound: ``busy`` admits nothing new and
+        goes once its requests finish. Requests waiting for its model wait for
+        a load of their own (queued behind this one), not refused."""
+        if busy.service not in self._loads and self._waiting(busy.service):
+            self._start_load(busy.service, "a request")
+        self._room_drains[busy.pg_id] = for_service
+        self.routing.drain({busy.pg_id})
+        log.info(
+            "model %s: draining %s to make room for %s (waited %s)",
+            busy.service,
+            busy.pg_id,
+            for_service,
+            duration_text(self.settings.max_defer_s),
+        )
 
     def _forget_group(self, service: str, pg_id: str) -> None:
         model = self._models.get(service)

@@ -1,10 +1,19 @@
-"""Which resident group may go to make room for a load: a pure choice.
+"""Which resident group may go to make room for a load, and whether a swap
+is worth it now: pure choices.
 
 Only groups of on-demand models are candidates, and of those only the ones
 with no request in flight, nothing waiting for their model, and resident
 longer than their model's minimum residence. Among them the cheapest to
 have to load again goes first: the measured load time, weighted by how much
 the model was used lately (a model used often would come straight back).
+
+A swap is not made just because a group is evictable: the requests of the
+models resident are served first while the model waiting is used less than
+the one that would go (a swap then costs two loads soon, and the busier
+model's requests would wait for the second). The wait this imposes is
+bounded: once a waiting request has deferred ``defer_s`` the swap is made,
+and if every candidate is busy the cheapest one past its residence is
+drained (admits nothing new, finishes what it runs) and goes then.
 """
 
 from __future__ import annotations
@@ -27,15 +36,17 @@ class Resident:
     reload_s: float | None  # its model's last measured load time
     recent_requests: float  # its model's requests lately (decayed)
     idle_s: float = 0.0  # since its model's last request
+    draining: bool = False  # drained to make room: it goes once its requests finish
+
+    @property
+    def past_residence(self) -> bool:
+        return self.on_demand and self.resident_s >= self.min_resident_s
 
     @property
     def evictable(self) -> bool:
-        return (
-            self.on_demand
-            and self.in_flight == 0
-            and self.waiting == 0
-            and self.resident_s >= self.min_resident_s
-        )
+        if self.draining:  # (its model's waiters wait for a load of their own)
+            return self.in_flight == 0
+        return self.past_residence and self.in_flight == 0 and self.waiting == 0
 
     @property
     def cost(self) -> float:
@@ -47,6 +58,16 @@ class Resident:
         return self.on_demand and not self.evictable
 
 
+@dataclass(frozen=True)
+class Waiting:
+    """The model a load is for: what asks for it."""
+
+    service: str
+    waiting: int  # requests queued for it now
+    recent_requests: float  # its requests lately (decayed), as Resident's
+    waited_s: float  # since its load began (its oldest request's arrival)
+
+
 def choose(residents: list[Resident], exclude_service: str, rule: str = "cost") -> Resident | None:
     """The cheapest evictable group not of ``exclude_service`` (the model
     loading); with ``rule`` "lru", the one whose model was used least recently."""
@@ -56,6 +77,32 @@ def choose(residents: list[Resident], exclude_service: str, rule: str = "cost") 
     if rule == "lru":
         return max(candidates, key=lambda r: (r.idle_s, r.pg_id))
     return min(candidates, key=lambda r: (r.cost, -r.resident_s, r.pg_id))
+
+
+def worth_swapping(victim: Resident, loading: Waiting, defer_s: float) -> bool:
+    """Whether ``victim`` should go for ``loading`` now: the waiting model is
+    asked for at least as much as the victim's (its queued requests and its
+    recent ones against the victim's recent ones), or its oldest request has
+    deferred ``defer_s`` already."""
+    if victim.draining or loading.waited_s >= defer_s:
+        return True
+    return loading.waiting + loading.recent_requests >= victim.recent_requests
+
+
+def to_drain(residents: list[Resident], loading: Waiting, defer_s: float) -> Resident | None:
+    """A busy group to drain for ``loading`` once its wait reached ``defer_s``
+    and no group is idle: the cheapest past its residence (never pinned, never
+    the loading model's, never one drained already); None otherwise."""
+    if loading.waited_s < defer_s:
+        return None
+    if any(r.draining and r.service != loading.service for r in residents):
+        return None  # one makes room already
+    candidates = [
+        r
+        for r in residents
+        if r.past_residence and not r.evictable and r.service != loading.service
+    ]
+    return min(candidates, key=lambda r: (r.cost, -r.resident_s, r.pg_id)) if candidates else None
 
 
 def may_free_later(residents: list[Resident], exclude_service: str) -> bool:

@@ -108,6 +108,7 @@ class Booking:
                     ex.cache is cache.HIT,
                     None if ex.admitted is None else ex.admitted.charged,
                     ex.tags,
+                    None if ex.load_wait is None else ex.load_wait * 1000,
                 )
                 for ex in finished
                 if ex.key != "-"  # refused keys are counted as denials

@@ -90,6 +90,7 @@ class Exchange:
         "gone",
         "head_sent",
         "key",
+        "load_wait",
         "node",
         "pg",
         "project_admitted",
@@ -124,6 +125,7 @@ class Exchange:
         self.total = 0.0  # seconds from arrival to the end
         self.status = 0
         self.queue_s = 0.0
+        self.load_wait: float | None = None  # seconds it waited for its model to load
         self.ttft: float | None = None
         self.tail = b""
         self.done = False

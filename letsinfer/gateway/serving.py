@@ -390,12 +390,17 @@ class InferenceEndpoints:
                     # A model loaded on demand: the stream opens now and says
                     # it waits (SSE comments, which OpenAI clients skip).
                     loaded = await self._while_loading(starting, entry, ex, send)
-                    if loaded is None:
-                        return  # refused after the stream had opened: said in it
+                    if loaded is None:  # refused after the stream had opened: said in it
+                        ex.load_wait = time.perf_counter() - ex.started
+                        return
                     started = loaded
                 else:
                     started = await starting
+                if cold:  # (only a request that found its model unloaded pays for this)
+                    ex.load_wait = started.queue_s
             except GatewayError as err:
+                if cold:  # its load failed, or its wait ran out: how long it waited
+                    ex.load_wait = time.perf_counter() - ex.started
                 if entry.base is not None and not key.allows(entry.base):
                     err = adapters.told_as(entry.name, err)
                 if entry.fallback is None or err.code not in FALLBACK_ON or only is not None:

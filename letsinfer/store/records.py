@@ -160,6 +160,8 @@ class PlacementGroupRecord:
     # (state, endpoint...) belongs to observed_generation.
     generation: int = 0
     observed_generation: int | None = None
+    # Other weights than its model's (sha256), while an update rolls out (None: its model's).
+    artifact_digest: str | None = None
 
 
 @dataclass(frozen=True)

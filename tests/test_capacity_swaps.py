@@ -1,0 +1,185 @@
+"""Whether a swap is worth it (letsinfer.capacity.eviction): requests for a
+resident model are served before a request for a model that is out forces a
+swap, and a waiting request defers at most ``[capacity] max_defer_s``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from types import SimpleNamespace
+
+from letsinfer.capacity.controller import CapacityController
+from letsinfer.capacity.eviction import Resident, Waiting, choose, to_drain, worth_swapping
+from letsinfer.capacity.placing import Found
+from letsinfer.capacity.policy import ScalingPolicy
+from letsinfer.config import CapacitySettings
+from letsinfer.gateway.routing import Replica, RoutingTable
+
+DEFER_S = 5.0
+
+
+def resident(pg: str, **kw: object) -> Resident:
+    base: dict[str, object] = dict(
+        pg_id=pg,
+        service=pg,
+        node_id="n",
+        on_demand=True,
+        in_flight=0,
+        waiting=0,
+        resident_s=100.0,
+        min_resident_s=10.0,
+        reload_s=2.0,
+        recent_requests=0.0,
+    )
+    base.update(kw)
+    return Resident(**base)  # type: ignore[arg-type]
+
+
+def test_a_model_asked_for_less_defers_to_the_resident_one_then_takes_its_turn() -> None:
+    busy_model = resident("popular", recent_requests=40.0)  # idle this instant, used often
+    rare = Waiting("rare", waiting=1, recent_requests=3.0, waited_s=0.5)
+    assert choose([busy_model], "rare") == busy_model  # it could go...
+    assert not worth_swapping(busy_model, rare, DEFER_S)  # ... but is worth more where it is
+    # A bounded wait: once the request deferred max_defer_s, the swap happens.
+    assert worth_swapping(busy_model, Waiting("rare", 1, 3.0, DEFER_S), DEFER_S)
+    # A model asked for as much (its queued requests count) swaps at once.
+    crowd = Waiting("crowd", waiting=12, recent_requests=30.0, waited_s=0.1)
+    assert worth_swapping(busy_model, crowd, DEFER_S)
+
+
+def test_a_busy_group_past_its_residence_is_drained_once_the_wait_is_due() -> None:
+    """Steady requests for the resident model never leave it idle: after the
+    bound the cheapest busy group past its residence is drained (never a
+    pinned one, a young one, or the loading model's own)."""
+    streaming = resident("streaming", in_flight=2, recent_requests=20.0)
+    heavy = resident("heavy", in_flight=1, recent_requests=90.0)
+    young = resident("young", in_flight=1, resident_s=3.0)
+    pinned = resident("pinned", in_flight=1, on_demand=False)
+    own = resident("other", service="rare", in_flight=1)
+    everyone = [streaming, heavy, young, pinned, own]
+    assert to_drain(everyone, Waiting("rare", 1, 0.0, 1.0), DEFER_S) is None  # not yet
+    assert to_drain(everyone, Waiting("rare", 1, 0.0, DEFER_S), DEFER_S) == streaming
+    assert to_drain([young, pinned, own], Waiting("rare", 1, 0.0, 60.0), DEFER_S) is None
+    # Drained, it goes once its requests finish, whatever waits for its model.
+    drained = resident("streaming", waiting=3, draining=True)
+    assert drained.evictable and choose([drained], "rare") == drained
+    assert not resident("streaming", waiting=3).evictable
+    assert to_drain([drained, heavy], Waiting("rare", 1, 0.0, 60.0), DEFER_S) is None
+
+
+# -- the controller keeps to it (a fake clock, a fake planner; no engine) --------------
+class _Placer:
+    """One GPU, held by ``groups``: nothing fits until a group goes."""
+
+    def __init__(self, groups: dict[str, str]) -> None:
+        self.groups = dict(groups)  # pg -> model
+        self.gone: list[tuple[str, str]] = []  # (pg, audit action)
+        self.settings = SimpleNamespace(main_id="main", fresh_within_s=30.0)
+        self.store = SimpleNamespace(list_placement_groups=self._listed)
+
+    def _listed(self) -> list[SimpleNamespace]:
+        return [
+            SimpleNamespace(id=pg, service=s, node_id="main", created_at=0.0, desired="running")
+            for pg, s in self.groups.items()
+        ]
+
+    def find(self, service: str) -> Found:
+        return Found(None, (("main", "its only GPU is taken"),))
+
+    def never_fits(self, service: str) -> None:
+        return None
+
+    def unload(self, service: str, pg: str, action: str, why: str) -> bool:
+        self.gone.append((pg, action))
+        return self.groups.pop(pg, None) is not None
+
+    def refused(self, service: str, why: str) -> None:
+        pass
+
+
+def _controller(
+    placer: _Placer, routing: RoutingTable, now: list[float], waiting: dict[str, int]
+) -> CapacityController:
+    on_demand = ScalingPolicy(min_groups=0, min_resident_s=10.0)
+    names = {
+        s: SimpleNamespace(scaling=on_demand, groups=(), running=True) for s in ("popular", "rare")
+    }
+    directory = SimpleNamespace(
+        current=lambda: SimpleNamespace(names=names, services=[], system_stopped=False)
+    )
+    controller = CapacityController(
+        placer,  # type: ignore[arg-type]
+        routing,
+        directory,  # type: ignore[arg-type]
+        lambda: None,
+        CapacitySettings(settle_s=0.0, max_defer_s=DEFER_S),
+        clock=lambda: now[0],
+    )
+    controller.admission = SimpleNamespace(  # type: ignore[assignment]
+        depth=lambda service=None: waiting.get(service, 0) if service else sum(waiting.values()),
+        refuse_waiters=lambda service, error: None,
+    )
+    popular = controller._model("popular")
+    popular.recent, popular.loaded_at = 40.0, {"pg-popular": now[0] - 100.0}
+    return controller
+
+
+def _until(what: str, check: Callable[[], bool]) -> Awaitable[None]:
+    async def polled() -> None:
+        while not check():
+            await asyncio.sleep(0.05)
+
+    return asyncio.wait_for(polled(), 30)
+
+
+def test_the_controller_defers_a_swap_for_a_rarer_model_until_the_bound() -> None:
+    """The old rule evicted the popular model's idle group at once for one
+    request of a rare model; now the request defers, then gets its turn."""
+
+    async def scenario() -> None:
+        now = [1000.0]
+        routing = RoutingTable(clock=lambda: now[0])
+        routing.publish(Replica("pg-popular", "popular", "http://e", "Bearer k", 4, "main"))
+        placer = _Placer({"pg-popular": "popular"})
+        controller = _controller(placer, routing, now, {"rare": 1})
+        load = asyncio.create_task(controller._place_and_wait("rare", "a request"))
+        try:
+            looks = 0
+            while looks < 5:  # the load looks every 0.2 s: five looks, no swap
+                await asyncio.sleep(0.2)
+                looks += 1
+            assert placer.gone == [], "a rare model's request evicted the popular model at once"
+            now[0] += DEFER_S  # the request has deferred its bound
+            await _until("the swap", lambda: bool(placer.gone))
+            assert placer.gone == [("pg-popular", "model.evict")]
+        finally:
+            load.cancel()
+            await asyncio.gather(load, return_exceptions=True)
+
+    asyncio.run(scenario())
+
+
+def test_a_group_never_idle_is_drained_for_a_waiting_model_after_the_bound() -> None:
+    async def scenario() -> None:
+        now = [1000.0]
+        routing = RoutingTable(clock=lambda: now[0])
+        replica = Replica("pg-popular", "popular", "http://e", "Bearer k", 4, "main")
+        routing.publish(replica)
+        replica.in_flight = 2  # steady requests: it is never idle
+        placer = _Placer({"pg-popular": "popular"})
+        controller = _controller(placer, routing, now, {"rare": 1})
+        load = asyncio.create_task(controller._place_and_wait("rare", "a request"))
+        try:
+            await asyncio.sleep(0.5)
+            assert routing.ready_count("popular") == 1 and not placer.gone
+            now[0] += DEFER_S
+            await _until("the drain", lambda: routing.ready_count("popular") == 0)
+            assert not placer.gone, "its requests in flight finish first"
+            replica.in_flight = 0
+            await _until("the swap", lambda: bool(placer.gone))
+            assert placer.gone == [("pg-popular", "model.evict")]
+        finally:
+            load.cancel()
+            await asyncio.gather(load, return_exceptions=True)
+
+    asyncio.run(scenario())
