@@ -18,11 +18,13 @@ from letsinfer.cli.local import segment
 from letsinfer.cli.output import console, emit
 from letsinfer.cli.remote import call
 from letsinfer.cli.scope import CliContext, ScopedCommand
-from letsinfer.store.requests import UsageBy
 from letsinfer.usage.summary import (
     USAGE_COLUMNS,
+    KeySpan,
     NoRecords,
     NoSuchRequest,
+    SummedBy,
+    key_spans,
     request_rows,
     usage_rows,
 )
@@ -32,6 +34,14 @@ def _node_names(ctx: CliContext) -> dict[str, str]:
     store = open_authority(ctx.home)
     try:
         return {n.id: n.name for n in store.list_nodes(include_removed=True)}
+    finally:
+        store.close()
+
+
+def _key_spans(ctx: CliContext) -> list[KeySpan]:
+    store = open_authority(ctx.home)
+    try:
+        return key_spans(store.list_api_keys(include_revoked=True))
     finally:
         store.close()
 
@@ -96,7 +106,7 @@ def _since(value: str | None) -> float | None:
 @cli.command("usage", cls=ScopedCommand, scope="main", remote="viewer")
 @click.option(
     "--by",
-    type=click.Choice(["key", "model", "node", "tag"]),
+    type=click.Choice(["key", "model", "node", "tag", "project"]),
     default="key",
     show_default=True,
     help="What to sum the records by.",
@@ -105,10 +115,12 @@ def _since(value: str | None) -> float | None:
 @click.option("--csv", "as_csv", is_flag=True, help="Comma-separated values, with a header.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
-def usage(ctx: CliContext, by: UsageBy, since: str | None, as_csv: bool, as_json: bool) -> None:
-    """Requests and tokens summed per API key, model, node or tag, from the kept
-    request records (errors: answers with status 400 or above). By tag (the
-    X-Letsinfer-Tags clients send), a request counts under each of its tags."""
+def usage(ctx: CliContext, by: SummedBy, since: str | None, as_csv: bool, as_json: bool) -> None:
+    """Requests and tokens summed per API key, model, node, tag or project, from
+    the kept request records (errors: answers with status 400 or above). By tag
+    (the X-Letsinfer-Tags clients send), a request counts under each of its
+    tags; by project, under its key's project (revoked keys' too; '-': a key
+    in no project)."""
     if as_csv and as_json:
         raise click.UsageError("--csv and --json are alternatives: choose one")
     start = _since(since)  # (this machine's local time, as on the main)
@@ -117,7 +129,13 @@ def usage(ctx: CliContext, by: UsageBy, since: str | None, as_csv: bool, as_json
         rows: list[dict[str, Any]] = call(ctx.remote, "GET", f"/v1/ops/usage{query}")
     else:
         try:
-            rows = usage_rows(ctx.home.requests_database, by, start, lambda: _node_names(ctx))
+            rows = usage_rows(
+                ctx.home.requests_database,
+                by,
+                start,
+                lambda: _node_names(ctx),
+                lambda: _key_spans(ctx),
+            )
         except NoRecords as exc:
             raise click.ClickException(str(exc)) from exc
     if as_csv:

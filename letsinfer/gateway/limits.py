@@ -89,6 +89,15 @@ def period_bounds(period: str, now: float) -> tuple[float, float]:
     return start.timestamp(), end.timestamp()
 
 
+def counted_since(limits: KeyLimits, now: float) -> float:
+    """The earliest time whose requests ``limits``' counts hold at ``now``:
+    its budget period's start, or a minute ago, whichever is earlier."""
+    since = now - WINDOW_S
+    if limits.period is not None:
+        since = min(since, period_bounds(limits.period, now)[0])
+    return since
+
+
 def _who(key: str) -> str:
     """What a refusal names: the key, or the project whose limits it shares
     (counted as ``project:NAME``, a name no key can have)."""

@@ -161,6 +161,17 @@ class PeopleTables(Plumbing):
         rows = self._rows("SELECT name FROM accounts WHERE project = ? ORDER BY name", (name,))
         return [r["name"] for r in rows]
 
+    def project_keys(self, revoked_since: float) -> list[tuple[str, str, float | None]]:
+        """(project, key name, revoked at or None) of each key in a project,
+        live or revoked since ``revoked_since``, its account suspended or not:
+        what a project spent is its keys' requests, whatever became of them."""
+        rows = self._rows(
+            "SELECT project, name, revoked_at FROM api_keys WHERE project IS NOT NULL "
+            "AND (revoked_at IS NULL OR revoked_at >= ?)",
+            (revoked_since,),
+        )
+        return [(r["project"], r["name"], r["revoked_at"]) for r in rows]
+
     def remove_project(self, name: str) -> bool:
         """Refused while an account or an active key belongs to it."""
         if self.project_members(name):

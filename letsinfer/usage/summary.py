@@ -1,16 +1,17 @@
-"""`letsinfer usage` as data: requests and tokens summed per key, model, node or tag
-from the main's request records. The CLI on the main and the admin API (a
+"""`letsinfer usage` as data: requests and tokens summed per key, model, node,
+tag or project from the main's request records. The CLI on the main and the admin API (a
 controller's `letsinfer usage`) both answer with this, so they print the same."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from letsinfer.store.requests import RequestStore, UsageBy
+from letsinfer.store.records import ApiKeyRecord
+from letsinfer.store.requests import RequestStore
 
 USAGE_COLUMNS = ["requests", "errors", "prompt_tokens", "completion_tokens", "total_tokens"]
 
@@ -27,13 +28,28 @@ def open_records(path: Path) -> RequestStore:
     return RequestStore(path, readonly=True)
 
 
+SummedBy = Literal["key", "model", "node", "tag", "project"]
+# An API key as the authority holds it, revoked ones too: (name, created,
+# revoked or None, project or None). A project's requests are its keys'.
+KeySpan = tuple[str, float, float | None, str | None]
+
+
+def key_spans(keys: Iterable[ApiKeyRecord]) -> list[KeySpan]:
+    return [(k.name, k.created_at, k.revoked_at, k.project) for k in keys]
+
+
 def usage_rows(
-    records: Path, by: UsageBy, since: float | None, node_names: Callable[[], dict[str, str]]
+    records: Path,
+    by: SummedBy,
+    since: float | None,
+    node_names: Callable[[], dict[str, str]],
+    keys: Callable[[], list[KeySpan]] = list,
 ) -> list[dict[str, Any]]:
-    """``node_names``: node id -> name, asked only when summing by node."""
+    """``node_names``: node id -> name, asked only when summing by node;
+    ``keys``: every key the authority has had, asked only by project."""
     store = open_records(records)
     try:
-        sums = store.usage(by, since)
+        sums = store.usage_by_project(keys(), since) if by == "project" else store.usage(by, since)
     finally:
         store.close()
     names = node_names() if by == "node" else {}
@@ -98,6 +114,9 @@ def request_rows(
             "ttft_ms": None if r.ttft_ms is None else round(r.ttft_ms, 2),
             "duration_ms": round(r.duration_ms, 2),
             "queue_ms": round(r.queue_ms, 2),
+            # It found its model unloaded and waited this long for the load
+            # (part of queue_ms); null: it did not wait for a load.
+            "load_wait_ms": None if r.load_wait_ms is None else round(r.load_wait_ms, 2),
         }
         for r in found
     ]
