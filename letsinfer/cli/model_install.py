@@ -181,9 +181,13 @@ def report_rollout(answer: dict[str, Any], as_json: bool = False) -> None:
     if as_json:
         click.echo(json.dumps(answer, indent=2))
     for g in [] if as_json else answer["placement_groups"]:
-        colour = {"upgraded": "green", "unchanged": "dim", "skipped": "yellow"}.get(
-            g["outcome"], "red"
-        )
+        colour = {
+            "upgraded": "green",
+            "unchanged": "dim",
+            "skipped": "yellow",
+            "canary": "cyan",  # (letsinfer.lifecycle.canary)
+            "aborted": "yellow",
+        }.get(g["outcome"], "red")
         moved = f" (now {g['now']})" if g["now"] != g["group"] else ""
         detail = f": {g['detail']}" if g["detail"] else ""
         console.print(
@@ -195,7 +199,7 @@ def report_rollout(answer: dict[str, Any], as_json: bool = False) -> None:
         failed = [
             f"{g['group']} on {g['node']}"
             for g in answer["placement_groups"]
-            if g["outcome"] in ("restored", "failed")
+            if g["outcome"] in ("restored", "failed", "gated")
         ]
         raise click.ClickException(
             f"{answer['action'].removeprefix('model.')} of {answer['model']} stopped: "

@@ -178,13 +178,16 @@ def write_tiny_model(
     split_max_tensors: int = 0,
     architecture: str = "llama",
     name: str = "letsinfer-tiny",
+    words: int | None = None,
 ) -> Path:
     """Write the deterministic tiny model to ``path`` (same bytes every time).
 
     ``weights`` F16 or Q8_0 makes the same model at another quantisation;
     ``split_max_tensors`` makes it a split GGUF (see :func:`write_llama_gguf`);
     under another ``architecture`` name, a well-formed GGUF no engine loads
-    (tests); another ``name`` gives other bytes that serve the same."""
+    (tests); another ``name`` gives other bytes that serve the same; ``words``
+    makes a model that answers only the sentence's first pieces (tests: other
+    weights that answer worse)."""
     tokens, scores, types = spm_vocabulary(_SENTENCE_PIECES)
     n_vocab = len(tokens)
     rng = np.random.default_rng(_SEED)
@@ -201,9 +204,10 @@ def write_tiny_model(
 
     output = np.zeros((n_vocab, _N_EMBD), dtype=np.float32)
     output[piece_ids[0], 0] = _MARGIN / scale
-    for k in range(len(piece_ids) - 1):
+    last = len(piece_ids) if words is None else max(1, min(words, len(piece_ids)))
+    for k in range(last - 1):
         output[piece_ids[k + 1], k + 1] = _MARGIN / scale
-    output[2, len(piece_ids)] = _MARGIN / scale  # last piece -> </s>
+    output[2, last] = _MARGIN / scale  # last piece -> </s>
 
     return write_llama_gguf(
         path,

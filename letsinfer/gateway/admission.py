@@ -184,8 +184,11 @@ class Admission:
         return self._per_key.get(key, 0)
 
     # -- replica slots ----------------------------------------------------------
-    def _replicas(self, service: str, adapter: str | None) -> tuple[Replica, ...]:
-        replicas = self.routing.replicas(service)
+    def _replicas(
+        self, service: str, adapter: str | None, split: bool = False
+    ) -> tuple[Replica, ...]:
+        """``split``: one side of a canary's split (letsinfer.gateway.routing)."""
+        replicas = self.routing.routed(service) if split else self.routing.replicas(service)
         if adapter is not None:  # only the groups whose engine loaded it
             replicas = tuple(r for r in replicas if adapter in r.adapters)
         return replicas
@@ -199,7 +202,9 @@ class Admission:
     ) -> Replica | None:
         """The replica the policy would give a slot on now (None: none free)."""
         return policy.choose(
-            self._replicas(service, adapter),
+            # A request that excludes groups (a retry, a pinned eval) is past
+            # a canary's split: any other group may take it.
+            self._replicas(service, adapter, not exclude),
             self.routing.clock(),
             self.policy,
             prefix_hash,

@@ -1,7 +1,10 @@
 """The replicas (placement groups) that can serve each model, as plain data.
 
 Replicas appear when their engine reports ready (healthy and proven) and
-disappear the moment it stops being ready. A group whose engine kept failing
+disappear the moment it stops being ready. A model with a canary
+(letsinfer.lifecycle.canary) sends its share of new requests to that one
+group and the rest to its others: one random draw per request, and none for
+a model without one. A group whose engine kept failing
 to start is parked, with its reason: the gateway refuses its model at once
 instead of asking clients to retry. A draining group admits nothing new while
 its requests in flight finish (lifecycle changes). Which one serves a request is decided by
@@ -16,6 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from random import random
 
 from letsinfer.gateway.providers import ExternalModel
 
@@ -82,9 +86,19 @@ class RoutingTable:
     _parked: dict[str, dict[str, str]] = field(default_factory=dict)
     # Groups admitting nothing new while their requests in flight finish.
     _draining: set[str] = field(default_factory=set)
+    # Groups held out of clients' traffic: only a request pinned to one (a
+    # gate's eval, letsinfer.lifecycle.weights) reaches it (letsinfer.gateway.upstream).
+    _held: set[str] = field(default_factory=set)
     _listeners: list[Listener] = field(default_factory=list)
     # Read by the policy on every request: rebuilt on change, not per request.
     _lists: dict[str, tuple[Replica, ...]] = field(default_factory=dict)
+    # Models with a canary: its group and its share (0..1), from the directory.
+    _canaries: dict[str, tuple[str, float]] = field(default_factory=dict)
+    # Those whose both sides can take requests now: (share, the canary's
+    # replicas, the others'); rebuilt on change, like _lists.
+    _splits: dict[str, tuple[float, tuple[Replica, ...], tuple[Replica, ...]]] = field(
+        default_factory=dict
+    )
 
     def subscribe(self, listener: Listener) -> None:
         self._listeners.append(listener)
@@ -93,9 +107,43 @@ class RoutingTable:
         self._listeners.remove(listener)
 
     def _changed(self, service: str) -> None:
-        self._lists[service] = tuple(self._by_service.get(service, {}).values())
+        replicas = tuple(self._by_service.get(service, {}).values())
+        self._lists[service] = replicas
+        self._split(service, replicas)
         for listener in self._listeners:
             listener(service)
+
+    def _split(self, service: str, replicas: tuple[Replica, ...]) -> None:
+        canary = self._canaries.get(service)
+        if canary is not None:
+            pg_id, share = canary
+            ours = tuple(r for r in replicas if r.pg_id == pg_id)
+            theirs = tuple(r for r in replicas if r.pg_id != pg_id)
+            # A side with nothing admitting (not ready yet, draining to be
+            # removed) takes nothing: the other side has all of them.
+            if any(not r.paused for r in ours) and any(not r.paused for r in theirs):
+                self._splits[service] = (share, ours, theirs)
+                return
+        self._splits.pop(service, None)
+
+    def set_canaries(self, canaries: dict[str, tuple[str, float]]) -> None:
+        """Each model with a canary: its group and the share (0..1) of the
+        model's new requests it takes (from the directory's snapshot)."""
+        if canaries == self._canaries:
+            return
+        changed = self._canaries.keys() | canaries.keys()
+        self._canaries = dict(canaries)
+        for service in changed:
+            self._changed(service)
+
+    def routed(self, service: str) -> tuple[Replica, ...]:
+        """The replicas a new request of ``service`` may go to: all of them, or
+        for a model with a canary one side, drawn by the canary's share."""
+        if self._splits:  # (the only cost for models without a canary)
+            split = self._splits.get(service)
+            if split is not None:
+                return split[1] if random() < split[0] else split[2]
+        return self._lists.get(service, ())
 
     # Paused nodes admit nothing new; their in-flight requests finish.
     _paused_nodes: frozenset[str] = frozenset()
@@ -107,7 +155,7 @@ class RoutingTable:
         self._paused_nodes = frozen
         for service, replicas in self._by_service.items():
             for r in replicas.values():
-                r.paused = r.node_id in frozen or r.pg_id in self._draining
+                r.paused = r.node_id in frozen or r.pg_id in self._draining or r.pg_id in self._held
             self._changed(service)
 
     def publish(self, replica: Replica) -> None:
@@ -116,7 +164,11 @@ class RoutingTable:
         it, so replacing it would leak their count."""
         self._not_ready.get(replica.service, {}).pop(replica.pg_id, None)
         self._parked.get(replica.service, {}).pop(replica.pg_id, None)
-        if replica.node_id in self._paused_nodes or replica.pg_id in self._draining:
+        if (
+            replica.node_id in self._paused_nodes
+            or replica.pg_id in self._draining
+            or replica.pg_id in self._held
+        ):
             replica.paused = True
         current = self._by_service.setdefault(replica.service, {}).get(replica.pg_id)
         if current is None:
@@ -192,11 +244,31 @@ class RoutingTable:
         self._draining -= pg_ids
         self._mark_draining()
 
+    def hold(self, pg_ids: set[str]) -> None:
+        """These groups take no client's request (they may not exist yet: a
+        group held before it starts never takes one), only one pinned to them."""
+        self._held |= pg_ids
+        self._mark_draining()
+
+    def unhold(self, pg_ids: set[str]) -> None:
+        self._held -= pg_ids
+        self._mark_draining()
+
+    def held(self, service: str, pg_id: str) -> Replica | None:
+        """The held group's replica, when it is held and published."""
+        if pg_id not in self._held:
+            return None
+        return self._by_service.get(service, {}).get(pg_id)
+
     def _mark_draining(self) -> None:
         for service, replicas in self._by_service.items():
             changed = False
             for r in replicas.values():
-                paused = r.node_id in self._paused_nodes or r.pg_id in self._draining
+                paused = (
+                    r.node_id in self._paused_nodes
+                    or r.pg_id in self._draining
+                    or r.pg_id in self._held
+                )
                 if r.paused != paused:
                     r.paused, changed = paused, True
             if changed:

@@ -122,16 +122,22 @@ class Upstream:
         if failed_at is not None:
             tried.add(failed_at[0])
             failures.append(f"{failed_at[0]}: {failed_at[1]}")
+        held = None
         if only is not None:
             others = self.admission.routing.replicas(service)
             tried.update(r.pg_id for r in others if r.pg_id != only)
+            # A group held out of clients' traffic takes only this request.
+            held = self.admission.routing.held(service, only)
         queue_s = 0.0
         extra: tuple[tuple[str, str], ...] = (("x-request-id", request_id),)
         while True:
             waited_from = time.perf_counter()
-            replica = await self._acquire(
-                service, key, prefix_hash, frozenset(tried), "; ".join(failures), band, adapter
-            )
+            if held is not None and only not in tried:
+                replica = _held_slot(held)
+            else:
+                replica = await self._acquire(
+                    service, key, prefix_hash, frozenset(tried), "; ".join(failures), band, adapter
+                )
             queue_s += time.perf_counter() - waited_from
             tried.add(replica.pg_id)
             response: EngineResponse | None = None
@@ -248,6 +254,21 @@ class Upstream:
         """End an answer: close the engine exchange (if unfinished, the engine
         sees the connection go and frees its slot) and give the slot back."""
         self._give_back(started.replica, started.response)
+
+
+def _held_slot(replica: Replica) -> Replica:
+    """A slot on a group held out of clients' traffic, for the request pinned
+    to it (its only user: it never waits behind clients)."""
+    if replica.full:
+        raise GatewayError(
+            429,
+            f"Placement group {replica.pg_id} is busy with the requests pinned to it.",
+            type_="rate_limit_error",
+            code="group_busy",
+        )
+    replica.in_flight += 1
+    replica.taken += 1
+    return replica
 
 
 def _why(replica: Replica, response: EngineResponse | None, exc: EngineError) -> str:

@@ -103,7 +103,7 @@ async def restart_group(sv: Serving, pg: PlacementGroupRecord, node: str) -> Res
     serving = pg.state == "ready"  # a group that serves nothing has nothing to keep serving
     gpus, no_room = room_beside(sv, pg) if serving else (None, "")
     if gpus is not None:
-        swap = await swap_beside(sv, pg, pg.release_id, gpus)
+        swap = await swap_beside(sv, pg, pg.release_id, gpus, weights=pg.artifact_digest)
         if swap.started is not None and not swap.started.ready:
             return Restarted(
                 pg.id,

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from letsinfer.authority.placements import release_of
@@ -44,6 +44,7 @@ SKIPPED = "skipped"  # cannot take it (detail says why); untouched
 RESTORED = "restored"  # the new release failed; the prior one serves again
 FAILED = "failed"  # the new release failed and the prior one did not come back
 NOT_TRIED = "not tried"  # after an earlier group failed
+GATED = "gated"  # its replacement scored below the gate; removed, the group serves on
 
 
 class RolloutRefused(Exception):
@@ -63,9 +64,10 @@ class GroupOutcome:
     outcome: str
     detail: str | None = None
     now: str | None = None  # the group that serves it afterwards, when a new one does
+    gate: Verdict | None = None  # the gate's verdict on its replacement, when one ran
 
     def to_json(self) -> dict[str, object]:
-        return {
+        shown: dict[str, object] = {
             "group": self.group,
             "node": self.node,
             "from": self.from_release,
@@ -74,6 +76,9 @@ class GroupOutcome:
             "detail": self.detail,
             "now": self.now or self.group,
         }
+        if self.gate is not None:
+            shown["gate"] = self.gate.detail
+        return shown
 
     def line(self) -> str:
         moved = f" (now {self.now})" if self.now and self.now != self.group else ""
@@ -89,7 +94,7 @@ class RolloutResult:
 
     @property
     def ok(self) -> bool:
-        return not any(g.outcome in (RESTORED, FAILED) for g in self.groups)
+        return not any(g.outcome in (RESTORED, FAILED, GATED) for g in self.groups)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -103,14 +108,41 @@ class RolloutResult:
 @dataclass(frozen=True)
 class Change:
     """One group to move to ``release``; ``gpus``: exactly these (install
-    names them), or None to keep its count (and its own GPUs when none are free)."""
+    names them), or None to keep its count (and its own GPUs when none are free);
+    ``weights``: the model file (sha256) it runs from now (None: the same)."""
 
     group: PlacementGroupRecord
     release: str
     gpus: tuple[str, ...] | None = None
+    weights: str | None = None
 
 
-def _node_name(store: AuthorityStore, node_id: str) -> str:
+@dataclass(frozen=True)
+class Verdict:
+    """A gate's verdict on a replacement held out of clients' traffic."""
+
+    passed: bool
+    said: str  # for people: the suite, its score and the minimum
+    detail: dict[str, object]  # for --json
+
+
+# Judges a replacement that is ready but takes no client's request yet (its id).
+Vet = Callable[[str], Awaitable[Verdict]]
+
+
+def weights_of(store: AuthorityStore, pg: PlacementGroupRecord) -> str:
+    """The model file a group runs: its own while an update rolls out, else its model's."""
+    if pg.artifact_digest is not None:
+        return pg.artifact_digest
+    svc = store.get_service(pg.service)
+    return svc.artifact_digest if svc is not None else ""
+
+
+def _label(release: str, weights: str | None) -> str:
+    return release if weights is None else f"sha256:{weights[:12]}"
+
+
+def node_name(store: AuthorityStore, node_id: str) -> str:
     node = store.get_node(node_id)
     return node.name if node is not None else node_id
 
@@ -122,7 +154,7 @@ def free_gpus(store: AuthorityStore, node_id: str) -> list[str]:
     return [g for g in known if g not in held]
 
 
-def _cannot_take(store: AuthorityStore, pg: PlacementGroupRecord, release_id: str) -> str | None:
+def cannot_take(store: AuthorityStore, pg: PlacementGroupRecord, release_id: str) -> str | None:
     row = store.get_release(release_id)
     assert row is not None
     if len(store.pg_tasks(pg.id)) > 1 or is_parallel(release_of(row)):
@@ -155,28 +187,44 @@ async def run(
     actor: str,
     role: str | None,
     skipped: list[GroupOutcome] | None = None,
+    vet: Vet | None = None,
 ) -> RolloutResult:
     """Apply ``changes`` one group at a time; stop at the first failure.
-    ``skipped``: groups already known not to change (listed first)."""
+    ``skipped``: groups already known not to change (listed first); ``vet``:
+    the gate the first replacement must pass, held out of clients' traffic,
+    before the group it replaces leaves (the rest follow once it has)."""
     store = sv.store
     result = RolloutResult(model, action, list(skipped or []))
     failed = False
     for change in changes:
         pg = store.get_placement_group(change.group.id) or change.group
-        out = GroupOutcome(pg.id, _node_name(store, pg.node_id), pg.release_id, change.release, "")
+        now_weights = weights_of(store, pg) if change.weights is not None else None
+        out = GroupOutcome(
+            pg.id,
+            node_name(store, pg.node_id),
+            _label(pg.release_id, now_weights),
+            _label(change.release, change.weights),
+            "",
+        )
         result.groups.append(out)
         if failed:
             out.outcome = NOT_TRIED
             continue
-        why = _cannot_take(store, pg, change.release) or sv.unreachable(pg.node_id)
+        why = cannot_take(store, pg, change.release) or sv.unreachable(pg.node_id)
         if why is not None:
             out.outcome, out.detail = SKIPPED, why
-        elif pg.release_id == change.release and change.gpus is None:
+        elif (
+            pg.release_id == change.release
+            and change.gpus is None
+            and now_weights == change.weights
+        ):
             out.outcome = UNCHANGED
         else:
-            log.info("%s %s: %s on %s -> %s", action, model, pg.id, out.node, change.release)
-            await _replace(sv, pg, change, event, out)
-            failed = out.outcome in (RESTORED, FAILED)
+            log.info("%s %s: %s on %s -> %s", action, model, pg.id, out.node, out.to_release)
+            await _replace(sv, pg, change, event, out, vet)
+            if out.gate is not None:
+                vet = None  # judged once: the groups after it take what passed
+            failed = out.outcome in (RESTORED, FAILED, GATED)
         log.log(logging.WARNING if failed else logging.INFO, "%s %s: %s", action, model, out.line())
     store.append_audit(
         actor,
@@ -190,12 +238,19 @@ async def run(
 
 
 async def _replace(
-    sv: Serving, pg: PlacementGroupRecord, change: Change, event: str, out: GroupOutcome
+    sv: Serving,
+    pg: PlacementGroupRecord,
+    change: Change,
+    event: str,
+    out: GroupOutcome,
+    vet: Vet | None = None,
 ) -> None:
     store = sv.store
-    if pg.desired != "running":  # nothing runs: it takes the release at its next start
+    if pg.desired != "running":  # nothing runs: it takes the change at its next start
         with store.transaction():
             store.set_pg_release(pg.id, change.release)
+            if change.weights is not None:
+                store.set_pg_weights(pg.id, change.weights)
             store.add_release_history(pg.service, pg.node_id, pg.id, change.release, event)
         out.outcome, out.detail = UPGRADED, "stopped: runs it at its next start"
         sv.apply()
@@ -214,9 +269,9 @@ async def _replace(
         free = free_gpus(store, pg.node_id)
         beside = tuple(free[: len(own)]) if len(free) >= len(own) else None
     if beside is not None:
-        await _beside(sv, pg, change.release, beside, event, out)
+        await _beside(sv, pg, change, beside, event, out, vet)
     else:
-        await _in_place(sv, pg, change.release, event, out)
+        await _in_place(sv, pg, change, event, out, vet)
 
 
 @dataclass(frozen=True)
@@ -227,6 +282,7 @@ class Swap:
     started: Started | None  # None: it could not even be recorded (``why``)
     why: str | None = None
     cut: int = 0  # requests still in flight when the old group's drain ended
+    verdict: Verdict | None = None  # the gate's, when one judged the new group
 
 
 async def swap_beside(
@@ -235,104 +291,153 @@ async def swap_beside(
     release_id: str,
     gpus: tuple[str, ...],
     proven: Callable[[str], None] = lambda new_id: None,
+    *,
+    weights: str | None = None,
+    vet: Vet | None = None,
 ) -> Swap:
-    """Start a new group of ``pg``'s model on its node beside it; once the new
-    one is ready (healthy and proven: ``proven`` is told its id), drain and
-    remove ``pg``. A new group that does not come up is removed, and ``pg``
-    serves on untouched. Used by rollouts and by restarts (lifecycle/restarts.py)."""
+    """Start a new group of ``pg``'s model on its node beside it (running
+    ``weights`` when given); once the new one is ready (healthy and proven:
+    ``proven`` is told its id), drain and remove ``pg``. A new group that does
+    not come up is removed, and ``pg`` serves on untouched. With ``vet``, the
+    new group takes no client's request until it has passed: one that fails
+    is removed the same way. Used by rollouts and by restarts
+    (lifecycle/restarts.py)."""
     store = sv.store
     new_id = f"pg-{uuid.uuid4().hex[:12]}"
     try:
-        store.add_placement_group(
-            new_id, pg.service, pg.node_id, release_id, pg.target, gpus, event=None
-        )
+        with store.transaction():
+            store.add_placement_group(
+                new_id, pg.service, pg.node_id, release_id, pg.target, gpus, event=None
+            )
+            if weights is not None:
+                store.set_pg_weights(new_id, weights)
     except StoreError as exc:  # e.g. its GPUs were taken meanwhile
         return Swap(new_id, None, str(exc))
-    sv.apply()
-    started = await sv.started(new_id)
-    if not started.ready:
-        store.delete_placement_group(new_id)
+    if vet is not None:
+        sv.routing.hold({new_id})  # before it can be published: no client reaches it
+    try:
         sv.apply()
-        sv.routing.forget(pg.service, new_id)
-        return Swap(new_id, started)
+        started = await sv.started(new_id)
+        verdict = await vet(new_id) if vet is not None and started.ready else None
+        if not started.ready or (verdict is not None and not verdict.passed):
+            store.delete_placement_group(new_id)
+            sv.apply()
+            sv.routing.forget(pg.service, new_id)
+            return Swap(new_id, started, verdict=verdict)
+    finally:
+        sv.routing.unhold({new_id})
     proven(new_id)
     left = await sv.drain({pg.id})
     store.delete_placement_group(pg.id)
     sv.apply()
     sv.routing.undrain({pg.id})
     sv.routing.forget(pg.service, pg.id)
-    return Swap(new_id, started, cut=left)
+    return Swap(new_id, started, cut=left, verdict=verdict)
 
 
 async def _beside(
     sv: Serving,
     pg: PlacementGroupRecord,
-    release_id: str,
+    change: Change,
     gpus: tuple[str, ...],
     event: str,
     out: GroupOutcome,
+    vet: Vet | None,
 ) -> None:
     """Start the replacement beside the old group; drain the old one after."""
     store = sv.store
+    release_id = change.release
     swap = await swap_beside(
         sv,
         pg,
         release_id,
         gpus,
         lambda new_id: store.add_release_history(pg.service, pg.node_id, new_id, release_id, event),
+        weights=change.weights,
+        vet=vet,
     )
+    out.gate = swap.verdict
     if swap.started is None:
         out.outcome, out.detail = SKIPPED, f"no room for a replacement beside it: {swap.why}"
         return
     if not swap.started.ready:
         out.outcome = RESTORED
         out.detail = (
-            f"its replacement {swap.new_id} on {release_id} was {swap.started.why()}; "
-            f"removed it, {pg.id} kept serving {pg.release_id}"
+            f"its replacement {swap.new_id} on {out.to_release} was {swap.started.why()}; "
+            f"removed it, {pg.id} kept serving {out.from_release}"
+        )
+        return
+    if swap.verdict is not None and not swap.verdict.passed:
+        out.outcome = GATED
+        out.detail = (
+            f"its replacement {swap.new_id} on {out.to_release} failed the gate "
+            f"({swap.verdict.said}); removed it, {pg.id} kept serving {out.from_release}"
         )
         return
     out.outcome, out.now = UPGRADED, swap.new_id
-    out.detail = f"{swap.new_id} started beside it and proven; {pg.id} drained and removed" + (
-        f" ({swap.cut} request(s) still in flight after the drain timeout were cut)"
-        if swap.cut
-        else ""
+    passed = f", passed the gate ({swap.verdict.said})" if swap.verdict is not None else ""
+    out.detail = (
+        f"{swap.new_id} started beside it and proven{passed}; {pg.id} drained and removed"
+        + (
+            f" ({swap.cut} request(s) still in flight after the drain timeout were cut)"
+            if swap.cut
+            else ""
+        )
     )
 
 
 async def _in_place(
-    sv: Serving, pg: PlacementGroupRecord, release_id: str, event: str, out: GroupOutcome
+    sv: Serving,
+    pg: PlacementGroupRecord,
+    change: Change,
+    event: str,
+    out: GroupOutcome,
+    vet: Vet | None,
 ) -> None:
-    """No spare capacity: drain, replace the engine on the same GPUs, prove it;
-    on failure restore the exact prior release for this group."""
+    """No spare capacity: drain, replace the engine on the same GPUs, prove it
+    (and, with ``vet``, judge it before it admits again); on failure restore
+    the exact prior release and weights for this group."""
     store = sv.store
-    prior = pg.release_id
+    release_id = change.release
+    prior, prior_weights = pg.release_id, pg.artifact_digest
     left = await sv.drain({pg.id})
+    if vet is not None:
+        sv.routing.hold({pg.id})  # once replaced, only the gate's requests reach it
     try:
         with store.transaction():
             store.set_pg_release(pg.id, release_id)
+            if change.weights is not None:
+                store.set_pg_weights(pg.id, change.weights)
             store.restart_groups([pg.id])
         sv.apply()
         started = await sv.started(pg.id)
         cut = f" ({left} request(s) in flight were cut after the drain timeout)" if left else ""
-        if started.ready:
+        verdict = await vet(pg.id) if vet is not None and started.ready else None
+        out.gate = verdict
+        if started.ready and (verdict is None or verdict.passed):
             store.add_release_history(pg.service, pg.node_id, pg.id, release_id, event)
             out.outcome = UPGRADED
-            out.detail = f"replaced in place on the same GPUs and proven{cut}"
+            passed = f", passed the gate ({verdict.said})" if verdict is not None else ""
+            out.detail = f"replaced in place on the same GPUs and proven{passed}{cut}"
             return
+        why = started.why() if verdict is None else f"below the gate ({verdict.said})"
         with store.transaction():
             store.set_pg_release(pg.id, prior)
+            store.set_pg_weights(pg.id, prior_weights)
             store.restart_groups([pg.id])
+        sv.routing.unhold({pg.id})
         sv.apply()
         back = await sv.started(pg.id)
         if back.ready:
-            out.outcome = RESTORED
-            out.detail = f"{release_id} was {started.why()}; restored {prior}, serving again"
+            out.outcome = GATED if verdict is not None else RESTORED
+            out.detail = f"{out.to_release} was {why}; restored {out.from_release}, serving again"
         else:
             out.outcome = FAILED
             out.detail = (
-                f"{release_id} was {started.why()}; restored {prior}, which is {back.why()}"
+                f"{out.to_release} was {why}; restored {out.from_release}, which is {back.why()}"
             )
     finally:
+        sv.routing.unhold({pg.id})
         sv.routing.undrain({pg.id})
 
 
@@ -348,10 +453,16 @@ def _model(store: AuthorityStore, name: str) -> str:
             f"model {svc.name} is external (a provider): it runs no engine release to "
             "upgrade or roll back"
         )
+    canary = store.get_canary(svc.name)
+    if canary is not None:  # (its promotion finishes the upgrade; its abort ends it)
+        raise RolloutRefused(
+            f"model {svc.name} has a canary ({canary.pg_id}, {canary.change}): "
+            f"`letsinfer model promote {svc.name}` or `letsinfer model abort {svc.name}` first"
+        )
     return svc.name
 
 
-def _groups_on(store: AuthorityStore, model: str, nodes: list[str]) -> list[PlacementGroupRecord]:
+def groups_on(store: AuthorityStore, model: str, nodes: list[str]) -> list[PlacementGroupRecord]:
     groups = store.list_placement_groups(service=model)
     if not groups:
         raise RolloutRefused(f"model {model} has no placement groups (`letsinfer model install`)")
@@ -374,7 +485,7 @@ def upgrade_changes(
 ) -> tuple[str, list[Change]]:
     model = _model(sv.store, name)
     check_release(sv, release_id)
-    return model, [Change(pg, release_id) for pg in _groups_on(sv.store, model, nodes)]
+    return model, [Change(pg, release_id) for pg in groups_on(sv.store, model, nodes)]
 
 
 def retained(history: list[ReleaseHistoryRecord]) -> list[str]:
@@ -407,13 +518,13 @@ def rollback_changes(
             )
         check_release(sv, to)
     changes, skipped = [], []
-    for pg in _groups_on(store, model, nodes):
+    for pg in groups_on(store, model, nodes):
         target = to or previous_release(history, pg)
         if target is None:
             skipped.append(
                 GroupOutcome(
                     pg.id,
-                    _node_name(store, pg.node_id),
+                    node_name(store, pg.node_id),
                     pg.release_id,
                     pg.release_id,
                     SKIPPED,

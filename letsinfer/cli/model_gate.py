@@ -1,0 +1,143 @@
+"""``letsinfer model gate``: the suite and score a model's updates and
+upgrades must reach before its new weights or release serve (docs/models.md,
+"Gates"); and the ``--eval S --min-score X`` options that give a gate to one
+``model update`` or ``model upgrade``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+
+from letsinfer.audit.anchor import open_authority
+from letsinfer.cli.model import model
+from letsinfer.cli.output import console, emit_object
+from letsinfer.cli.scope import CliContext, scoped
+from letsinfer.evals.gate import check_min_score, read_spec
+from letsinfer.evals.suite import SuiteError, builtin_names
+
+_MIN_SCORE = click.FloatRange(0.0, 1.0)
+
+
+def gate_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """`--eval S --min-score X`: this command's gate (instead of the model's own)."""
+    suite = click.option(
+        "--eval",
+        "eval_suite",
+        metavar="FILE|NAME",
+        help="Before any group leaves (with --canary: before the canary takes its share), "
+        "run this eval suite against the first new group while it takes no client's "
+        "request; below --min-score it is removed, the old serves on and the command "
+        "exits 1 (default: the model's gate, `model gate`).",
+    )
+    score = click.option(
+        "--min-score",
+        type=_MIN_SCORE,
+        metavar="X",
+        help="The score (0 to 1) the --eval suite must reach.",
+    )
+    return suite(score(command))
+
+
+def given_gate(eval_suite: str | None, min_score: float | None) -> dict[str, Any] | None:
+    """The gate to send with the request (the suite file read now), or None."""
+    if eval_suite is None and min_score is None:
+        return None
+    if eval_suite is None or min_score is None:
+        raise click.UsageError("--eval and --min-score go together")
+    try:
+        spec = read_spec(eval_suite, min_score)
+    except SuiteError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--eval'") from None
+    return {"suite": spec.suite, "min_score": spec.min_score, "text": spec.text}
+
+
+@scoped(model, "gate", scope="main")
+@click.argument("name")
+@click.option(
+    "--suite",
+    metavar="FILE|NAME",
+    help="The eval suite new weights or releases must pass: a suite file (read by the "
+    f"main's service at each update) or a built-in suite: {', '.join(builtin_names())}.",
+)
+@click.option("--min-score", type=_MIN_SCORE, metavar="X", help="The score (0 to 1) to reach.")
+@click.option("--clear", is_flag=True, help="Remove the model's gate.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+def gate(
+    ctx: CliContext,
+    name: str,
+    suite: str | None,
+    min_score: float | None,
+    clear: bool,
+    as_json: bool,
+) -> None:
+    """Show, set (--suite S --min-score X) or clear (--clear) a model's gate: every
+    `model update` and `model upgrade` first runs the suite against the first new
+    group, which takes no client's request meanwhile; below the score it is
+    removed, the old keeps serving, and the command exits 1. A canary
+    (--canary) is judged before it takes its share, and again by `model
+    promote`: below the score the promotion is refused and the canary stays
+    as it was (`model abort` removes it). Each run is audited with its score
+    (`letsinfer audit list`, `letsinfer eval runs`)."""
+    setting = suite is not None or min_score is not None
+    if clear and setting:
+        raise click.UsageError("--clear takes no --suite or --min-score")
+    if setting and (suite is None or min_score is None):
+        raise click.UsageError("--suite and --min-score go together")
+    if setting:
+        assert suite is not None and min_score is not None
+        try:
+            check_min_score(min_score)
+            spec = read_spec(suite, min_score)
+        except SuiteError as exc:
+            raise click.BadParameter(str(exc), param_hint="'--suite'") from None
+    store = open_authority(ctx.home)
+    try:
+        svc = store.resolve_service(name)
+        if svc is None:
+            raise click.ClickException(f"no model {name!r} (see `letsinfer model list`)")
+        if svc.external:
+            raise click.ClickException(f"model {svc.name} is external: it has no weights to gate")
+        if clear:
+            with store.transaction():
+                cleared = store.clear_gate(svc.name)
+                if cleared:
+                    store.append_audit("cli", "model.gate.clear", "ok", target=svc.name)
+            if not as_json:
+                said = "cleared" if cleared else "had none; nothing changed"
+                console.print(f"gate of {svc.name}: {said}", highlight=False)
+        elif setting:
+            with store.transaction():
+                store.set_gate(svc.name, spec.suite, spec.min_score, "cli")
+                store.append_audit(
+                    "cli",
+                    "model.gate.set",
+                    "ok",
+                    target=svc.name,
+                    detail=f"suite={spec.suite} min_score={spec.min_score:g}"[:1000],
+                )
+        kept = store.get_gate(svc.name)
+    finally:
+        store.close()
+    shown: dict[str, Any] = {
+        "model": svc.name,
+        "suite": kept.suite if kept else None,
+        "min_score": kept.min_score if kept else None,
+        "set_at": datetime.fromtimestamp(kept.set_at, UTC).isoformat(timespec="seconds")
+        if kept
+        else None,
+    }
+    if as_json:
+        emit_object(shown)
+    elif kept is None:
+        if not clear:
+            console.print(f"model {svc.name} has no gate", highlight=False)
+    else:
+        console.print(
+            f"gate of {svc.name}: suite {kept.suite}, min score {kept.min_score:g} "
+            f"(set {shown['set_at']})",
+            highlight=False,
+        )
