@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from letsinfer.engines.tinymodel import write_tiny_model
 from tests.cluster import PY, Cluster
 from tests.netlab import NetLab, can_make_namespaces
 
@@ -201,6 +202,23 @@ print(r.headers["x-request-id"])
         assert nodes(on_ws(c, *look, "node", "list", "--all", "--json").stdout) == nodes(
             c.ok("main", "node", "list", "--all", "--json"))  # fmt: skip
 
+        # cluster status (viewer): the same JSON.
+        def cluster_json(shown: str) -> dict[str, Any]:
+            seen = json.loads(shown)
+            return {**seen, "nodes": nodes(json.dumps(seen["nodes"]))}
+
+        assert cluster_json(on_ws(c, *look, "cluster", "status", "--json").stdout) == (
+            cluster_json(c.ok("main", "cluster", "status", "--json")))  # fmt: skip
+
+        # model add (operator) of a file already on the main: nothing is uploaded.
+        on_main = write_tiny_model(c.root / "on-main.gguf")
+        added = on_ws(c, "model", "add", "from-ws", "--gguf", str(on_main), "--no-serve")
+        assert added.returncode == 0, added.stderr
+        here = c.ok("main", "model", "add", "from-main", "--gguf", str(on_main), "--no-serve")
+        assert added.stdout.replace("from-ws", "from-main") == here
+        assert any(r["action"] == "model.add" and r["actor"] == "controller:op"
+                   for r in c.audit("main"))  # fmt: skip
+
         # model scale (operator) and model fallback (administrator): shown, set alike.
         assert on_ws(c, "model", "scale", "tiny", "--json").stdout == c.ok(
             "main", "model", "scale", "tiny", "--json")  # fmt: skip
@@ -255,7 +273,7 @@ def test_the_viewer_is_refused_before_sending_and_the_main_audits_it(cluster: Cl
     assert "nope" not in c.ok("main", "auth", "key", "list")
 
     # A command with no remote operation yet is refused here, nothing sent.
-    listed = on_ws(c, "--controller", "admin", "model", "stop", "tiny")
+    listed = on_ws(c, "--controller", "admin", "top")
     assert listed.returncode == 3
     assert "no operation in the admin API yet" in listed.stderr
     assert len(c.audit("main")) == len(records) + before

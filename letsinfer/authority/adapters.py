@@ -261,3 +261,28 @@ def free_unused(store: AuthorityStore, model_store: Path, digest: str) -> bool:
         path.unlink()
         return True
     return False
+
+
+def adapter_rows(store: AuthorityStore, model: str | None) -> list[dict[str, object]]:
+    """`model adapter list --json`: the adapters (of ``model`` only, when
+    given; StoreError when it names none), on the main and through the admin
+    API alike."""
+    from datetime import UTC, datetime
+
+    base = None
+    if model is not None:
+        svc = store.resolve_service(model)
+        if svc is None:
+            raise StoreError(f"no model {model!r}")
+        base = svc.name
+    return [
+        {
+            "name": a.name,
+            "model": a.service,
+            "sha256": a.artifact_digest,
+            "size": a.artifact_size,
+            "added": datetime.fromtimestamp(a.created_at, UTC).isoformat(timespec="seconds"),
+            "fallback": a.fallback,
+        }
+        for a in store.list_adapters(base)
+    ]

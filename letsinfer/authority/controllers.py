@@ -94,3 +94,12 @@ def pair(
     paired = store.get_controller(rec.id)
     assert paired is not None
     return paired, cert_pem
+
+
+def listed(store: AuthorityStore) -> list[dict[str, str]]:
+    """`auth controller list`: each controller's name, id, role and state
+    (on the main and, through the admin API, from a controller alike)."""
+    return [
+        {"name": c.name, "id": c.id, "role": c.role, "state": c.state}
+        for c in store.list_controllers()
+    ]

@@ -58,7 +58,7 @@ def desired_for_node(
             DesiredPlacement(
                 pg_id=pg.id,
                 service=svc.name,
-                artifact_digest=svc.artifact_digest,
+                artifact_digest=pg.artifact_digest or svc.artifact_digest,
                 release=release_of(rel),
                 engine_key=engine_keys.derive(secret, pg.id, task.task),
                 gpu_uuids=tuple(store.task_gpus(pg.id, task.task)),

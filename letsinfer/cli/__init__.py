@@ -72,7 +72,7 @@ COMMANDS: dict[str, tuple[tuple[str, ...], str]] = {
         "Nodes, their GPUs, the placement groups on them and their data links.",
     ),
     "up": (("up",), "Start this node in the foreground; Ctrl-C stops it and its engines."),
-    "usage": (("usage",), "Requests and tokens summed per API key, model, node or tag."),
+    "usage": (("usage",), "Requests and tokens summed per API key, model, node, tag or project."),
     "webhook": (("webhook",), "Signed webhooks (Standard Webhooks) sent on cluster events."),
     "user": (("user",), "Portal accounts: approve, suspend, remove, reset a password."),
     "project": (("project",), "Projects: members, models and the limits their keys share."),
@@ -195,9 +195,10 @@ class _Root(click.Group):
     group_class = _Group
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        if cmd_name not in self.commands and cmd_name in COMMANDS:
-            for module in COMMANDS[cmd_name][0]:
-                importlib.import_module(f"letsinfer.cli.{module}")  # registers on `cli`
+        # Every module, even when the command is there already: another import
+        # may have registered `auth` without `auth controller` (its own module).
+        for module in COMMANDS.get(cmd_name, ((), ""))[0]:
+            importlib.import_module(f"letsinfer.cli.{module}")  # registers on `cli`
         return self.commands.get(cmd_name)
 
     def list_commands(self, ctx: click.Context) -> list[str]:

@@ -8,10 +8,10 @@ import click
 
 from letsinfer.audit.anchor import open_authority
 from letsinfer.authority import lifecycle
-from letsinfer.authority.views import group_object, node_object, when
+from letsinfer.authority.views import cluster_object
 from letsinfer.cli import cli
-from letsinfer.cli.local import ask_node
 from letsinfer.cli.output import console, emit, emit_object
+from letsinfer.cli.remote import ask_main, call
 from letsinfer.cli.scope import CliContext, scoped
 from letsinfer.cli.shown import read_scene, read_store
 
@@ -22,10 +22,11 @@ def cluster() -> None:
 
 
 def _ask(ctx: CliContext, verb: str) -> dict[str, Any] | None:
-    return ask_node(ctx.home, "POST", f"/v1/ops/cluster/{verb}", timeout=None)
+    """The running main's answer, from a controller too; None: no node runs here."""
+    return ask_main(ctx, "POST", f"/v1/ops/cluster/{verb}", timeout=None)  # type: ignore[no-any-return]
 
 
-@scoped(cluster, "stop", scope="main")
+@scoped(cluster, "stop", scope="main", remote="operator")
 @click.pass_obj
 def stop(ctx: CliContext) -> None:
     """Refuse new requests (503 system_stopped), let those in flight finish,
@@ -50,7 +51,7 @@ def stop(ctx: CliContext) -> None:
         )
 
 
-@scoped(cluster, "start", scope="main")
+@scoped(cluster, "start", scope="main", remote="operator")
 @click.pass_obj
 def start(ctx: CliContext) -> None:
     """Start exactly the placement groups `cluster stop` stopped, and wait until
@@ -71,7 +72,7 @@ def start(ctx: CliContext) -> None:
         raise click.ClickException("some placement groups are not ready (above)")
 
 
-@scoped(cluster, "restart", scope="main")
+@scoped(cluster, "restart", scope="main", remote="operator")
 @click.pass_obj
 def restart(ctx: CliContext) -> None:
     """Restart every engine, node by node, one group at a time, each proven before
@@ -95,40 +96,27 @@ def restart(ctx: CliContext) -> None:
     console.print("cluster restarted")
 
 
-@scoped(cluster, "status", scope="main")
+@scoped(cluster, "status", scope="main", remote="viewer")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
 def status(ctx: CliContext, as_json: bool) -> None:
     """Whether the cluster runs or is stopped, and every node's placement groups."""
-    store = read_store(ctx.home)
-    try:
-        state = lifecycle.cluster_state(store)
-        scene = read_scene(ctx, store)
-        nodes = [
-            {
-                **node_object(scene, n),
-                "placement_groups": [
-                    group_object(store, scene, pg)
-                    for pg in store.list_placement_groups(node_id=n.id)
-                ],
-            }
-            for n in store.list_nodes()
-        ]
-    finally:
-        store.close()
-    info = {
-        "stopped": state.stopped,
-        "stopped_at": when(state.stopped_at),
-        "groups": state.groups,
-        "nodes": nodes,
-    }
+    if ctx.remote is not None:
+        info = call(ctx.remote, "GET", "/v1/ops/cluster")
+    else:
+        store = read_store(ctx.home)
+        try:
+            info = cluster_object(store, read_scene(ctx, store))
+        finally:
+            store.close()
+    nodes = info["nodes"]
     if as_json:
         emit_object(info)
         return
-    if state.stopped:
+    if info["stopped"]:
         console.print(
             f"cluster [red]stopped[/red] since {info['stopped_at']}; `letsinfer cluster start` "
-            f"restores {len(state.groups)} placement group(s)"
+            f"restores {len(info['groups'])} placement group(s)"
         )
     else:
         console.print("cluster [green]running[/green]")

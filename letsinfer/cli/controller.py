@@ -66,19 +66,23 @@ def controller_add(ctx: CliContext, role: str, name: str) -> None:
     )
 
 
-@scoped(auth_controller, "list", scope="main")
+@scoped(auth_controller, "list", scope="main", remote="viewer")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
 def controller_list(ctx: CliContext, as_json: bool) -> None:
     """Controllers with their role and state."""
-    store = open_authority(ctx.home)
-    try:
-        rows = [
-            {"name": c.name, "id": c.id, "role": c.role, "state": c.state}
-            for c in store.list_controllers()
-        ]
-    finally:
-        store.close()
+    if ctx.remote is not None:
+        from letsinfer.cli.remote import call
+
+        rows = call(ctx.remote, "GET", "/v1/ops/controllers")
+    else:
+        from letsinfer.authority.controllers import listed
+
+        store = open_authority(ctx.home)
+        try:
+            rows = listed(store)
+        finally:
+            store.close()
     emit(rows, ["name", "id", "role", "state"], as_json=as_json, title="controllers")
 
 

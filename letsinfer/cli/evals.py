@@ -10,20 +10,22 @@ field) or a model or group that does not exist.
 from __future__ import annotations
 
 import sys
-from datetime import UTC, datetime
-from typing import Any
+from urllib.parse import urlencode
 
 import click
 
 from letsinfer import config
 from letsinfer.audit.anchor import open_authority
 from letsinfer.cli import cli
+from letsinfer.cli.local import segment
 from letsinfer.cli.output import console, emit, emit_object
+from letsinfer.cli.remote import call
 from letsinfer.cli.scope import CliContext, scoped
 from letsinfer.evals.key import eval_key
 from letsinfer.evals.runner import KEY_WAIT_S, EvalError, Gateway, Run, run_suite
+from letsinfer.evals.shown import case_row, no_run, run_row, run_shown
 from letsinfer.evals.suite import SuiteError, builtin_names, load
-from letsinfer.store.evals import EvalCaseRecord, EvalRunRecord
+from letsinfer.store.evals import EvalCaseRecord
 
 
 class _EvalGroup(click.Group):
@@ -41,39 +43,6 @@ def eval_() -> None:
     """Eval suites: run one against a model through the gateway, list and show runs.
 
     `letsinfer eval MODEL --suite FILE|NAME` runs a suite (see `eval run`)."""
-
-
-def _when(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
-
-
-def _run_row(r: EvalRunRecord) -> dict[str, Any]:
-    return {
-        "run": r.id,
-        "started": _when(r.started_at),
-        "model": r.model,
-        "group": r.pg,
-        "suite": r.suite,
-        "cases": r.cases,
-        "score": round(r.score, 4),
-        "threshold": r.threshold,
-        "passed": r.passed,
-    }
-
-
-def _case_row(c: EvalCaseRecord) -> dict[str, Any]:
-    return {
-        "case": c.index,
-        "name": c.name,
-        "scorer": c.scorer,
-        "weight": c.weight,
-        "score": round(c.score, 4),
-        "note": c.note,
-        "request_id": c.request_id,
-        "status": c.status,
-        "answer": c.answer,
-        "duration_ms": c.duration_ms,
-    }
 
 
 _CASE_COLUMNS = ["case", "name", "scorer", "weight", "score", "note", "request_id"]
@@ -148,7 +117,7 @@ def run(ctx: CliContext, model: str, suite_name: str, group: str | None, as_json
     _keep(ctx, done)
     r = done.record
     if as_json:
-        emit_object({**_run_row(r), "cases": [_case_row(c) for c in done.cases]})
+        emit_object({**run_row(r), "cases": [case_row(c) for c in done.cases]})
     else:
         verdict = "passed" if r.passed else "FAILED"
         console.print(
@@ -175,7 +144,7 @@ def _keep(ctx: CliContext, done: Run) -> None:
         store.close()
 
 
-@scoped(eval_, "runs", scope="main")
+@scoped(eval_, "runs", scope="main", remote="viewer")
 @click.option("--model", help="Only runs against this model.")
 @click.option(
     "--limit",
@@ -188,36 +157,44 @@ def _keep(ctx: CliContext, done: Run) -> None:
 @click.pass_obj
 def runs(ctx: CliContext, model: str | None, limit: int, as_json: bool) -> None:
     """The eval runs kept, the latest first."""
-    store = open_authority(ctx.home)
-    try:
-        rows = [_run_row(r) for r in store.list_eval_runs(model, limit)]
-    finally:
-        store.close()
+    if ctx.remote is not None:
+        query = urlencode({"limit": limit, **({"model": model} if model else {})})
+        rows = call(ctx.remote, "GET", f"/v1/ops/evals?{query}")
+    else:
+        store = open_authority(ctx.home)
+        try:
+            rows = [run_row(r) for r in store.list_eval_runs(model, limit)]
+        finally:
+            store.close()
     columns = ["run", "started", "model", "group", "suite", "cases", "score", "threshold", "passed"]
     emit(rows, columns, as_json=as_json, title="eval runs")
 
 
-@scoped(eval_, "show", scope="main")
+@scoped(eval_, "show", scope="main", remote="viewer")
 @click.argument("run_id", metavar="RUN")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
 def show(ctx: CliContext, run_id: str, as_json: bool) -> None:
     """One eval run and each of its cases (RUN: its id, or the start of it)."""
-    store = open_authority(ctx.home)
-    try:
-        found = store.get_eval_run(run_id)
-    finally:
-        store.close()
-    if found is None:
-        raise click.ClickException(f"no eval run {run_id!r} (see `letsinfer eval runs`)")
-    r, cases = found
+    if ctx.remote is not None:
+        shown = call(ctx.remote, "GET", f"/v1/ops/evals/{segment(run_id)}")
+    else:
+        store = open_authority(ctx.home)
+        try:
+            found = store.get_eval_run(run_id)
+        finally:
+            store.close()
+        if found is None:
+            raise click.ClickException(no_run(run_id))
+        shown = run_shown(*found)
+    run, cases = shown["run"], shown["cases"]
     if as_json:
-        emit_object({**_run_row(r), "source": r.source, "cases": [_case_row(c) for c in cases]})
+        emit_object({**run, "cases": cases})
         return
     emit(
-        [{"field": k, "value": v} for k, v in {**_run_row(r), "source": r.source}.items()],
+        [{"field": k, "value": v} for k, v in run.items()],
         ["field", "value"],
         as_json=False,
-        title=f"eval run {r.id}",
+        title=f"eval run {run['run']}",
     )
-    emit([_case_row(c) for c in cases], _CASE_COLUMNS, as_json=False, title="cases")
+    emit(cases, _CASE_COLUMNS, as_json=False, title="cases")

@@ -83,30 +83,43 @@ def list_mirror(ctx: CliContext, show_bundles: bool, as_json: bool) -> None:
     )
 
 
-@scoped(mirror, "unused", scope="main")
+@scoped(mirror, "unused", scope="main", remote="viewer")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
 def list_unused(ctx: CliContext, as_json: bool) -> None:
     """Artifacts no model service or runtime release refers to (safe to remove)."""
-    with refusals():
-        # Both sources must be readable: a guess here would lead to a wrong removal.
-        catalog = read_catalog(MirrorLayout.for_home(ctx.home))
-        references = authority_references(ctx.home.database)
-    found = unused(catalog, references)
+    if ctx.remote is not None:
+        from letsinfer.cli.remote import call
+
+        rows = call(ctx.remote, "GET", "/v1/ops/mirror/unused")
+        found = [ArtifactRecord.model_validate(r) for r in rows]
+    else:
+        with refusals():
+            # Both sources must be readable: a guess here would lead to a wrong removal.
+            catalog = read_catalog(MirrorLayout.for_home(ctx.home))
+            references = authority_references(ctx.home.database)
+        found = unused(catalog, references)
     _show_artifacts(found, as_json, "unused artifacts")
     if not as_json and found:
         click.echo(f"{len(found)} unused, {sum(a.size for a in found) / 1e6:.1f} MB")
 
 
-@scoped(mirror, "remove", scope="main")
+@scoped(mirror, "remove", scope="main", remote="administrator")
 @click.argument("digest")
 @click.pass_obj
 def remove(ctx: CliContext, digest: str) -> None:
     """Remove one artifact (sha256 or a unique prefix); refused while anything refers to it."""
-    with refusals():
-        references = authority_references(ctx.home.database)
-        removed = remove_artifact(MirrorLayout.for_home(ctx.home), digest, references)
-    audit_on_main(ctx, "mirror.remove", f"sha256:{removed.digest}", ", ".join(removed.names))
+    if ctx.remote is not None:
+        from letsinfer.cli.remote import call
+
+        removed = ArtifactRecord.model_validate(
+            call(ctx.remote, "POST", "/v1/ops/mirror/remove", {"digest": digest})
+        )
+    else:
+        with refusals():
+            references = authority_references(ctx.home.database)
+            removed = remove_artifact(MirrorLayout.for_home(ctx.home), digest, references)
+        audit_on_main(ctx, "mirror.remove", f"sha256:{removed.digest}", ", ".join(removed.names))
     click.echo(f"removed sha256:{brief(removed.digest, 16)} ({', '.join(removed.names)})")
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from letsinfer.authority.views import adapter_refusal, model_object, shown_model
+from letsinfer.authority.views import adapter_named, model_object, shown_model
 from letsinfer.cli import LazyGroup, cli
 from letsinfer.cli.model_external import (
     show_external,
@@ -16,11 +16,15 @@ from letsinfer.cli.shown import read_scene, read_store
 # Each subcommand's module, imported when that subcommand is looked up: `model
 # list` loads none of what adds, places or pulls models.
 SUBCOMMANDS = {
+    "abort": "model_canary",
     "add": "model_add",
     "adapter": "model_adapter",
+    "canary": "model_canary",
     "fallback": "model_fallback",
+    "gate": "model_gate",
     "install": "model_install",
     "plan": "model_plan",
+    "promote": "model_canary",
     "pull": "model_pull",
     "remove": "model_lifecycle",
     "resume": "model_state",
@@ -28,6 +32,7 @@ SUBCOMMANDS = {
     "scale": "model_scale",
     "start": "model_state",
     "stop": "model_state",
+    "update": "model_update",
     "upgrade": "model_lifecycle",
 }
 
@@ -91,11 +96,11 @@ def refuse_adapter_name(ctx: CliContext, name: str, verb: str) -> None:
     only say there is no such model)."""
     store = read_store(ctx.home)
     try:
-        why = adapter_refusal(store, name)
+        why = adapter_named(store, name, verb)
     finally:
         store.close()
     if why is not None:
-        raise click.ClickException(f"{why} (`letsinfer model {verb}` takes its base model)")
+        raise click.ClickException(why)
 
 
 @scoped(model, "show", scope="main", remote="viewer")
@@ -147,3 +152,14 @@ def show(ctx: CliContext, name: str, as_json: bool) -> None:
     kept = list(dict.fromkeys(h["release"] for h in info["releases"]))
     if kept:
         console.print(f"releases it ran (rollback targets): {', '.join(kept)}", highlight=False)
+    ran = list(
+        dict.fromkeys(
+            (w["commit"] or "")[:12] or f"sha256:{w['sha256'][:12]}"
+            for w in info.get("weights", [])  # (.get: a main of an earlier release)
+        )
+    )
+    if ran:
+        console.print(f"weights it ran (rollback --weights): {', '.join(ran)}", highlight=False)
+    if info.get("gate"):
+        gate = info["gate"]
+        console.print(f"gate: {gate['suite']}, min score {gate['min_score']:g}", highlight=False)

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import click
 
 from letsinfer.audit.anchor import open_authority
-from letsinfer.authority.adapters import add_adapter, remove_adapter
+from letsinfer.authority.adapters import adapter_rows, add_adapter, remove_adapter
 from letsinfer.cli.local import ask_node, segment
 from letsinfer.cli.model import model
 from letsinfer.cli.output import console, emit
+from letsinfer.cli.remote import call
 from letsinfer.cli.scope import CliContext, scoped
 
 
@@ -32,6 +33,12 @@ def _reload(ctx: CliContext, base: str) -> None:
             store.unpin_adapters([pg.id for pg in store.list_placement_groups(service=base)])
         finally:
             store.close()
+    _said_reload(base, answer)
+
+
+def _said_reload(base: str, answer: dict[str, Any] | None) -> None:
+    """What the groups' reload said (None: no node runs on the main)."""
+    if answer is None:
         console.print(f"no node runs here: {base}'s groups load it when the node starts")
         return
     for g in answer["placement_groups"]:
@@ -45,7 +52,7 @@ def _reload(ctx: CliContext, base: str) -> None:
         )
 
 
-@scoped(adapter, "add", scope="main")
+@scoped(adapter, "add", scope="main", remote="operator")
 @click.argument("model_name", metavar="MODEL")
 @click.argument("name")
 @click.option(
@@ -53,52 +60,55 @@ def _reload(ctx: CliContext, base: str) -> None:
     "gguf_path",
     required=True,
     type=click.Path(path_type=Path),
-    help="The adapter as a LoRA GGUF (llama.cpp's convert_lora_to_gguf.py writes one).",
+    help="The adapter as a LoRA GGUF (llama.cpp's convert_lora_to_gguf.py writes one). "
+    "From a paired controller: the absolute path of a file on the main, under its model "
+    "store, its mirror or a directory [control] add_from lists (nothing is uploaded).",
 )
 @click.pass_obj
 def add(ctx: CliContext, model_name: str, name: str, gguf_path: Path) -> None:
     """Add a LoRA adapter of MODEL, served as the model NAME. Refused unless it
     fits MODEL's architecture and tensors. MODEL's groups restart one at a
     time to load it."""
+    if ctx.remote is not None:
+        done = call(
+            ctx.remote,
+            "POST",
+            f"/v1/ops/models/{segment(model_name)}/adapters",
+            {"name": name, "gguf": str(gguf_path)},
+            timeout=None,
+        )
+        _said_added(done["adapter"], done["model"], done["sha256"])
+        _said_reload(done["model"], done["reload"])
+        return
     store = open_authority(ctx.home)
     try:
         made = add_adapter(store, ctx.home.model_store, model_name, name, gguf_path.expanduser())
     finally:
         store.close()
-    console.print(
-        f"added LoRA adapter [bold]{made.name}[/bold] of {made.service} "
-        f"(sha256:{made.artifact_digest[:12]})"
-    )
+    _said_added(made.name, made.service, made.artifact_digest)
     _reload(ctx, made.service)
 
 
-@scoped(adapter, "list", scope="main")
+def _said_added(name: str, base: str, digest: str) -> None:
+    console.print(f"added LoRA adapter [bold]{name}[/bold] of {base} (sha256:{digest[:12]})")
+
+
+@scoped(adapter, "list", scope="main", remote="viewer")
 @click.argument("model_name", metavar="[MODEL]", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
 def list_adapters(ctx: CliContext, model_name: str | None, as_json: bool) -> None:
     """List LoRA adapters (of MODEL only, when given)."""
-    store = open_authority(ctx.home)
-    try:
-        base = None
-        if model_name is not None:
-            svc = store.resolve_service(model_name)
-            if svc is None:
-                raise click.ClickException(f"no model {model_name!r}")
-            base = svc.name
-        rows: list[dict[str, Any]] = [
-            {
-                "name": a.name,
-                "model": a.service,
-                "sha256": a.artifact_digest,
-                "size": a.artifact_size,
-                "added": datetime.fromtimestamp(a.created_at, UTC).isoformat(timespec="seconds"),
-                "fallback": a.fallback,
-            }
-            for a in store.list_adapters(base)
-        ]
-    finally:
-        store.close()
+    rows: list[dict[str, Any]]
+    if ctx.remote is not None:
+        query = f"?{urlencode({'model': model_name})}" if model_name is not None else ""
+        rows = call(ctx.remote, "GET", f"/v1/ops/adapters{query}")
+    else:
+        store = open_authority(ctx.home)
+        try:
+            rows = adapter_rows(store, model_name)
+        finally:
+            store.close()
     if as_json:
         emit(rows, [], as_json=True)
         return
@@ -110,20 +120,29 @@ def list_adapters(ctx: CliContext, model_name: str | None, as_json: bool) -> Non
     )
 
 
-@scoped(adapter, "remove", scope="main")
+@scoped(adapter, "remove", scope="main", remote="operator")
 @click.argument("name")
 @click.pass_obj
 def remove(ctx: CliContext, name: str) -> None:
     """Remove a LoRA adapter: requests naming it get 404 at once (its base
     model's groups then restart one at a time without it)."""
+    if ctx.remote is not None:
+        done = call(ctx.remote, "POST", f"/v1/ops/adapters/{segment(name)}/remove", timeout=None)
+        _said_removed(done["adapter"], done["model"], done["narrowed"])
+        _said_reload(done["model"], done["reload"])
+        return
     store = open_authority(ctx.home)
     try:
         gone, narrowed = remove_adapter(store, ctx.home.model_store, name)
     finally:
         store.close()
-    console.print(f"removed LoRA adapter [bold]{gone.name}[/bold] of {gone.service}")
+    _said_removed(gone.name, gone.service, narrowed)
+    _reload(ctx, gone.service)
+
+
+def _said_removed(name: str, base: str, narrowed: list[str]) -> None:
+    console.print(f"removed LoRA adapter [bold]{name}[/bold] of {base}")
     if narrowed:
         console.print(
             f"  dropped from the model lists of API keys: {', '.join(narrowed)}", highlight=False
         )
-    _reload(ctx, gone.service)

@@ -10,25 +10,21 @@ from typing import Any
 
 import click
 
-from letsinfer import config
-from letsinfer.audit.anchor import open_authority
+from letsinfer.admission import gguf
+from letsinfer.admission.gguf import fit_text
 from letsinfer.authority import install as install_mod
-from letsinfer.authority.models import FirstGroup, add_gguf_model
 from letsinfer.cli.model import model
 from letsinfer.cli.model_external import (
     add_external,
     external_options,
 )
 from letsinfer.cli.model_scale import checked_policy, said_policy, scale_options
-from letsinfer.cli.output import console
+from letsinfer.cli.remote import NoRemoteOperation, call
+from letsinfer.cli.said import replay, say_here
 from letsinfer.cli.scope import CliContext, scoped
-from letsinfer.engines import releases
-from letsinfer.engines.binary import BinaryError
-from letsinfer.fit.estimate import size_text
-from letsinfer.fit.shape import ShapeError, read_shape
-from letsinfer.lifecycle.door import Door, prover
-from letsinfer.release import runtime
-from letsinfer.store import ServiceRecord, StoreError
+from letsinfer.store import ServiceRecord
+
+__all__ = ["Where", "admit_gguf", "fit_text", "placement_options", "show_plan"]
 
 # Where a model goes: `model add`, `pull`, `install` and `plan` ask it alike.
 target_option = click.option(
@@ -60,12 +56,8 @@ def placement_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 @dataclass(frozen=True)
-class Where:
+class Where(gguf.Where):
     """What `--node`, `--target` and `--gpus` asked for."""
-
-    nodes: tuple[str, ...] = ()
-    target: str = "auto"
-    gpus: int = 1
 
     def refuse_on_demand(self) -> None:
         if self != Where():
@@ -79,13 +71,15 @@ class Where:
             raise click.UsageError("--node, --target and --gpus place a model; --no-serve does not")
 
 
-@scoped(model, "add", scope="main")
+@scoped(model, "add", scope="main", remote="operator")
 @click.argument("name")
 @click.option(
     "--gguf",
     "gguf_path",
     type=click.Path(path_type=Path),
-    help="A local GGUF file; it is checked and copied into the model store.",
+    help="A local GGUF file; it is checked and copied into the model store. From a "
+    "paired controller: the absolute path of a file on the main, under its model store, "
+    "its mirror or a directory [control] add_from lists (nothing is uploaded).",
 )
 @click.option("--alias", "aliases", multiple=True, help="Another name clients may use.")
 @click.option(
@@ -144,6 +138,11 @@ def add_model(
     )
     if (gguf_path is None) == (external["url"] is None):
         raise click.UsageError("give exactly one of --gguf FILE or --external URL")
+    if ctx.remote is not None and external["url"] is not None:
+        raise NoRemoteOperation(
+            "`model add --external` has no operation in the admin API yet (its key file "
+            "would have to travel); nothing was sent. Run it on the main itself."
+        )
     if external["url"] is not None:
         if engine or no_serve or where != Where() or scale:
             raise click.UsageError(
@@ -161,16 +160,36 @@ def add_model(
     on_demand = scale.get("min_groups") == 0
     if on_demand:
         where.refuse_on_demand()
-    admit_gguf(
-        ctx,
-        name,
-        gguf_path.expanduser(),
-        aliases,
-        engine,
-        no_serve or on_demand,
-        where,
-        fallback=fallback,
-    )
+    if ctx.remote is not None:  # a file the main has: nothing is uploaded
+        answer = call(
+            ctx.remote,
+            "POST",
+            "/v1/ops/models/add",
+            {
+                "name": name,
+                "gguf": str(gguf_path),
+                "aliases": list(aliases),
+                "engine": engine,
+                "no_serve": no_serve or on_demand,
+                "fallback": fallback,
+                "nodes": list(nodes),
+                "target": target,
+                "gpus": gpus,
+            },
+            timeout=None,
+        )
+        replay(answer["said"])
+    else:
+        admit_gguf(
+            ctx,
+            name,
+            gguf_path.expanduser(),
+            aliases,
+            engine,
+            no_serve or on_demand,
+            where,
+            fallback=fallback,
+        )
     said_policy(ctx, name, scale)
 
 
@@ -185,120 +204,27 @@ def admit_gguf(
     origin: dict[str, Any] | None = None,
     fallback: str | None = None,
 ) -> ServiceRecord:
-    """The one way a model file enters the model store and the authority: `model
-    add --gguf` and `model pull` (with the file's ``origin``) both come here.
-    Unless ``no_serve``, the install planner places it (where it fits) before
-    any engine loads it; where it fits nowhere, nothing changes."""
+    """The one way a model file enters the model store and the authority
+    (letsinfer.admission.gguf), from the CLI on the main."""
     assert ctx.identity is not None  # the scope check guarantees an identity
-    identity = ctx.identity
-    settings = config.load(ctx.home.config_file)
     try:
-        release = releases.for_engine_kind(
-            engine or settings.engine.kind, settings.engine.llama_server_binary
-        )
-    except BinaryError as exc:
-        raise click.ClickException(
-            f"cannot release the llama-server binary: {exc}. Nothing changed."
-        ) from exc
-    store = open_authority(ctx.home)
-    refused: list[StoreError] = []  # the planner's own refusal (said with "Nothing changed.")
-
-    def place(path: Path) -> list[FirstGroup]:
-        try:
-            shape = read_shape(path)
-        except ShapeError as exc:
-            refused.append(
-                StoreError(
-                    f"{exc}: cannot check whether {name} fits anywhere "
-                    "(--no-serve registers it without placing it)"
-                )
-            )
-            raise refused[-1] from exc
-        req = install_mod.InstallRequest(
-            service=name,
-            nodes=where.nodes or (identity.name,),
-            target=where.target,
-            gpus=where.gpus,
-            engine=engine or settings.engine.kind,
-            llama_server_binary=settings.engine.llama_server_binary,
-            shape=shape,
-            context=settings.engine.context,
-            slots=settings.engine.parallel,
-        )
-        found = install_mod.plan_groups(
-            store, req, settings.control.node_stale_after_s, identity.node_id
-        )
-        show_plan(found)
-        if not found.placements:
-            reasons = "; ".join(f"{n}: {w}" for n, w in found.skipped)
-            refused.append(StoreError(f"no node can take model {name!r} ({reasons})"))
-            raise refused[-1]
-        return [
-            FirstGroup(p.node.id, p.release, runtime.sign(ctx.home, p.release), p.gpus)
-            for p in found.placements
-        ]
-
-    try:
-        svc, pgs = add_gguf_model(
-            store,
-            ctx.home.model_store,
+        return gguf.admit_gguf(
+            ctx.home,
+            ctx.identity,
+            say_here,
             name,
             gguf_path,
-            release=release,
-            place=None if no_serve else place,
-            aliases=aliases,
-            release_signature=runtime.sign(ctx.home, release),
+            aliases,
+            engine,
+            no_serve,
+            where,
             origin=origin,
-            prove=prover(
-                release,
-                Door(
-                    threads=settings.engine.threads,
-                    ready_timeout_s=settings.engine.ready_timeout_s,
-                    ports=(settings.engine.port_first, settings.engine.port_last),
-                ),
-            ),
             fallback=fallback,
         )
-        nodes = {n.id: n.name for n in store.list_nodes()}
-    except StoreError as exc:
-        if exc not in refused:
-            raise
-        raise click.ClickException(f"{exc}. Nothing changed.") from exc
-    finally:
-        store.close()
-    where_text = (
-        "; ".join(
-            f"placement group {pg.id} on {nodes.get(pg.node_id, pg.node_id)} with {pg.release_id}"
-            for pg in pgs
-        )
-        if pgs
-        else "not placed yet (`letsinfer model install`)"
-    )
-    console.print(
-        f"added model [bold]{svc.name}[/bold] (sha256:{svc.artifact_digest[:12]}, "
-        f"{svc.artifact_size / 1e6:.1f} MB); {where_text}"
-    )
-    return svc
+    except gguf.Refused as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 def show_plan(plan: install_mod.InstallPlan) -> None:
     """Each placement a plan makes, and each node it skips with why."""
-    for p in plan.placements:
-        gpus_text = f" on {', '.join(p.gpus)}" if p.gpus else ""
-        note = f" (replaces {p.replaces})" if p.replaces else ""
-        fit = f", needs {fit_text(p)}" if p.need else ""
-        console.print(
-            f"  [green]install[/green] {p.node.name}: {p.release.id}{gpus_text}{fit}{note}"
-        )
-    for node_name, why in plan.skipped:
-        console.print(f"  [yellow]skip[/yellow]    {node_name}: {why}")
-
-
-def fit_text(p: install_mod.Placement) -> str:
-    assert p.need is not None
-    where = (
-        f"per GPU of {len(p.gpus)}"
-        if len(p.gpus) > 1
-        else ("of GPU memory" if p.gpus else "of RAM")
-    )
-    return f"{size_text(p.need.on(max(len(p.gpus), 1)))} {where}"
+    gguf.show_plan(say_here, plan)

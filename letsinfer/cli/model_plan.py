@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any
+from urllib.parse import urlencode
 
 import click
 
 from letsinfer import config
+from letsinfer.admission.plan import planned
 from letsinfer.audit.anchor import open_authority
-from letsinfer.authority import install as install_mod
+from letsinfer.cli.local import segment
 from letsinfer.cli.model import model
-from letsinfer.cli.model_add import fit_text, gpus_option, target_option
-from letsinfer.cli.model_install import install_request
+from letsinfer.cli.model_add import gpus_option, target_option
 from letsinfer.cli.output import console, emit
+from letsinfer.cli.remote import call
 from letsinfer.cli.scope import CliContext, scoped
 
 
-@scoped(model, "plan", scope="main")
+@scoped(model, "plan", scope="main", remote="viewer")
 @click.argument("name")
 @target_option
 @gpus_option
@@ -33,55 +34,36 @@ def plan(
 ) -> None:
     """For every active node: whether the model fits, on which GPUs, with which runtime
     release, and why a node is skipped. The same planner as `model install`."""
-    assert ctx.identity is not None
-    settings = config.load(ctx.home.config_file)
-    store = open_authority(ctx.home)
-    try:
-        nodes = tuple(n.name for n in store.list_nodes() if n.state == "active")
-        req = install_request(ctx, store, settings, name, nodes, target, gpus, (), engine)
-        found = install_mod.plan(
-            store, req, settings.control.node_stale_after_s, ctx.identity.node_id
-        )
-    finally:
-        store.close()
-    rows: list[dict[str, Any]] = []
-    for p in found.placements:
-        rows.append(
-            {
-                "node": p.node.name,
-                "fits": True,
-                "target": p.release.target,
-                "gpus": list(p.gpus),
-                "release": p.release.id,
-                "needs": p.need.to_json(max(len(p.gpus), 1)) if p.need else None,
-                "replaces": p.replaces,
-                "reason": None,
-            }
-        )
-    for node_name, why in found.skipped:
-        rows.append(
-            {
-                "node": node_name,
-                "fits": False,
-                "target": None,
-                "gpus": [],
-                "release": None,
-                "needs": None,
-                "replaces": None,
-                "reason": why,
-            }
-        )
-    rows.sort(key=lambda r: r["node"])
+    if ctx.remote is not None:
+        asked = {"target": target, "gpus": gpus, **({"engine": engine} if engine else {})}
+        query = urlencode(asked)
+        shown = call(ctx.remote, "GET", f"/v1/ops/models/{segment(name)}/plan?{query}")
+    else:
+        assert ctx.identity is not None
+        store = open_authority(ctx.home)
+        try:
+            shown = planned(
+                store,
+                ctx.home.model_store,
+                config.load(ctx.home.config_file),
+                ctx.identity.node_id,
+                name,
+                target,
+                gpus,
+                engine,
+            )
+        finally:
+            store.close()
+    rows = shown["nodes"]
     if as_json:
         emit(rows, [], as_json=True)
         return
-    console.print(f"[bold]{found.service}[/bold]: {len(found.placements)} of {len(rows)} node(s)")
-    by_node = {p.node.name: p for p in found.placements}
+    fitting = [r for r in rows if r["fits"]]
+    console.print(f"[bold]{shown['model']}[/bold]: {len(fitting)} of {len(rows)} node(s)")
     for r in rows:
         if r["fits"]:
-            p = by_node[r["node"]]
-            gpus_text = f" on {', '.join(p.gpus)}" if p.gpus else ""
-            fit = f", needs {fit_text(p)}" if p.need else ""
+            gpus_text = f" on {', '.join(r['gpus'])}" if r["gpus"] else ""
+            fit = f", needs {shown['fits'][r['node']]}" if r["node"] in shown["fits"] else ""
             console.print(f"  [green]fits[/green]  {r['node']}: {r['release']}{gpus_text}{fit}")
         else:
             console.print(f"  [yellow]skip[/yellow]  {r['node']}: {r['reason']}")

@@ -3,6 +3,8 @@ groups run."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from letsinfer import config
@@ -10,9 +12,10 @@ from letsinfer.audit.anchor import open_authority
 from letsinfer.authority import lifecycle
 from letsinfer.authority.links import ResumeRefused, resume_model
 from letsinfer.cli import settling
-from letsinfer.cli.local import ask_node, segment
+from letsinfer.cli.local import segment
 from letsinfer.cli.model import model, refuse_adapter_name
 from letsinfer.cli.output import console
+from letsinfer.cli.remote import ask_main
 from letsinfer.cli.scope import CliContext, scoped
 from letsinfer.storage import refetch
 
@@ -21,12 +24,13 @@ from letsinfer.storage import refetch
 STOP_WAIT_S = 60.0
 
 
-def _set_desired(ctx: CliContext, name: str, desired: str) -> str:
-    """Ask for it (the running node, else the authority directly); the model's
-    canonical name."""
+def _set_desired(ctx: CliContext, name: str, desired: str) -> dict[str, Any]:
+    """Ask for it (the main from a controller, the running node, else the
+    authority directly); the answer."""
     verb = "start" if desired == "running" else "stop"
-    refuse_adapter_name(ctx, name, verb)
-    answer = ask_node(ctx.home, "POST", f"/v1/ops/models/{segment(name)}/{verb}")
+    if ctx.remote is None:  # (the main says it itself)
+        refuse_adapter_name(ctx, name, verb)
+    answer = ask_main(ctx, "POST", f"/v1/ops/models/{segment(name)}/{verb}")
     if answer is None:  # no node runs here: write the authority directly
         store = open_authority(ctx.home)
         try:
@@ -41,7 +45,7 @@ def _set_desired(ctx: CliContext, name: str, desired: str) -> str:
             "before its placement group serves",
             soft_wrap=True,
         )
-    return str(answer["model"])
+    return answer
 
 
 def report_model(now: settling.ModelNow) -> None:
@@ -57,7 +61,7 @@ def report_model(now: settling.ModelNow) -> None:
         console.print(f"  {g.id} on {g.node}: {g.state}{why}", highlight=False)
 
 
-@scoped(model, "stop", scope="main")
+@scoped(model, "stop", scope="main", remote="operator")
 @click.argument("name")
 @click.pass_obj
 def stop(ctx: CliContext, name: str) -> None:
@@ -65,12 +69,12 @@ def stop(ctx: CliContext, name: str) -> None:
 
     Returns once every group's engine is gone (or says which are still
     stopping after a minute)."""
-    model_name = _set_desired(ctx, name, "stopped")
+    model_name = str(_set_desired(ctx, name, "stopped")["model"])
     now = settling.settle(ctx, model_name, lambda m: m.settled, STOP_WAIT_S)
     report_model(now)
 
 
-@scoped(model, "start", scope="main")
+@scoped(model, "start", scope="main", remote="operator")
 @click.argument("name")
 @click.option(
     "--wait",
@@ -85,7 +89,8 @@ def start(ctx: CliContext, name: str, wait: bool) -> None:
     Without --wait it returns at once and says which groups are still
     starting; until one is ready, requests for the model get 503
     no_healthy_replica (retry shortly)."""
-    model_name = _set_desired(ctx, name, "running")
+    answer = _set_desired(ctx, name, "running")
+    model_name = str(answer["model"])
     if not wait:
         now = settling.model_now(ctx, model_name)
         report_model(now)
@@ -95,7 +100,9 @@ def start(ctx: CliContext, name: str, wait: bool) -> None:
                 highlight=False,
             )
         return
-    timeout = config.load(ctx.home.config_file).lifecycle.start_timeout_s
+    timeout = answer.get("start_timeout_s") or (
+        config.load(ctx.home.config_file).lifecycle.start_timeout_s
+    )
     now = settling.settle(ctx, model_name, lambda m: m.settled, timeout)
     report_model(now)
     if now.state != "serving":
@@ -105,14 +112,15 @@ def start(ctx: CliContext, name: str, wait: bool) -> None:
         )
 
 
-@scoped(model, "resume", scope="main")
+@scoped(model, "resume", scope="main", remote="operator")
 @click.argument("name")
 @click.pass_obj
 def resume(ctx: CliContext, name: str) -> None:
     """Resume placement groups paused by a lost data link (an explicit step), once
     every link they need is proven again; also starts stopped groups."""
-    refuse_adapter_name(ctx, name, "resume")
-    answer = ask_node(ctx.home, "POST", f"/v1/ops/models/{segment(name)}/resume")
+    if ctx.remote is None:  # (the main says it itself)
+        refuse_adapter_name(ctx, name, "resume")
+    answer = ask_main(ctx, "POST", f"/v1/ops/models/{segment(name)}/resume")
     if answer is None:
         store = open_authority(ctx.home)
         try:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from letsinfer.authority.views import group_object, node_object, when
+from letsinfer.authority.views import node_object, topology_objects
 from letsinfer.cli import cli
 from letsinfer.cli.local import ask_node, segment
 from letsinfer.cli.output import console, emit, emit_object
@@ -73,52 +73,41 @@ def list_nodes(ctx: CliContext, show_all: bool, as_json: bool) -> None:
     )
 
 
-@scoped(node, "info", scope="main")
+@scoped(node, "info", scope="main", remote="viewer")
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
 def info(ctx: CliContext, name: str, as_json: bool) -> None:
     """Ask a node's agent about itself, over mutual TLS."""
-    import ssl
+    if ctx.remote is not None:
+        said = call(ctx.remote, "GET", f"/v1/ops/nodes/{segment(name)}/info")
+        node_name, about = said["node"], said["info"]
+    else:
+        import asyncio
 
-    import httpx
+        from letsinfer.audit.anchor import open_authority
+        from letsinfer.control.agent_info import InfoRefused, agent_info
 
-    from letsinfer.audit.anchor import open_authority
-    from letsinfer.store import StoreError
-    from letsinfer.trust.client import ClusterClient, PeerMismatch
-    from letsinfer.trust.material import tls_files
-
-    assert ctx.identity is not None
-    store = open_authority(ctx.home)
-    try:
-        target = store.find_node(name)
-    finally:
-        store.close()
-    if target is None:
-        raise StoreError(f"no node {name!r} (see `letsinfer node list`)")
-    if target.role == "main" or target.address is None:
-        raise StoreError(f"{target.name} is the main; see `letsinfer status`")
-    client = ClusterClient(tls_files(ctx.home, ctx.identity), expect_node=target.id)
-    try:
-        resp = client.request("GET", f"https://{target.address}/v1/agent/info")
-    except (httpx.HTTPError, ssl.SSLError, PeerMismatch) as exc:
-        raise click.ClickException(
-            f"cannot reach {target.name} at {target.address}: {exc}"
-        ) from exc
-    if resp.status_code != 200:
-        raise click.ClickException(f"{target.name} refused: {resp.text}")
+        assert ctx.identity is not None
+        store = open_authority(ctx.home)
+        try:
+            node_name, about = asyncio.run(agent_info(ctx.home, ctx.identity, store, name))
+        except InfoRefused as exc:
+            raise click.ClickException(str(exc)) from exc
+        finally:
+            store.close()
     if as_json:
-        emit_object(resp.json())
+        emit_object(about)
         return
     emit(
-        [resp.json()],
+        [about],
         ["name", "node_id", "role", "version", "cpus", "memory_bytes"],
         as_json=False,
-        title=target.name,
+        title=node_name,
     )
 
 
-@scoped(node, "remove", scope="main")
+@scoped(node, "remove", scope="main", remote="administrator")
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
@@ -134,9 +123,12 @@ def remove(ctx: CliContext, name: str, as_json: bool) -> None:
     from letsinfer.control.removal_notice import tell_removed
     from letsinfer.trust.material import tls_files
 
-    assert ctx.identity is not None
-    done = ask_node(ctx.home, "POST", f"/v1/local/nodes/{segment(name)}/remove")
+    if ctx.remote is not None:
+        done = call(ctx.remote, "POST", f"/v1/ops/nodes/{segment(name)}/remove")
+    else:
+        done = ask_node(ctx.home, "POST", f"/v1/local/nodes/{segment(name)}/remove")
     if done is None:  # no node runs here: write the authority, then tell the node
+        assert ctx.identity is not None
         store = open_authority(ctx.home)
         try:
             try:
@@ -227,53 +219,19 @@ def resume(ctx: CliContext, name: str | None) -> None:
     _pause(ctx, name, False)
 
 
-@cli.command("topology", cls=ScopedCommand, scope="main")
+@cli.command("topology", cls=ScopedCommand, scope="main", remote="viewer")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
 def topology(ctx: CliContext, as_json: bool) -> None:
     """Nodes, their GPUs, the placement groups on them and their data links."""
-    store = read_store(ctx.home)
-    try:
-        scene = read_scene(ctx, store)
-        out = []
-        links = store.list_links()
-        for n in store.list_nodes():
-            pgs = [
-                pg
-                for t in store.tasks_on_node(n.id)
-                if (pg := store.get_placement_group(t.pg_id)) is not None
-            ]
-            gpus = (n.facts or {}).get("gpus", [])
-            out.append(
-                {
-                    **node_object(scene, n),
-                    "targets": (n.facts or {}).get("targets", []),
-                    "gpus": [
-                        {
-                            "uuid": g["uuid"],
-                            "name": g["name"],
-                            "temperature_c": g.get("temperature_c"),
-                            "placement_group": next(
-                                (pg.id for pg in pgs if g["uuid"] in store.pg_gpus(pg.id)), None
-                            ),
-                        }
-                        for g in gpus
-                    ],
-                    "placement_groups": [group_object(store, scene, pg) for pg in pgs],
-                    "links": [
-                        {
-                            "peer": scene.node_name(other),
-                            "state": link.state,
-                            "changed_at": when(link.changed_at),
-                        }
-                        for link in links
-                        if n.id in (link.node_a, link.node_b)
-                        for other in [link.node_b if link.node_a == n.id else link.node_a]
-                    ],
-                }
-            )
-    finally:
-        store.close()
+    if ctx.remote is not None:
+        out = call(ctx.remote, "GET", "/v1/ops/topology")
+    else:
+        store = read_store(ctx.home)
+        try:
+            out = topology_objects(store, read_scene(ctx, store))
+        finally:
+            store.close()
     if as_json:
         emit(out, [], as_json=True)
         return

@@ -14,7 +14,7 @@ from letsinfer.authority.apikeys import BANDS, PERIODS
 from letsinfer.cli import cli
 from letsinfer.cli.auth import _OFF, LIMIT
 from letsinfer.cli.output import console, emit, emit_object
-from letsinfer.cli.scope import CliContext, scoped
+from letsinfer.cli.scope import SHELL_ONLY, CliContext, scoped
 from letsinfer.cli.user import applied, changed
 
 COLUMNS = ["name", "models", "band", "rpm", "tpm", "budget_tokens", "budget_period", "members"]
@@ -63,7 +63,7 @@ def _row(shown: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-@scoped(project, "create", scope="main")
+@scoped(project, "create", scope="main", remote=SHELL_ONLY)
 @click.argument("name")
 @click.option("--model", "models", multiple=True, help="A model it may use; repeat. Default: all.")
 @limit_options
@@ -80,7 +80,7 @@ def create(
     console.print(f"project {name} created")
 
 
-@scoped(project, "list", scope="main")
+@scoped(project, "list", scope="main", remote=SHELL_ONLY)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
 def list_projects(ctx: CliContext, as_json: bool) -> None:
@@ -93,7 +93,7 @@ def list_projects(ctx: CliContext, as_json: bool) -> None:
     emit(rows if as_json else [_row(r) for r in rows], COLUMNS, as_json=as_json, title="projects")
 
 
-@scoped(project, "show", scope="main")
+@scoped(project, "show", scope="main", remote=SHELL_ONLY)
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
@@ -115,7 +115,7 @@ def show(ctx: CliContext, name: str, as_json: bool) -> None:
         console.print(f"{field}: {'-' if text in (None, '') else text}", highlight=False)
 
 
-@scoped(project, "limits", scope="main")
+@scoped(project, "limits", scope="main", remote=SHELL_ONLY)
 @click.argument("name")
 @click.option("--model", "models", multiple=True, help="Replace its models; repeat.")
 @click.option("--all-models", is_flag=True, help="Let it use every model.")
@@ -142,7 +142,7 @@ def limits(
     console.print(f"project {name} changed")
 
 
-@scoped(project, "remove", scope="main")
+@scoped(project, "remove", scope="main", remote=SHELL_ONLY)
 @click.argument("name")
 @click.pass_obj
 def remove(ctx: CliContext, name: str) -> None:

@@ -181,35 +181,24 @@ def verify(
 # -- runtime releases: what placement groups run --------------------------------
 
 
-@scoped(release, "list", scope="main")
+@scoped(release, "list", scope="main", remote="viewer")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
 def list_releases(ctx: CliContext, as_json: bool) -> None:
     """Runtime releases in the authority (signed, kept for good): the ids that
     `model upgrade --release` and `model rollback --to` take, and what runs each."""
-    store = open_authority(ctx.home)
-    try:
-        rows = []
-        groups = store.list_placement_groups()
-        for r in store.list_releases():
-            rows.append(
-                {
-                    "id": r["id"],
-                    "engine": r["engine"],
-                    "version": r["version"],
-                    "target": r["target"],
-                    "binary": r["launch"].get("binary"),
-                    "sha256": r["artifacts"].get(releases.LLAMA_SERVER_ARTIFACT),
-                    "signed": bool(r["signature"]),
-                    "placement_groups": [
-                        {"id": pg.id, "model": pg.service}
-                        for pg in groups
-                        if pg.release_id == r["id"]
-                    ],
-                }
-            )
-    finally:
-        store.close()
+    if ctx.remote is not None:
+        from letsinfer.cli.remote import call
+
+        rows = call(ctx.remote, "GET", "/v1/ops/releases")
+    else:
+        from letsinfer.authority.views import release_rows
+
+        store = open_authority(ctx.home)
+        try:
+            rows = release_rows(store)
+        finally:
+            store.close()
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return

@@ -120,6 +120,12 @@ def admit(pairing: Pairing, command: str, needs: str | None) -> None:
     """Refuse ``command`` unless the admin API has its operation and this
     controller's role allows it. A role refusal sends the main only a notice
     (the command and the role it needs, no operation), which it audits."""
+    if needs == "shell":  # letsinfer.cli.scope.SHELL_ONLY
+        raise NoRemoteOperation(
+            f"`{command}` runs only from a shell on the main, never from a controller: a "
+            "shell on the main is what makes an administrator of people and projects. "
+            f"Nothing was sent to the main {pairing.name} ({pairing.main}); run it there."
+        )
     if needs is None:
         raise NoRemoteOperation(
             f"`{command}` has no operation in the admin API yet, so it cannot run on "
@@ -179,6 +185,11 @@ def call(
     if resp.status_code != 200:
         err = data.get("error", {}) if isinstance(data, dict) else {}
         message = err.get("message") if isinstance(err, dict) else None
+        said = err.get("said") if isinstance(err, dict) else None
+        if isinstance(said, list):  # what the operation said before it was refused
+            from letsinfer.cli.said import replay
+
+            replay(said)
         raise click.ClickException(str(message or resp.text))
     return data
 

@@ -63,19 +63,28 @@ def check_scope(scope: Scope, command: str, identity: NodeIdentity | None) -> No
 
 
 Role = Literal["viewer", "operator", "administrator"]
+# Never from a controller, by design: people and projects (a shell on the
+# main is what makes an administrator; DESIGN.md, People and integrations).
+SHELL_ONLY = "shell"
+Remote = Role | Literal["shell"]
 
 
 class ScopedCommand(click.Command):
     """``remote``: the role a paired controller needs to run this command on
-    its main through the admin API; None: the API has no operation for it."""
+    its main through the admin API; None: the API has no operation for it
+    yet; SHELL_ONLY: it never will."""
 
-    def __init__(self, *args: Any, scope: Scope, remote: Role | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, scope: Scope, remote: Remote | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.scope: Scope = scope
-        self.remote: Role | None = remote
+        self.remote: Remote | None = remote
         if self.help is not None:  # cleaned first: the added line would defeat click's dedent
             where = f"Runs on: {scope}."
-            if remote is not None:
+            if remote == SHELL_ONLY:
+                where += " Only from a shell on the main, never from a controller."
+            elif remote is not None:
                 where += f" From a paired controller: {remote} role."
             self.help = f"{inspect.cleandoc(self.help)}\n\n{where}"
 

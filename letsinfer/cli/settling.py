@@ -36,6 +36,8 @@ class ModelNow:
 
 
 def model_now(ctx: CliContext, name: str) -> ModelNow:
+    if ctx.remote is not None:
+        return _model_on_main(ctx, name)
     store = read_store(ctx.home)
     try:
         svc = store.resolve_service(name)
@@ -69,3 +71,26 @@ def settle(
         if done(now) or time.monotonic() >= deadline:
             return now
         time.sleep(poll_s)
+
+
+def _model_on_main(ctx: CliContext, name: str) -> ModelNow:
+    """From a controller: the model as the main's `model show` has it (the
+    same states, read from the same scene)."""
+    import click
+
+    from letsinfer.cli.local import segment
+    from letsinfer.cli.remote import call
+
+    try:
+        shown = call(ctx.remote, "GET", f"/v1/ops/models/{segment(name)}/show")
+    except click.ClickException as exc:
+        if exc.message.startswith("no model"):  # removed meanwhile
+            return ModelNow(name, "not placed", ())
+        raise
+    return ModelNow(
+        shown["name"],
+        shown["state"],
+        tuple(
+            Group(g["id"], g["node"], g["state"], g["detail"]) for g in shown["placement_groups"]
+        ),
+    )

@@ -18,7 +18,7 @@ from letsinfer.authority import people
 from letsinfer.cli import cli
 from letsinfer.cli.local import ask_node
 from letsinfer.cli.output import console, emit
-from letsinfer.cli.scope import CliContext, scoped
+from letsinfer.cli.scope import SHELL_ONLY, CliContext, scoped
 
 
 @cli.group()
@@ -52,7 +52,7 @@ def _when(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
 
 
-@scoped(user, "list", scope="main")
+@scoped(user, "list", scope="main", remote=SHELL_ONLY)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
 def list_users(ctx: CliContext, as_json: bool) -> None:
@@ -70,7 +70,7 @@ def list_users(ctx: CliContext, as_json: bool) -> None:
     emit(rows, ["name", "state", "project", "operator", "created"], as_json=as_json, title="users")
 
 
-@scoped(user, "approve", scope="main")
+@scoped(user, "approve", scope="main", remote=SHELL_ONLY)
 @click.argument("name")
 @click.option("--project", required=True, help="The project the account works in.")
 @click.pass_obj
@@ -80,7 +80,7 @@ def approve(ctx: CliContext, name: str, project: str) -> None:
     console.print(f"user {name} approved in project {project}")
 
 
-@scoped(user, "suspend", scope="main")
+@scoped(user, "suspend", scope="main", remote=SHELL_ONLY)
 @click.argument("name")
 @click.pass_obj
 def suspend(ctx: CliContext, name: str) -> None:
@@ -89,7 +89,7 @@ def suspend(ctx: CliContext, name: str) -> None:
     console.print(f"user {name} suspended: its sessions ended, its keys are refused")
 
 
-@scoped(user, "remove", scope="main")
+@scoped(user, "remove", scope="main", remote=SHELL_ONLY)
 @click.argument("name")
 @click.pass_obj
 def remove(ctx: CliContext, name: str) -> None:
@@ -98,7 +98,7 @@ def remove(ctx: CliContext, name: str) -> None:
     console.print(f"user {name} removed, its keys revoked")
 
 
-@scoped(user, "reset-password", scope="main")
+@scoped(user, "reset-password", scope="main", remote=SHELL_ONLY)
 @click.argument("name")
 @click.pass_obj
 def reset_password(ctx: CliContext, name: str) -> None:
@@ -111,7 +111,7 @@ def reset_password(ctx: CliContext, name: str) -> None:
     click.echo(password)
 
 
-@scoped(user, "grant", scope="main")
+@scoped(user, "grant", scope="main", remote=SHELL_ONLY)
 @click.argument("name")
 @click.argument("role", type=click.Choice(["operator"]))
 @click.pass_obj

@@ -23,6 +23,7 @@ from letsinfer.contracts.artifacts import artifact_path
 from letsinfer.control.facts_route import FactsRoute
 from letsinfer.control.ops import actor_of, nothing_to_apply, ops_router
 from letsinfer.control.ops.listing import SceneFacts
+from letsinfer.control.ops.nodes import OnRemoved
 from letsinfer.control.ops.roles import role_check
 from letsinfer.control.ops.rollouts import NoRollouts, Rollouts
 from letsinfer.control.typed_app import typed_app
@@ -79,6 +80,8 @@ class ControlContext:
     home: Home | None = None
     rollouts: Rollouts | None = None
     scene: SceneFacts | None = None  # what only the gateway knows, for the displays
+    # After a controller removed a node: the node stops routing to it, tells it.
+    on_removed: OnRemoved | None = None
 
 
 class _Body(BaseModel):
@@ -264,6 +267,7 @@ def create_control_app(ctx: ControlContext) -> PeerGate:
             home=ctx.home,
             rollouts=ctx.rollouts or NoRollouts(),
             scene=ctx.scene,
+            on_removed=ctx.on_removed,
         )
     )
 

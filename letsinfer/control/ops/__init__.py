@@ -13,16 +13,22 @@ from collections.abc import Awaitable, Callable
 
 from fastapi import APIRouter
 
+from letsinfer.control.ops.adapters import adapters_router
+from letsinfer.control.ops.admission import admission_router
 from letsinfer.control.ops.audit import audit_router
 from letsinfer.control.ops.context import OpsContext
+from letsinfer.control.ops.controllers import controllers_router
+from letsinfer.control.ops.evals import evals_router
 from letsinfer.control.ops.keys import KeyCreate, KeyPolicyChange, keys_router
 from letsinfer.control.ops.listing import SceneFacts, listing_router
+from letsinfer.control.ops.mirror import mirror_router
 from letsinfer.control.ops.models import FallbackChange, ScaleChange, models_router
-from letsinfer.control.ops.nodes import nodes_router
+from letsinfer.control.ops.nodes import OnRemoved, nodes_router
 from letsinfer.control.ops.records import records_router
 from letsinfer.control.ops.roles import actor_of, nothing_to_apply
 from letsinfer.control.ops.rollouts import Rollouts, rollouts_router
 from letsinfer.control.ops.state import state_router
+from letsinfer.control.ops.webhooks import webhooks_router
 from letsinfer.home import Home
 from letsinfer.identity import NodeIdentity
 from letsinfer.store import AuthorityStore
@@ -45,14 +51,18 @@ def ops_router(
     home: Home | None = None,
     rollouts: Rollouts | None = None,
     scene: SceneFacts | None = None,
+    on_removed: OnRemoved | None = None,
 ) -> APIRouter:
     """``on_change`` runs after each mutation: the node applies it at once
     instead of at its next reconcile. ``home``: the main's request records and
     signed audit head. ``rollouts``: upgrade and rollback (the admin socket
     has its own, beside its other rollouts). ``scene``: what only the running
-    gateway knows, for the displays (none: the settings' word)."""
+    gateway knows, for the displays (none: the settings' word). ``on_removed``:
+    after a node's removal, the running node stops routing to it and tells it
+    (none: `node remove` answers 503)."""
     router = APIRouter()
-    for part in admin_routers(OpsContext(store, identity, on_change, home), rollouts, scene):
+    ops = OpsContext(store, identity, on_change, home, on_removed)
+    for part in admin_routers(ops, rollouts, scene):
         router.include_router(part)
     return router
 
@@ -62,7 +72,22 @@ def admin_routers(
 ) -> list[APIRouter]:
     """The admin API by area, each its own router (the OpenAPI document reads
     each route's role from them)."""
-    parts = [state_router(ops), listing_router(ops, scene), models_router(ops)]
+    parts = [
+        state_router(ops),
+        listing_router(ops, scene),
+        models_router(ops),
+        admission_router(ops),
+    ]
     if rollouts is not None:
-        parts.append(rollouts_router(ops, rollouts))
-    return [*parts, keys_router(ops), nodes_router(ops), records_router(ops), audit_router(ops)]
+        parts += [rollouts_router(ops, rollouts), adapters_router(ops, rollouts)]
+    return [
+        *parts,
+        keys_router(ops),
+        controllers_router(ops),
+        nodes_router(ops),
+        webhooks_router(ops),
+        mirror_router(ops),
+        evals_router(ops),
+        records_router(ops),
+        audit_router(ops),
+    ]

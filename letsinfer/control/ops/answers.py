@@ -4,7 +4,7 @@ main says more; the CLI reads what it knows). Fields are declared in the
 order the CLI on the main prints them: `--json` output is the same, byte for
 byte, from a controller."""
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -65,6 +65,42 @@ class ModelShown(Answer):
     format: str | None
 
 
+class NodeGroups(NodeShown):
+    placement_groups: list[dict[str, Any]]
+
+
+class TopologyNode(NodeShown):
+    """A node as `topology --json` shows it: its GPUs, groups and data links."""
+
+    targets: list[str]
+    gpus: list[dict[str, Any]]
+    placement_groups: list[dict[str, Any]]
+    links: list[dict[str, Any]]
+
+
+class ClusterShown(Answer):
+    """`cluster status --json`: ``groups``, when stopped, are those `cluster
+    start` restores."""
+
+    stopped: bool
+    stopped_at: str | None
+    groups: list[str]
+    nodes: list[NodeGroups]
+
+
+class ReleaseShown(Answer):
+    """A runtime release as `release list --json` shows it."""
+
+    id: str
+    engine: str
+    version: str | None
+    target: str
+    binary: str | None
+    sha256: str | None
+    signed: bool
+    placement_groups: list[dict[str, str]]
+
+
 class VersionAnswer(Answer):
     version: str
     main: str
@@ -85,6 +121,25 @@ class ResumeAnswer(Answer):
 
 class StartAnswer(DesiredAnswer):
     downloads: Any = None
+    # The main's [lifecycle] start_timeout_s: how long `model start --wait` waits.
+    start_timeout_s: float | None = None
+
+
+class SaidLine(Answer):
+    """One line an operation said (rich markup), to print as the main's CLI did."""
+
+    to: Literal["out", "err"]
+    text: str
+    highlight: bool | None = None
+    soft_wrap: bool | None = None
+
+
+class AdmissionAnswer(Answer):
+    """`model pull` and `model add`: the model added (null: it was there
+    already, nothing changed) and what the operation said, in order."""
+
+    model: str | None
+    said: list[SaidLine]
 
 
 class FallbackAnswer(Answer):
@@ -151,6 +206,142 @@ class NodePaused(Answer):
     paused: bool
 
 
+class NodeInfo(Answer):
+    """`node info`: the node's name and what its agent said (`--json` prints ``info``)."""
+
+    node: str
+    info: dict[str, Any]
+
+
+class NodeRemoved(Answer):
+    """What `node remove --json` prints: the node, the placement groups that
+    went with it, and what the node was told."""
+
+    node: str
+    node_id: str
+    address: str | None
+    placement_groups: list[dict[str, Any]]
+    told: bool
+    engines_stopped: int | None
+    notice: str
+
+
+class ModelRemoved(Answer):
+    model: str
+    placement_groups: list[str]
+    freed: str | None
+    shared: list[str]
+    adapters: list[str]
+    fallbacks_cleared: list[str]
+    keys_narrowed: list[str]
+    cut: int = Field(description="requests cut short by the drain (with stop)")
+
+
+class ClusterStopped(Answer):
+    stopped: list[str]
+    cut: int
+    still_running: list[str]
+
+
+class ClusterStarted(Answer):
+    started: list[str]
+    placement_groups: dict[str, str]  # group -> how it came back
+    ok: bool
+
+
+class NodeRestarted(Answer):
+    node: str
+    placement_groups: dict[str, str]
+
+
+class ClusterRestarted(Answer):
+    ok: bool
+    nodes: list[NodeRestarted]
+    dark: list[str]
+
+
+class EvalRunListed(Answer):
+    run: str
+    started: str
+    model: str
+    group: str | None
+    suite: str
+    cases: int
+    score: int | float  # (as stored: a JSON 1 stays 1)
+    threshold: int | float
+    passed: bool
+
+
+class EvalRunShown(EvalRunListed):
+    source: str
+
+
+class EvalCaseShown(Answer):
+    case: int
+    name: str
+    scorer: str
+    weight: int | float
+    score: int | float
+    note: str | None
+    request_id: str | None
+    status: int | None
+    answer: str | None
+    duration_ms: int | float
+
+
+class EvalRunDetail(Answer):
+    run: EvalRunShown
+    cases: list[EvalCaseShown]
+
+
+class ControllerListed(Answer):
+    name: str
+    id: str
+    role: str
+    state: str
+
+
+class PlanRow(Answer):
+    node: str
+    fits: bool
+    target: str | None
+    gpus: list[str]
+    release: str | None
+    needs: dict[str, Any] | None
+    replaces: Any
+    reason: str | None
+
+
+class PlanAnswer(Answer):
+    """`model plan`: ``nodes`` is what `model plan --json` prints; ``fits``,
+    what each placement needs, as its text output says it."""
+
+    model: str
+    nodes: list[PlanRow]
+    fits: dict[str, str]
+
+
+class AdapterListed(Answer):
+    name: str
+    model: str
+    sha256: str
+    size: int
+    added: str
+    fallback: str | None
+
+
+class AdapterChanged(Answer):
+    """An adapter added or removed, and its model's groups loading the
+    adapters again (``reload``; null: no gateway runs, they load them when
+    they start)."""
+
+    adapter: str
+    model: str
+    sha256: str
+    narrowed: list[str]  # API keys whose model lists named it (removed)
+    reload: dict[str, Any] | None
+
+
 class GroupOutcome(Answer):
     model_config = ConfigDict(extra="allow", populate_by_name=True)
     group: str
@@ -169,14 +360,111 @@ class RolloutAnswer(Answer):
     placement_groups: list[GroupOutcome]
 
 
+class CanaryEval(Answer):
+    run: str
+    suite: str
+    group: str
+    score: float
+    passed: bool
+    at: float
+
+
+class CanaryLatency(Answer):
+    p50: float | None
+    p95: float | None
+
+
+class CanarySide(Answer):
+    """One side of a canary (`letsinfer model canary --json`): its groups and
+    what they answered since it started (errors: status 400 and above)."""
+
+    groups: list[str]
+    requests: int
+    share: float | None
+    errors: int
+    error_rate: float | None
+    latency_ms: CanaryLatency
+    eval: CanaryEval | None
+
+
+class CanaryAnswer(Answer):
+    model: str
+    group: str
+    percent: float
+    kind: str
+    change: str
+    replaces: str | None
+    started_at: float
+    started_by: str
+    canary: CanarySide
+    stable: CanarySide
+
+
+class ArtifactShown(Answer):
+    """A mirror artifact as `mirror list --json` and `mirror unused --json` show it."""
+
+    digest: str
+    size: int
+    kind: str
+    names: list[str]
+    bundles: list[str]
+    imported_at: str
+
+
+class WebhookShown(Answer):
+    """A webhook as `webhook list --json` shows it."""
+
+    url: str
+    events: str
+    state: str
+    disabled_reason: str | None
+    created: str | None
+
+
+class DeliveryShown(Answer):
+    """One delivery as `webhook deliveries --json` shows it."""
+
+    id: str
+    event: str
+    state: str
+    attempts: int
+    last_status: str | None
+    next_try: str | None
+    delivered_at: str | None
+    created: str | None
+
+
+class WebhookRemoved(Answer):
+    url: str
+    removed: bool
+
+
+class WebhookAdded(Answer):
+    url: str
+    events: list[str]
+
+
+class WebhookTested(Answer):
+    """What `webhook test` says: the answer (an HTTP status, or what went
+    wrong), whether it was delivered, whether a 410 disabled the webhook."""
+
+    url: str
+    status: str
+    delivered: bool
+    disabled: bool
+    delivery: str
+
+
 class UsageRow(Answer):
-    """One row of `letsinfer usage --json`: ``key``, ``model``, ``node`` or
-    ``tag`` (whichever was asked for; the others are absent) and the sums."""
+    """One row of `letsinfer usage --json`: ``key``, ``model``, ``node``,
+    ``tag`` or ``project`` (whichever was asked for; the others are absent)
+    and the sums."""
 
     key: str | None = None
     model: str | None = None
     node: str | None = None
     tag: str | None = None
+    project: str | None = None
     requests: int
     errors: int
     prompt_tokens: int
@@ -204,6 +492,7 @@ class RequestRecord(Answer):
     ttft_ms: float | None
     duration_ms: float
     queue_ms: float
+    load_wait_ms: float | None = None
 
 
 class AuditVerified(Answer):

@@ -6,6 +6,8 @@ from typing import Any
 
 from fastapi import Depends
 
+from letsinfer import config
+from letsinfer.authority.removal import Removal
 from letsinfer.control.ops.roles import Role, actor_of, nothing_to_apply, role_check
 from letsinfer.home import Home
 from letsinfer.identity import NodeIdentity
@@ -22,6 +24,18 @@ class OpsContext:
     # The main's home: its request records and its signed audit head. None
     # where only the authority is at hand: those routes answer 503.
     home: Home | None = None
+    # After a node's removal committed: the running node stops routing to its
+    # groups and tells it (what it said); None: no node runs here (503).
+    on_removed: Callable[[Removal], Awaitable[dict[str, Any]]] | None = None
+
+    def settings(self) -> config.Settings:
+        """The main's settings (the defaults where no home is at hand)."""
+        if self.home is None:
+            return config.Settings()
+        try:
+            return config.load(self.home.config_file)
+        except config.ConfigError:
+            return config.Settings()
 
     def need(self, role: Role) -> Any:
         """A route parameter's dependency: the caller, within ``role``."""

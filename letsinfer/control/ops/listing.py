@@ -1,7 +1,8 @@
-"""The cluster as the main's displays show it: `node list`, `model list` and
-`model show` from a controller, each object the one the CLI on the main prints
-(letsinfer.authority.views), every state from the same scene (letsinfer.authority.
-states) the running main would give its own CLI."""
+"""The cluster as the main's displays show it: `node list`, `model list`,
+`model show`, `cluster status`, `topology` and `release list` from a controller, each
+object the one the CLI on the main prints (letsinfer.authority.views), every
+state from the same scene (letsinfer.authority.states) the running main would
+give its own CLI."""
 
 from collections.abc import Awaitable, Callable
 from typing import Annotated
@@ -10,8 +11,21 @@ from fastapi import APIRouter, HTTPException
 
 from letsinfer import config
 from letsinfer.authority.states import Scene
-from letsinfer.authority.views import model_object, node_object, shown_model
-from letsinfer.control.ops.answers import ModelShown, NodeShown
+from letsinfer.authority.views import (
+    cluster_object,
+    model_object,
+    node_object,
+    release_rows,
+    shown_model,
+    topology_objects,
+)
+from letsinfer.control.ops.answers import (
+    ClusterShown,
+    ModelShown,
+    NodeShown,
+    ReleaseShown,
+    TopologyNode,
+)
 from letsinfer.control.ops.context import OpsContext
 from letsinfer.store import StoreError
 from letsinfer.trust.peer import Peer
@@ -45,6 +59,20 @@ def listing_router(ops: OpsContext, facts: SceneFacts | None) -> APIRouter:
             NodeShown.model_validate(node_object(seen, n))
             for n in store.list_nodes(include_removed=all)
         ]
+
+    @router.get("/v1/ops/cluster")
+    async def cluster(p: Annotated[Peer, ops.need("viewer")]) -> ClusterShown:
+        return ClusterShown.model_validate(cluster_object(store, await scene()))
+
+    @router.get("/v1/ops/topology")
+    async def topology(p: Annotated[Peer, ops.need("viewer")]) -> list[TopologyNode]:
+        """Nodes, their GPUs, the placement groups on them and their data links."""
+        seen = await scene()
+        return [TopologyNode.model_validate(n) for n in topology_objects(store, seen)]
+
+    @router.get("/v1/ops/releases")
+    async def releases(p: Annotated[Peer, ops.need("viewer")]) -> list[ReleaseShown]:
+        return [ReleaseShown.model_validate(r) for r in release_rows(store)]
 
     @router.get("/v1/ops/models")
     async def models(p: Annotated[Peer, ops.need("viewer")]) -> list[ModelShown]:

@@ -1,17 +1,20 @@
 """A model's lifecycle and policy: stop, start, resume, scaling, fallback."""
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter, HTTPException, Query
 from pydantic import BaseModel, ConfigDict, Field
 
+from letsinfer.admission.plan import planned
 from letsinfer.authority import lifecycle
 from letsinfer.authority.external import fallback_notes, set_fallback
 from letsinfer.authority.links import ResumeRefused, resume_model
+from letsinfer.authority.views import adapter_named
 from letsinfer.capacity.setting import set_policy as set_scaling_policy
 from letsinfer.control.ops.answers import (
     DesiredAnswer,
     FallbackAnswer,
+    PlanAnswer,
     ResumeAnswer,
     ScaleAnswer,
     StartAnswer,
@@ -48,7 +51,13 @@ def models_router(ops: OpsContext) -> APIRouter:
     router = APIRouter(tags=["models"])
     store = ops.store
 
+    def refuse_adapter(name: str, verb: str) -> None:
+        why = adapter_named(store, name, verb)
+        if why is not None:
+            raise HTTPException(404, why)
+
     async def set_desired(name: str, desired: str, p: Peer) -> dict[str, Any]:
+        refuse_adapter(name, "start" if desired == "running" else "stop")
         try:
             done = lifecycle.set_model_desired(
                 store, name, desired, actor=ops.actor(p), role=p.identity.role
@@ -68,7 +77,11 @@ def models_router(ops: OpsContext) -> APIRouter:
     async def model_start(name: str, p: Annotated[Peer, ops.need("operator")]) -> StartAnswer:
         answer = await set_desired(name, "running", p)
         return StartAnswer.model_validate(
-            {**answer, "downloads": refetch.downloads(store, answer["model"])}
+            {
+                **answer,
+                "downloads": refetch.downloads(store, answer["model"]),
+                "start_timeout_s": ops.settings().lifecycle.start_timeout_s,
+            }
         )
 
     @router.post("/v1/ops/models/{name:path}/fallback")
@@ -108,8 +121,36 @@ def models_router(ops: OpsContext) -> APIRouter:
         await ops.on_change()  # the gateway loads and unloads by it before this answers
         return ScaleAnswer(model=canonical, policy=policy.to_json(), summary=policy.describe())
 
+    @router.get("/v1/ops/models/{name:path}/plan")
+    async def model_plan(
+        name: str,
+        p: Annotated[Peer, ops.need("viewer")],
+        target: Literal["auto", "cpu", "cuda"] = "auto",
+        gpus: Annotated[int, Query(ge=1, le=64)] = 1,
+        engine: Literal["xllamacpp", "llama-server"] | None = None,
+    ) -> PlanAnswer:
+        """For every active node: whether the model fits, where, with which
+        release, and why a node is skipped; changes nothing."""
+        if ops.home is None:
+            raise HTTPException(503, "this plane has no model store to plan from")
+        try:
+            shown = planned(
+                store,
+                ops.home.model_store,
+                ops.settings(),
+                ops.identity.node_id,
+                name,
+                target,
+                gpus,
+                engine,
+            )
+        except StoreError as exc:
+            raise HTTPException(404 if str(exc).startswith("no model") else 409, str(exc)) from exc
+        return PlanAnswer.model_validate(shown)
+
     @router.post("/v1/ops/models/{name:path}/resume")
     async def model_resume(name: str, p: Annotated[Peer, ops.need("operator")]) -> ResumeAnswer:
+        refuse_adapter(name, "resume")
         try:
             done = resume_model(store, name, actor=ops.actor(p), role=p.identity.role)
         except ResumeRefused as exc:

@@ -9,7 +9,14 @@ from letsinfer import config
 from letsinfer.control.ops.answers import RequestRecord, UsageRow
 from letsinfer.control.ops.context import OpsContext
 from letsinfer.trust.peer import Peer
-from letsinfer.usage.summary import NoRecords, NoSuchRequest, request_rows, usage_rows
+from letsinfer.usage.summary import (
+    KeySpan,
+    NoRecords,
+    NoSuchRequest,
+    key_spans,
+    request_rows,
+    usage_rows,
+)
 
 
 def records_router(ops: OpsContext) -> APIRouter:
@@ -19,17 +26,20 @@ def records_router(ops: OpsContext) -> APIRouter:
     def node_names() -> dict[str, str]:
         return {n.id: n.name for n in store.list_nodes(include_removed=True)}
 
+    def keys() -> list[KeySpan]:
+        return key_spans(store.list_api_keys(include_revoked=True))
+
     @router.get("/v1/ops/usage", response_model_exclude_unset=True)
     async def usage(
         p: Annotated[Peer, ops.need("viewer")],
-        by: Literal["key", "model", "node", "tag"] = "key",
+        by: Literal["key", "model", "node", "tag", "project"] = "key",
         since: Annotated[float | None, Query(ge=0, le=1e11)] = None,
     ) -> list[UsageRow]:
         """``since``: seconds since the epoch (the CLI turns --since into it)."""
         if ops.home is None:
             raise HTTPException(503, "this plane has no request records")
         try:
-            rows = usage_rows(ops.home.requests_database, by, since, node_names)
+            rows = usage_rows(ops.home.requests_database, by, since, node_names, keys)
         except NoRecords as exc:
             raise HTTPException(404, str(exc)) from exc
         return [UsageRow.model_validate(r) for r in rows]

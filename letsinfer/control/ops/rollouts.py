@@ -1,17 +1,27 @@
-"""Upgrade and rollback from a controller: the same rollout the CLI on the
-main asks its admin socket for (letsinfer.lifecycle.routes), run where the
-main's gateway drains and proves groups: on the gateway's loop, not the
+"""Upgrade, rollback, canaries and model removal from a controller: the same
+work the CLI on the main asks its admin socket for (letsinfer.lifecycle.routes), run where
+the main's gateway drains and proves groups: on the gateway's loop, not the
 control plane's thread. Each answers when the rollout has finished."""
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, Protocol, TypeVar
+from pathlib import Path
+from typing import Annotated, Any, Literal, Protocol, TypeVar
 
-from fastapi import APIRouter
+from fastapi import APIRouter, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
-from letsinfer.control.ops.answers import RolloutAnswer
+from letsinfer.control.ops.answers import (
+    CanaryAnswer,
+    ClusterRestarted,
+    ClusterStarted,
+    ClusterStopped,
+    ModelRemoved,
+    RolloutAnswer,
+)
 from letsinfer.control.ops.context import OpsContext
+from letsinfer.lifecycle import canary
+from letsinfer.lifecycle.rollout import RolloutRefused
 from letsinfer.trust.peer import Peer
 
 T = TypeVar("T")
@@ -21,14 +31,36 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class GateBody(_Body):
+    """A gate for this rollout (letsinfer.evals.gate): a built-in suite's name,
+    or a suite file's path and its text as the CLI read it."""
+
+    suite: str = Field(max_length=4096)
+    min_score: float = Field(ge=0.0, le=1.0)
+    text: str | None = Field(None, max_length=4 * 1024 * 1024)
+
+
 class Upgrade(_Body):
     release: str = Field(max_length=200)
     nodes: list[Annotated[str, Field(max_length=200)]] = Field(default_factory=list, max_length=256)
+    # The gate its first replacement must pass (None: the model's own, if any).
+    gate: GateBody | None = None
+    # One new group takes this share (percent) of the model's requests until
+    # promoted or aborted (letsinfer.lifecycle.canary); None: a whole upgrade.
+    canary: float | None = Field(None, gt=0, lt=100)
 
 
 class Rollback(_Body):
     to: str | None = Field(None, max_length=200)
     nodes: list[Annotated[str, Field(max_length=200)]] = Field(default_factory=list, max_length=256)
+
+
+class Remove(_Body):
+    # Also when its groups run: they drain and stop first.
+    stop: bool = False
+
+
+ClusterVerb = Literal["stop", "start", "restart"]
 
 
 class Rollouts(Protocol):
@@ -37,6 +69,24 @@ class Rollouts(Protocol):
 
     async def rollback(self, name: str, body: Rollback, actor: str, role: str) -> dict[str, Any]:
         """The rollout's result (or HTTPException)."""
+
+    async def promote(self, name: str, actor: str, role: str) -> dict[str, Any]:
+        """The rest of the rollout's result (or HTTPException)."""
+
+    async def abort(self, name: str, actor: str, role: str) -> dict[str, Any]:
+        """The canary's removal (or HTTPException)."""
+
+    async def remove(
+        self, name: str, body: Remove, model_store: Path, actor: str, role: str
+    ) -> dict[str, Any]:
+        """The model's removal, after its running groups drained (or HTTPException)."""
+
+    async def cluster(self, verb: ClusterVerb, actor: str, role: str) -> dict[str, Any]:
+        """`cluster stop|start|restart`'s result, once its engines answered (or HTTPException)."""
+
+    async def reload(self, name: str, actor: str, role: str) -> dict[str, Any] | None:
+        """The model's groups restarted one at a time with its adapters as they
+        are now; None: no gateway runs here (they load them when it starts)."""
 
 
 class OnLoop:
@@ -61,6 +111,24 @@ class OnLoop:
     async def rollback(self, name: str, body: Rollback, actor: str, role: str) -> dict[str, Any]:
         return await self._there(lambda: self.rollouts.rollback(name, body, actor, role))
 
+    async def promote(self, name: str, actor: str, role: str) -> dict[str, Any]:
+        return await self._there(lambda: self.rollouts.promote(name, actor, role))
+
+    async def abort(self, name: str, actor: str, role: str) -> dict[str, Any]:
+        return await self._there(lambda: self.rollouts.abort(name, actor, role))
+
+    async def remove(
+        self, name: str, body: Remove, model_store: Path, actor: str, role: str
+    ) -> dict[str, Any]:
+        return await self._there(lambda: self.rollouts.remove(name, body, model_store, actor, role))
+
+    async def cluster(self, verb: ClusterVerb, actor: str, role: str) -> dict[str, Any]:
+        # (shielded as a rollout: a cluster left half stopped serves no one)
+        return await self._there(lambda: self.rollouts.cluster(verb, actor, role))
+
+    async def reload(self, name: str, actor: str, role: str) -> dict[str, Any] | None:
+        return await self._there(lambda: self.rollouts.reload(name, actor, role))
+
 
 class NoRollouts:
     """Where no gateway runs beside the authority (a plane built for tests)."""
@@ -72,6 +140,23 @@ class NoRollouts:
 
     async def rollback(self, name: str, body: Rollback, actor: str, role: str) -> dict[str, Any]:
         return await self.upgrade(name, Upgrade(release="-"), actor, role)
+
+    async def promote(self, name: str, actor: str, role: str) -> dict[str, Any]:
+        return await self.upgrade(name, Upgrade(release="-"), actor, role)
+
+    async def abort(self, name: str, actor: str, role: str) -> dict[str, Any]:
+        return await self.upgrade(name, Upgrade(release="-"), actor, role)
+
+    async def remove(
+        self, name: str, body: Remove, model_store: Path, actor: str, role: str
+    ) -> dict[str, Any]:
+        return await self.upgrade(name, Upgrade(release="-"), actor, role)
+
+    async def cluster(self, verb: ClusterVerb, actor: str, role: str) -> dict[str, Any]:
+        return await self.upgrade("-", Upgrade(release="-"), actor, role)
+
+    async def reload(self, name: str, actor: str, role: str) -> dict[str, Any] | None:
+        return None
 
 
 def rollouts_router(ops: OpsContext, rollouts: Rollouts) -> APIRouter:
@@ -90,5 +175,61 @@ def rollouts_router(ops: OpsContext, rollouts: Rollouts) -> APIRouter:
     ) -> RolloutAnswer:
         done = await rollouts.rollback(name, body, ops.actor(p), p.identity.role)
         return RolloutAnswer.model_validate(done)
+
+    @router.post("/v1/ops/models/{name:path}/promote")
+    async def promote(name: str, p: Annotated[Peer, ops.need("operator")]) -> RolloutAnswer:
+        """The model's canary stays and the rest of its groups follow it."""
+        done = await rollouts.promote(name, ops.actor(p), p.identity.role)
+        return RolloutAnswer.model_validate(done)
+
+    @router.post("/v1/ops/models/{name:path}/abort")
+    async def abort(name: str, p: Annotated[Peer, ops.need("operator")]) -> RolloutAnswer:
+        """The model's canary group goes; every request returns to the others."""
+        done = await rollouts.abort(name, ops.actor(p), p.identity.role)
+        return RolloutAnswer.model_validate(done)
+
+    @router.post("/v1/ops/models/{name:path}/remove")
+    async def remove(
+        name: str, body: Remove, p: Annotated[Peer, ops.need("administrator")]
+    ) -> ModelRemoved:
+        """The model, its groups, its release history and its LoRA adapters go;
+        its file too when no other model uses those bytes. Refused while its
+        groups should run, unless ``stop`` (they drain first)."""
+        if ops.home is None:
+            raise HTTPException(503, "this plane has no model store to remove from")
+        done = await rollouts.remove(
+            name, body, ops.home.model_store, ops.actor(p), p.identity.role
+        )
+        return ModelRemoved.model_validate(done)
+
+    @router.post("/v1/ops/cluster/stop")
+    async def cluster_stop(p: Annotated[Peer, ops.need("operator")]) -> ClusterStopped:
+        """New requests are refused (503 system_stopped), those in flight
+        finish, then every placement group stops; remembered for start."""
+        done = await rollouts.cluster("stop", ops.actor(p), p.identity.role)
+        return ClusterStopped.model_validate(done)
+
+    @router.post("/v1/ops/cluster/start")
+    async def cluster_start(p: Annotated[Peer, ops.need("operator")]) -> ClusterStarted:
+        """The groups `cluster stop` stopped start again; answers once each is
+        ready or said why not."""
+        done = await rollouts.cluster("start", ops.actor(p), p.identity.role)
+        return ClusterStarted.model_validate(done)
+
+    @router.post("/v1/ops/cluster/restart")
+    async def cluster_restart(p: Annotated[Peer, ops.need("operator")]) -> ClusterRestarted:
+        """Every engine afresh, node by node, one group at a time, each proven
+        before the next."""
+        done = await rollouts.cluster("restart", ops.actor(p), p.identity.role)
+        return ClusterRestarted.model_validate(done)
+
+    @router.get("/v1/ops/models/{name:path}/canary")
+    async def canary_report(name: str, p: Annotated[Peer, ops.need("viewer")]) -> CanaryAnswer:
+        """Both sides of the model's canary: requests, errors, latency, evals."""
+        try:
+            done = canary.report(ops.store, ops.home.requests_database if ops.home else None, name)
+        except RolloutRefused as exc:
+            raise HTTPException(exc.status, str(exc)) from exc
+        return CanaryAnswer.model_validate(done)
 
     return router
