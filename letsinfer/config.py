@@ -174,6 +174,10 @@ class ControlSettings(_Section):
     advertise: str | None = None  # address children use for the main; default: host
     enrollment_ttl_s: float = Field(900.0, gt=0)
     pairing_code_ttl_s: float = Field(600.0, gt=0)
+    # Directories on the main, beside its model store and mirror, whose files a
+    # controller may add (`model add --gguf`, `model adapter add`): nothing
+    # else on the main is opened, or even looked for, for a controller.
+    add_from: tuple[str, ...] = ()
     heartbeat_interval_s: float = Field(5.0, gt=0)
     node_stale_after_s: float = Field(20.0, gt=0)
     # A node certificate (30 days) is renewed this long before it expires.
@@ -190,6 +194,14 @@ class ControlSettings(_Section):
     # Tests and benchmarks of overload only: each report's facts cost this many
     # more seconds to write, inside their batch's transaction.
     report_cost_s: float = Field(0.0, ge=0, le=10)
+
+    @field_validator("add_from")
+    @classmethod
+    def _absolute_dirs(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for path in value:
+            if not Path(path).is_absolute():
+                raise ValueError(f"{path!r} is not an absolute path")
+        return value
 
 
 class HardwareSettings(_Section):

@@ -65,6 +65,7 @@ from letsinfer.control.local_ops import local_router
 from letsinfer.control.ops import ops_router
 from letsinfer.control.ops.rollouts import OnLoop
 from letsinfer.control.removal_notice import tell_removed
+from letsinfer.control.report_notice import ask_to_report
 from letsinfer.control.thread import ControlThread, LoopPost
 from letsinfer.control.typed_app import typed_app
 from letsinfer.exposure.route import exposure_router
@@ -77,17 +78,17 @@ from letsinfer.gateway.routing import ReplicaFacts, RoutingTable
 from letsinfer.home import Home
 from letsinfer.identity import NodeIdentity, load_identity
 from letsinfer.lifecycle import restarts
-from letsinfer.lifecycle.routes import ServingRollouts, lifecycle_router
+from letsinfer.lifecycle.routes import Gates, ServingRollouts, lifecycle_router
 from letsinfer.lifecycle.serving import Serving
 from letsinfer.mirror.layout import MirrorLayout
 from letsinfer.planes import RunningPlane, tls_server
 from letsinfer.release import runtime
 from letsinfer.storage.routes import storage_router
 from letsinfer.storage.uses import main_uses
-from letsinfer.store import FactsUpdate
+from letsinfer.store import FactsUpdate, NodeRecord
 from letsinfer.telemetry.collector import ClusterCollector
 from letsinfer.telemetry.view import ClusterView
-from letsinfer.trust import pki, renewal
+from letsinfer.trust import renewal
 from letsinfer.trust.discovery import Advertiser
 from letsinfer.trust.material import ClusterCA, presented_fingerprint, tls_files
 from letsinfer.trust.peer import presenting_server
@@ -149,6 +150,7 @@ class MainNode:
             self.apply_now,
             settings.capacity,
             metrics=CapacityMetrics(self.gateway.metrics.registry, lambda: self.capacity.states),
+            placed_on=self.ask_to_report,
         )
         self.capacity.admission = self.gateway.admission
         self.gateway.admission.loader = self.capacity
@@ -262,8 +264,9 @@ class MainNode:
             denials=self.denials,
             on_change=self._apply_from_control,
             home=self.home,
-            rollouts=OnLoop(ServingRollouts(self.lifecycle), self.post.loop),
+            rollouts=OnLoop(ServingRollouts(self.lifecycle, Gates(self.home)), self.post.loop),
             scene=self._scene_for_control,
+            on_removed=self._removed_from_control,
         )
         agent = self.settings.agent
         self._planes = [
@@ -333,7 +336,7 @@ class MainNode:
         )
         admin.include_router(local_router(self.store, self.node_removed, self._apply_here))
         admin.include_router(exposure_router(self.exposure))
-        admin.include_router(lifecycle_router(self.lifecycle, self.home.model_store))
+        admin.include_router(lifecycle_router(self.lifecycle, self.home))
         admin.include_router(
             storage_router(
                 self.home,
@@ -354,6 +357,13 @@ class MainNode:
         a busy gateway gets to it."""
         assert self.post is not None
         await asyncio.wait_for(asyncio.wrap_future(self.post.submit(self.apply_now)), 30)
+
+    async def _removed_from_control(self, removal: Removal) -> dict[str, Any]:
+        """A controller's `node remove` (on the control thread) is applied as
+        the CLI's on this machine is: on the gateway's loop, before it answers."""
+        assert self.post is not None
+        future = asyncio.run_coroutine_threadsafe(self.node_removed(removal), self.post.loop)
+        return await asyncio.wrap_future(future)
 
     async def _scene_for_control(self) -> tuple[list[str], float]:
         """The groups draining now and how long a child may go unheard, read on
@@ -376,6 +386,16 @@ class MainNode:
         self.directory.refresh(force=True)
         self._nodes_rev = None  # read the paused nodes again
         self.reconcile()
+
+    def ask_to_report(self, node: NodeRecord) -> None:
+        """The main placed work on a child: ask it, from the control thread
+        (fire and forget), to report now rather than at its next heartbeat."""
+        files = tls_files(self.home, self.identity)
+
+        def spawn() -> None:
+            self.control.spawn(lambda: ask_to_report(files, node.id, node.address))
+
+        self.control.call_soon(spawn)
 
     async def node_removed(self, removal: Removal) -> dict[str, Any]:
         """After a removal committed: the gateway stops routing to the node's
@@ -516,7 +536,16 @@ class MainNode:
         while True:
             if rounds % 10 == 0:  # (no failure here may end the loop)
                 try:
-                    if self._renew_own_certificate() and self.advertiser is not None:
+                    if (
+                        renewal.renew_main_if_due(
+                            tls_files(self.home, self.identity),
+                            lambda: ClusterCA(self.home, self.identity),
+                            self.store,
+                            self.identity.node_id,
+                            self.settings.control.renew_certificates_before_s,
+                        )
+                        and self.advertiser is not None
+                    ):
                         fingerprint = presented_fingerprint(self.home, self.identity)
                         await self.advertiser.update_fingerprint(fingerprint)
                 except Exception:
@@ -542,7 +571,7 @@ class MainNode:
                 "firewall": self.firewall.loaded(),
             }
         )
-        expiry = self._own_cert_expiry()
+        expiry = renewal.expiry(tls_files(self.home, self.identity))
         # Written with the nodes' facts, on the control thread; before it runs, here.
         update = FactsUpdate(self.identity.node_id, facts, time.time(), 0, cert_not_after=expiry)
         if not self.control.call_soon(self.writer.stage, update):
@@ -554,27 +583,6 @@ class MainNode:
             heard_at=self.attention.now(),
             cert_not_after=expiry,
         )
-
-    def _renew_own_certificate(self) -> bool:
-        """Children ask the main for theirs; the main issues its own. True
-        when it renewed."""
-        files = tls_files(self.home, self.identity)
-        try:
-            if renewal.due(files, self.settings.control.renew_certificates_before_s):
-                ca = ClusterCA(self.home, self.identity)
-                renewal.renew_main(files, ca, self.store, self.identity.node_id)
-                return True
-        except Exception:  # said in the log and by doctor; the next round tries again
-            log.exception("could not renew this node's certificate")
-        return False
-
-    def _own_cert_expiry(self) -> float | None:
-        """When the certificate on disk expires (the one the next start presents)."""
-        try:
-            cert = pki.load_cert(tls_files(self.home, self.identity).cert.read_bytes())
-        except (OSError, pki.CertificateError):
-            return None
-        return cert.not_valid_after_utc.timestamp()
 
     async def _facts_changed(self) -> None:
         self.record_own_facts()

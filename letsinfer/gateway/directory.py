@@ -10,13 +10,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from letsinfer.capacity.policy import ScalingPolicy
 from letsinfer.gateway.admission import BANDS, STANDARD
 from letsinfer.gateway.cache import CachePolicy
-from letsinfer.gateway.limits import KeyLimits
+from letsinfer.gateway.limits import KeyLimits, counted_since
 from letsinfer.gateway.providers import GROUP_PREFIX, ExternalModel
 from letsinfer.store import ApiKeyRecord, AuthorityStore, ServiceRecord
 from letsinfer.store.people import ProjectRecord
@@ -76,6 +76,31 @@ def project_limits(project: ProjectRecord) -> KeyLimits | None:
     return limits if limits.any else None
 
 
+def _project_scopes(
+    store: AuthorityStore, projects: Iterable[ProjectRecord]
+) -> dict[str, tuple[KeyLimits, frozenset[str]]]:
+    """Each project with limits, as PROJECT_SCOPE + name: its limits, and the
+    names of its keys whose records its counts are rebuilt from. Keys revoked
+    since the counted time began, or of a suspended account, are among them:
+    what they spent is still the project's after a restart."""
+    now = time.time()
+    since: dict[str, tuple[KeyLimits, float]] = {}
+    for p in projects:
+        shared = project_limits(p)
+        if shared is not None:
+            since[p.name] = (shared, counted_since(shared, now))
+    if not since:
+        return {}
+    names: dict[str, set[str]] = {name: set() for name in since}
+    for project, key, revoked in store.project_keys(min(s for _, s in since.values())):
+        if project in since and (revoked is None or revoked >= since[project][1]):
+            names[project].add(key)
+    return {
+        PROJECT_SCOPE + name: (shared, frozenset(names[name]))
+        for name, (shared, _) in since.items()
+    }
+
+
 @dataclass(frozen=True)
 class ServiceEntry:
     name: str
@@ -97,6 +122,9 @@ class ServiceEntry:
     # Its scaling policy when not the default (letsinfer.capacity): loaded on
     # demand, or kept at a number of groups by load.
     scaling: ScalingPolicy | None = None
+    # Its canary (letsinfer.lifecycle.canary): the group and the share (0..1)
+    # of its requests that group takes.
+    canary: tuple[str, float] | None = None
 
     @property
     def serves(self) -> str:
@@ -117,6 +145,10 @@ class Snapshot:
     def externals(self) -> dict[str, ExternalModel]:
         """The external models to publish (not those stopped)."""
         return {s.name: s.external for s in self.services if s.external is not None and s.running}
+
+    def canaries(self) -> dict[str, tuple[str, float]]:
+        """Models with a canary: its group and share (for the routing table)."""
+        return {s.name: s.canary for s in self.services if s.canary is not None}
 
 
 def _running(service: ServiceRecord, groups: list[tuple[str, str]]) -> frozenset[str]:
@@ -173,15 +205,9 @@ class Directory:
                 for k in store.list_api_keys()
                 if k.owner is None or k.owner not in refused
             }
-            scoped: dict[str, tuple[KeyLimits, frozenset[str]]] = {}
-            for p in projects.values():
-                shared = project_limits(p)
-                if shared is not None:
-                    members = frozenset(
-                        k.name for k in keys.values() if k.project_scope == PROJECT_SCOPE + p.name
-                    )
-                    scoped[PROJECT_SCOPE + p.name] = (shared, members)
+            scoped = _project_scopes(store, projects.values())
             scaling = store.scaling_policies()
+            canaries = {c.service: (c.pg_id, c.percent / 100) for c in store.list_canaries()}
             groups: dict[str, list[tuple[str, str]]] = {}
             for pg in store.list_placement_groups():
                 groups.setdefault(pg.service, []).append((pg.id, pg.desired))
@@ -197,6 +223,7 @@ class Directory:
                     identity=_identity(s),
                     text_only=s.format == "gguf",
                     scaling=scaling.get(s.name),
+                    canary=canaries.get(s.name),
                 )
                 for s in store.list_services()
             )

@@ -78,15 +78,16 @@ class Gateway:
 
     def on_snapshot(self, snapshot: Snapshot) -> None:
         """A new view of keys and models (not per request): publish external
-        models; a key whose limits appeared, or now need counts not kept
-        before (a budget period, a request rate), is counted afresh from the
-        request records, in the background (:meth:`read_counts`)."""
+        models and canaries' splits; a key whose limits appeared, or now need
+        counts not kept before (a budget period, a request rate), is counted
+        afresh from the request records, in the background (:meth:`read_counts`)."""
         # A stopped cluster serves nothing: its external models neither.
         externals = {} if snapshot.system_stopped else snapshot.externals()
         for name, url in self.refused_providers.items():
             if name in externals and externals[name].url == url:
                 del externals[name]
         external.sync(self.routing, externals)
+        self.routing.set_canaries(snapshot.canaries())
         limited = {k.name: k.limits for k in snapshot.keys.values() if k.limits is not None}
         # A project's limits: one more scope, counted from its keys' records.
         for scope, (shared, members) in snapshot.projects.items():

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from letsinfer.home import Home
-from letsinfer.store import AuthorityStore, PgTaskRecord, ServiceRecord
+from letsinfer.store import AuthorityStore, PgTaskRecord, PlacementGroupRecord, ServiceRecord
 
 
 @dataclass(frozen=True)
@@ -77,9 +77,11 @@ def child_uses(home: Home, groups: list[dict[str, Any]] | None, engines: set[str
     )
 
 
-def _digests(store: AuthorityStore, svc: ServiceRecord) -> list[str]:
-    """The files a model's engines read: its own, then its LoRA adapters'."""
-    return [svc.artifact_digest, *(a.artifact_digest for a in store.list_adapters(svc.name))]
+def _digests(store: AuthorityStore, svc: ServiceRecord, pg: PlacementGroupRecord) -> list[str]:
+    """The files a group's engine reads: its weights (its own while an update
+    rolls out, else its model's), then its model's LoRA adapters'."""
+    weights = pg.artifact_digest or svc.artifact_digest
+    return [weights, *(a.artifact_digest for a in store.list_adapters(svc.name))]
 
 
 def main_uses(store: AuthorityStore, node_id: str, engines: set[str]) -> NodeUses:
@@ -89,6 +91,10 @@ def main_uses(store: AuthorityStore, node_id: str, engines: set[str]) -> NodeUse
         origins.setdefault(s.artifact_digest, []).append(s.name)
     for a in store.list_adapters():
         origins.setdefault(a.artifact_digest, []).append(a.name)
+    for name in services:  # weights kept for `model rollback --weights`
+        for w in store.weights_history(name):
+            if name not in origins.setdefault(w.artifact_digest, []):
+                origins[w.artifact_digest].append(name)
     groups = []
     for pg in store.list_placement_groups():
         if node_id not in {t.node_id for t in store.pg_tasks(pg.id)} and pg.node_id != node_id:
@@ -97,7 +103,7 @@ def main_uses(store: AuthorityStore, node_id: str, engines: set[str]) -> NodeUse
         if svc is not None:
             groups += [
                 GroupUse(pg.id, pg.service, digest, pg.desired, pg.id in engines)
-                for digest in _digests(store, svc)
+                for digest in _digests(store, svc, pg)
             ]
     return NodeUses("main", groups, origins)
 
@@ -119,6 +125,6 @@ def groups_for_child(
                     "artifact_digest": digest,
                     "desired": pg.desired,
                 }
-                for digest in _digests(store, svc)
+                for digest in _digests(store, svc, pg)
             ]
     return out

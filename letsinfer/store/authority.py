@@ -29,6 +29,7 @@ from typing import Any
 from letsinfer.home import admin_gid, share_with_group
 from letsinfer.store.adapters import AdapterTables
 from letsinfer.store.audit import AuditTables, HeadKeeper
+from letsinfer.store.canaries import CanaryTables
 from letsinfer.store.controllers import ControllerTables
 from letsinfer.store.evals import EvalTables
 from letsinfer.store.groups import GroupTables
@@ -59,6 +60,7 @@ from letsinfer.store.releases import ReleaseTables
 from letsinfer.store.scaling import ScalingTables
 from letsinfer.store.services import ServiceTables
 from letsinfer.store.webhooks import WebhookTables
+from letsinfer.store.weights import WeightTables
 
 # The records were defined here once: they are still importable from here.
 __all__ = [
@@ -117,6 +119,8 @@ class AuthorityStore(
     PeopleTables,
     JoinCodeTables,
     EvalTables,
+    CanaryTables,
+    WeightTables,
 ):
     def __init__(self, path: Path, anchor: HeadKeeper | None = None) -> None:
         """``anchor``: signs the audit chain's head after each commit that

@@ -515,4 +515,51 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (run_id, idx)
     );
     """,
+    # canaries (`model upgrade --canary`, letsinfer.lifecycle.canary): per model
+    # at most one new group taking a share of its requests until promoted or
+    # aborted; the gateway's directory carries the split (so it moves
+    # 'directory'), and it goes with its group or its model.
+    """
+    CREATE TABLE canaries (
+        service TEXT PRIMARY KEY REFERENCES model_services(name) ON DELETE CASCADE,
+        pg_id TEXT NOT NULL UNIQUE REFERENCES placement_groups(id) ON DELETE CASCADE,
+        percent REAL NOT NULL CHECK (percent > 0 AND percent < 100),
+        kind TEXT NOT NULL,
+        change TEXT NOT NULL,
+        replaces TEXT,
+        started_at REAL NOT NULL,
+        started_by TEXT NOT NULL
+    );
+    CREATE TRIGGER canaries_added AFTER INSERT ON canaries BEGIN
+        UPDATE revisions SET rev = rev + 1 WHERE name = 'directory';
+    END;
+    CREATE TRIGGER canaries_deleted AFTER DELETE ON canaries BEGIN
+        UPDATE revisions SET rev = rev + 1 WHERE name = 'directory';
+    END;
+    """,
+    # weights from their origin (`model update`, letsinfer.lifecycle.weights): a
+    # group may run other weights than its model's while an update rolls out
+    # (NULL: its model's); every set of weights a model ran is kept with its
+    # origin for `model rollback --weights`; a model's gate (`model gate`) is
+    # the suite and score its updates and upgrades must reach.
+    """
+    ALTER TABLE placement_groups ADD COLUMN artifact_digest TEXT;
+    CREATE TABLE weight_history (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        service TEXT NOT NULL REFERENCES model_services(name) ON DELETE CASCADE,
+        artifact_digest TEXT NOT NULL,
+        artifact_size INTEGER NOT NULL,
+        origin TEXT,
+        event TEXT NOT NULL,
+        at REAL NOT NULL
+    );
+    CREATE INDEX weight_history_service ON weight_history(service);
+    CREATE TABLE model_gates (
+        service TEXT PRIMARY KEY REFERENCES model_services(name) ON DELETE CASCADE,
+        suite TEXT NOT NULL,
+        min_score REAL NOT NULL,
+        set_at REAL NOT NULL,
+        set_by TEXT NOT NULL
+    );
+    """,
 ]

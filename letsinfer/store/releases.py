@@ -56,6 +56,8 @@ class ReleaseTables(Plumbing):
             "SELECT artifact_digest AS digest, 'model service' AS holder_kind, name AS holder "
             "FROM model_services WHERE external IS NULL UNION ALL "
             "SELECT artifact_digest, 'LoRA adapter', name FROM model_adapters UNION ALL "
+            "SELECT DISTINCT artifact_digest, 'kept weights', service FROM weight_history "
+            "UNION ALL "
             "SELECT j.value, 'runtime release', r.id "
             "FROM runtime_releases r, json_each(r.artifacts) j ORDER BY 1, 2, 3"
         )

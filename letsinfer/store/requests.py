@@ -36,6 +36,9 @@ class RequestRecord(NamedTuple):
     charged: int | None = None
     # Its X-Letsinfer-Tags: a JSON array of distinct tags (letsinfer.gateway.tags).
     tags: str | None = None
+    # How long it waited for its model to load (letsinfer.capacity); None: it
+    # did not wait for a load.
+    load_wait_ms: float | None = None
 
 
 class UsageRow(NamedTuple):
@@ -77,13 +80,14 @@ CREATE TABLE IF NOT EXISTS requests (
     queue_ms REAL NOT NULL,
     cached INTEGER NOT NULL DEFAULT 0,
     charged INTEGER,
-    tags TEXT
+    tags TEXT,
+    load_wait_ms REAL
 );
 CREATE INDEX IF NOT EXISTS requests_ts ON requests (ts);
 CREATE INDEX IF NOT EXISTS requests_id ON requests (request_id);
 """
 # What a column added since the first release reads as in a file without it.
-_DEFAULTS = {"cached": "0", "charged": "NULL", "tags": "NULL"}
+_DEFAULTS = {"cached": "0", "charged": "NULL", "tags": "NULL", "load_wait_ms": "NULL"}
 _GROUP = {"key": "key", "model": "model", "node": "COALESCE(node, '-')"}
 
 
@@ -121,6 +125,8 @@ class RequestStore:
             self.conn.execute("ALTER TABLE requests ADD COLUMN charged INTEGER")
         if "tags" not in columns:  # ... or before request tags
             self.conn.execute("ALTER TABLE requests ADD COLUMN tags TEXT")
+        if "load_wait_ms" not in columns:  # ... or before loads on demand were recorded
+            self.conn.execute("ALTER TABLE requests ADD COLUMN load_wait_ms REAL")
         self._columns = ", ".join(RequestRecord._fields)
         # A new file gets the end-time index now; a file an earlier release
         # filled gets it from the writer's next round (``date_at_end``), not
@@ -230,6 +236,52 @@ class RequestStore:
             (since, *keys),
         ).fetchall()
         return [tuple(r) for r in rows]
+
+    def usage_by_project(
+        self, keys: list[tuple[str, float, float | None, str | None]], since: float | None = None
+    ) -> list[UsageRow]:
+        """Sums per project. ``keys``: every API key the authority has had, as
+        (name, created, revoked or None, project or None). A record counts
+        under the project of the key that bore its name when it arrived (a
+        revoked key's name may be taken again, by a key of another project);
+        one of a key without a project, or of none known, under ``-``."""
+        with self.conn:  # (the staged keys' statements, ended at once)
+            stage_rows(self.conn, "key_projects (key TEXT, born REAL, gone REAL, project TEXT)",
+                       keys)  # fmt: skip
+            rows = self.conn.execute(
+                "SELECT COALESCE(p.project, '-') AS name, COUNT(*), SUM(r.status >= 400), "
+                "COALESCE(SUM(r.prompt_tokens), 0), COALESCE(SUM(r.completion_tokens), 0) "
+                "FROM requests r LEFT JOIN temp.key_projects p ON p.key = r.key "
+                "AND r.ts >= p.born AND (p.gone IS NULL OR r.ts < p.gone) "
+                "WHERE r.ts >= ? GROUP BY name ORDER BY name",
+                (since or 0.0,),
+            ).fetchall()
+        return [UsageRow(*r) for r in rows]
+
+    def group_counts(self, model: str, since: float) -> dict[str | None, tuple[int, int]]:
+        """Per placement group that answered ``model`` since ``since``: its
+        requests and errors (status 400 and above)."""
+        rows = self.conn.execute(
+            "SELECT pg, COUNT(*), SUM(status >= 400) FROM requests "
+            "WHERE ts >= ? AND model = ? GROUP BY pg",
+            (since, model),
+        ).fetchall()
+        return {pg: (n, errors or 0) for pg, n, errors in rows}
+
+    def group_durations(
+        self, model: str, since: float, groups: list[str], limit: int = 20_000
+    ) -> list[float]:
+        """How long the latest (at most ``limit``) answers of ``model`` by these
+        groups since ``since`` took, in milliseconds (for percentiles)."""
+        if not groups:
+            return []
+        marks = ", ".join("?" * len(groups))
+        rows = self.conn.execute(
+            f"SELECT duration_ms FROM requests WHERE ts >= ? AND model = ? AND pg IN ({marks}) "
+            "ORDER BY ts DESC LIMIT ?",
+            (since, model, *groups, limit),
+        ).fetchall()
+        return [r[0] for r in rows]
 
     def usage(self, by: UsageBy, since: float | None = None) -> list[UsageRow]:
         """Sums per ``by``; by tag, a request counts under each of its tags

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from cryptography import x509
@@ -35,6 +36,15 @@ def seconds_left(files: TlsFiles) -> float:
 
 def due(files: TlsFiles, renew_before_s: float) -> bool:
     return seconds_left(files) <= renew_before_s
+
+
+def expiry(files: TlsFiles) -> float | None:
+    """When the certificate on disk expires (the one the next start presents)."""
+    try:
+        cert = pki.load_cert(files.cert.read_bytes())
+    except (OSError, pki.CertificateError):
+        return None
+    return cert.not_valid_after_utc.timestamp()
 
 
 def install(files: TlsFiles, pem: bytes) -> x509.Certificate:
@@ -69,3 +79,22 @@ def renew_main(files: TlsFiles, ca: ClusterCA, store: AuthorityStore, node_id: s
             target=node.name if node else node_id,
         )
     log.info("node certificate renewed until %s", cert.not_valid_after_utc)
+
+
+def renew_main_if_due(
+    files: TlsFiles,
+    ca: Callable[[], ClusterCA],
+    store: AuthorityStore,
+    node_id: str,
+    renew_before_s: float,
+) -> bool:
+    """Children ask the main for theirs; the main issues its own, on its
+    rounds. True when it renewed; a failure is logged (and said by doctor),
+    and the next round tries again."""
+    try:
+        if due(files, renew_before_s):
+            renew_main(files, ca(), store, node_id)
+            return True
+    except Exception:
+        log.exception("could not renew this node's certificate")
+    return False
