@@ -64,7 +64,8 @@ def _candidates(wait: float) -> list[Advert]:
 @click.option(
     "--wheelhouse",
     type=click.Path(path_type=Path, exists=True, dir_okay=False),
-    help="Install letsinfer on HOST from this archive of wheels only (--ssh).",
+    help="Install letsinfer on HOST from this archive of wheels only (--ssh); default: the "
+    "newest bundle in the main's mirror holding this version, else pip's index.",
 )
 @click.option("--index-url", metavar="URL", help="Install from this package index (--ssh).")
 @click.option(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import socket
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -141,7 +142,15 @@ def add_over_ssh(ctx: CliContext, name: str | None, opts: SshOptions, as_json: b
     if reached.recorded:
         say(f"{target.host}: new host key {reached.host_key}, recorded in {target.known_hosts}")
     new = node_add.NewHost(node, target, become=reached.become, extra_vars=extra)
-    sources = node_add.Sources(__version__, opts.wheelhouse, opts.index_url)
+    wheelhouse, scratch = opts.wheelhouse, tempfile.TemporaryDirectory(prefix="letsinfer-")
+    if wheelhouse is None and opts.index_url is None:
+        from letsinfer.mirror.layout import MirrorLayout
+
+        mirrored = node_add.mirror_wheelhouse(MirrorLayout.for_home(ctx.home).bundles, __version__)
+        if mirrored is not None:  # an air-gapped site: the wheels its bundle brought
+            say(f"installing letsinfer {__version__} from the main's mirror: {mirrored}")
+            wheelhouse = node_add.packed(mirrored, Path(scratch.name))
+    sources = node_add.Sources(__version__, wheelhouse, opts.index_url)
     try:
         if as_json:
             result = node_add.run(playbooks, main, new, sources)
@@ -156,6 +165,8 @@ def add_over_ssh(ctx: CliContext, name: str | None, opts: SshOptions, as_json: b
                 )
     except FleetError as exc:
         raise click.ClickException(str(exc)) from exc
+    finally:
+        scratch.cleanup()
     changed = node_add.changed(result)
     outcome = "failed" if not result.ok else ("onboarded" if changed else "unchanged")
     if as_json:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import tarfile
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -59,6 +60,29 @@ class NewHost:
     ssh: SshTarget
     become: bool = False
     extra_vars: Mapping[str, Any] = field(default_factory=dict)
+
+
+def mirror_wheelhouse(bundles: Path, version: str) -> Path | None:
+    """The newest bundle imported into the main's mirror whose wheelhouse holds
+    this letsinfer ``version``: an air-gapped site's source when no
+    --wheelhouse or --index-url is given (the same wheels site.yml installs)."""
+    found = [
+        wheelhouse
+        for wheelhouse in bundles.glob("*/wheelhouse")
+        if any(wheelhouse.glob(f"letsinfer-{version}-*.whl"))
+    ]
+    return max(found, key=lambda w: w.stat().st_mtime, default=None)
+
+
+def packed(wheelhouse: Path, into: Path) -> Path:
+    """``wheelhouse`` (a folder: wheels and their signed list) as the flat tar
+    archive the node role installs from."""
+    archive = into / "wheelhouse.tar"
+    with tarfile.open(archive, "w") as tar:
+        for item in sorted(wheelhouse.iterdir()):
+            if item.is_file():
+                tar.add(item, arcname=item.name)
+    return archive
 
 
 def node_name(host: str) -> str:
