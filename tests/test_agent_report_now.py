@@ -224,7 +224,9 @@ def test_the_main_asks_a_child_it_placed_a_load_on_to_report_now(
         placer = _Placer(SimpleNamespace(id=node, name=node, address="10.0.0.2:8444"))
         told: list[str] = []
         names = {
-            "cold": SimpleNamespace(scaling=ScalingPolicy(min_groups=0), groups=(), running=True)
+            "cold": SimpleNamespace(
+                scaling=ScalingPolicy(min_groups=0), groups=(), running=True, canary=None
+            )
         }
         directory = SimpleNamespace(
             current=lambda: SimpleNamespace(names=names, services=[], system_stopped=False)

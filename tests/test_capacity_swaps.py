@@ -102,7 +102,8 @@ def _controller(
 ) -> CapacityController:
     on_demand = ScalingPolicy(min_groups=0, min_resident_s=10.0)
     names = {
-        s: SimpleNamespace(scaling=on_demand, groups=(), running=True) for s in ("popular", "rare")
+        s: SimpleNamespace(scaling=on_demand, groups=(), running=True, canary=None)
+        for s in ("popular", "rare")
     }
     directory = SimpleNamespace(
         current=lambda: SimpleNamespace(names=names, services=[], system_stopped=False)
@@ -183,3 +184,52 @@ def test_a_group_never_idle_is_drained_for_a_waiting_model_after_the_bound() -> 
             await asyncio.gather(load, return_exceptions=True)
 
     asyncio.run(scenario())
+
+
+def test_a_canary_or_a_group_a_gate_judges_is_not_scaled_away() -> None:
+    """A model at its maximum of one group with a second beside it: the
+    capacity round takes one away, unless the second is a canary (both sides
+    stay until promote or abort) or a group a gate is judging."""
+
+    async def scenario(canary: bool, held: bool) -> list[str]:
+        now = [1000.0]
+        routing = RoutingTable(clock=lambda: now[0])
+        for pg in ("pg-old", "pg-new"):
+            routing.publish(Replica(pg, "chat", "http://e", "Bearer k", 4, "main"))
+        if held:
+            routing.hold({"pg-new"})
+        placer = _Placer({"pg-old": "chat", "pg-new": "chat"})
+        policy = ScalingPolicy(min_groups=1, max_groups=1)
+        entry = SimpleNamespace(
+            name="chat",
+            scaling=policy,
+            groups=("pg-old", "pg-new"),
+            running=True,
+            canary=("pg-new", 0.3) if canary else None,
+        )
+        directory = SimpleNamespace(
+            current=lambda: SimpleNamespace(
+                names={"chat": entry}, services=[entry], system_stopped=False
+            )
+        )
+        controller = CapacityController(
+            placer,  # type: ignore[arg-type]
+            routing,
+            directory,  # type: ignore[arg-type]
+            lambda: None,
+            CapacitySettings(settle_s=0.0),
+            clock=lambda: now[0],
+        )
+        controller.admission = SimpleNamespace(  # type: ignore[assignment]
+            depth=lambda service=None: 0, refuse_waiters=lambda service, error: None
+        )
+        controller.round()
+        drained = sorted(routing.draining())
+        for task in controller._draining.values():
+            task.cancel()
+        await asyncio.gather(*controller._draining.values(), return_exceptions=True)
+        return drained
+
+    assert asyncio.run(scenario(canary=False, held=False)) != []  # one group too many: it goes
+    assert asyncio.run(scenario(canary=True, held=False)) == []
+    assert asyncio.run(scenario(canary=False, held=True)) == []

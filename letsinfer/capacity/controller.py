@@ -452,6 +452,10 @@ class CapacityController:
         entry = self.directory.current().names.get(service)
         if entry is not None and entry.groups and not entry.running:
             return  # stopped by an administrator
+        if entry is not None and entry.canary is not None:
+            return  # a canary's two sides stay as they are until promote or abort
+        if any(self.routing.holds(pg) for pg in groups):
+            return  # a gate is judging a new group: one group more, for now
         live = [pg for pg in groups if pg not in self._draining]
         n = len(live)
         if n < policy.min_groups:

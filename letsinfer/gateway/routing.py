@@ -254,6 +254,10 @@ class RoutingTable:
         self._held -= pg_ids
         self._mark_draining()
 
+    def holds(self, pg_id: str) -> bool:
+        """Whether ``pg_id`` is held (a gate judges it), published or not."""
+        return pg_id in self._held
+
     def held(self, service: str, pg_id: str) -> Replica | None:
         """The held group's replica, when it is held and published."""
         if pg_id not in self._held:
