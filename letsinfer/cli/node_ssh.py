@@ -35,18 +35,25 @@ class SshOptions:
     extra: tuple[str, ...]
 
 
+def installed_playbooks() -> Path:
+    """Where the wheel installs the collection's playbooks (pyproject's data-files)."""
+    return Path(sys.prefix) / "share" / "letsinfer" / "ansible" / "playbooks"
+
+
 def _playbooks(given: Path | None) -> Path:
-    """--playbooks, else ./playbooks, else the checkout letsinfer runs from."""
+    """--playbooks, else ./playbooks, else the checkout letsinfer runs from,
+    else the collection installed with letsinfer."""
     from letsinfer.fleet.node_add import PLAYBOOK
 
     checkout = Path(__file__).resolve().parents[2] / "playbooks"
-    for folder in [given] if given else [Path.cwd() / "playbooks", checkout]:
+    candidates = [given] if given else [Path.cwd() / "playbooks", checkout, installed_playbooks()]
+    for folder in candidates:
         if (folder / PLAYBOOK).is_file():
             return folder.absolute()
-    where = str(given) if given else f"./playbooks or {checkout}"
+    where = str(given) if given else ", ".join(str(c) for c in candidates)
     raise click.ClickException(
         f"no {PLAYBOOK} in {where}: `node add --ssh` runs the letsinfer.cluster "
-        "collection's playbook; run it from a letsinfer checkout or pass --playbooks DIR"
+        "collection's playbook (installed with letsinfer); pass --playbooks DIR"
     )
 
 

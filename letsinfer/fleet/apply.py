@@ -177,6 +177,10 @@ def apply(
     cfg = find_ansible_cfg(playbook.parent)
     if cfg is not None:
         envvars["ANSIBLE_CONFIG"] = str(cfg)
+    elif (playbook.parent.parent / "collections").is_dir():
+        # The collection as the wheel installs it (share/letsinfer/ansible):
+        # playbooks beside an installed letsinfer.cluster, no ansible.cfg.
+        envvars["ANSIBLE_COLLECTIONS_PATH"] = str(playbook.parent.parent / "collections")
     bindir = str(Path(_binary("ansible-playbook")).parent)
     path = os.environ.get("PATH", "")
     if bindir not in path.split(os.pathsep):  # ansible-runner looks ansible-playbook up here
