@@ -360,6 +360,9 @@ def test_a_parked_group_on_the_running_main_is_on_the_operator_page(node: Runnin
         page = b.get("/ui/operator")
         b.close()
         assert page.status_code == 200, page.text
+        # It stays current on a wall screen by itself, with no script.
+        assert re.search(r'<meta http-equiv="refresh" content="\d+">', page.text), page.text
+        assert "<script" not in page.text
         row = re.search(r"<tr><td>flaky</td>.*?</tr>", page.text, re.S)
         assert row, page.text
         assert "parked" in row.group(0) and "2 failed starts" in row.group(0)

@@ -45,6 +45,7 @@ T = TypeVar("T")
 HERE = Path(__file__).parent
 MAX_FORM = 64 * 1024
 USAGE_DAYS = 30
+OPERATOR_REFRESH_S = 15  # the cluster page reloads itself (no script: the CSP allows none)
 CSP = (
     "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
     "frame-ancestors 'none'; base-uri 'none'"
@@ -444,7 +445,14 @@ class Portal:
             }
 
         seen = await self.db(read)
-        return self.page("operator.html", signed=signed, when=_when, gib=_gib, **seen)
+        return self.page(
+            "operator.html",
+            signed=signed,
+            when=_when,
+            gib=_gib,
+            refresh_s=OPERATOR_REFRESH_S,
+            **seen,
+        )
 
     # -- the playground: the real gateway, the user's own key -------------------
     async def playground_models(self, signed: Signed) -> list[str]:
