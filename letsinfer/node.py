@@ -365,13 +365,13 @@ class MainNode:
         future = asyncio.run_coroutine_threadsafe(self.node_removed(removal), self.post.loop)
         return await asyncio.wrap_future(future)
 
-    async def _scene_for_control(self) -> tuple[list[str], float]:
-        """The groups draining now and how long a child may go unheard, read on
-        the gateway's loop (which owns them) for the control plane's displays."""
+    async def _scene_for_control(self) -> tuple[list[str], float, dict[str, object]]:
+        """The groups draining now, how long a child may go unheard and the exposure's
+        state, read on the gateway's loop (which owns them) for the control plane's displays."""
         assert self.post is not None
-        lifecycle = self.lifecycle
+        lifecycle, exposure, draining = self.lifecycle, self.exposure, self.routing.draining
         facts = self.post.submit(
-            lambda: (sorted(self.routing.draining()), lifecycle.shown_stale_after_s)
+            lambda: (sorted(draining()), lifecycle.shown_stale_after_s, exposure.state())
         )
         return await asyncio.wait_for(asyncio.wrap_future(facts), 30)
 

@@ -92,7 +92,9 @@ def main(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Main]:
 
 
 @contextmanager
-def served(home: Home, lifecycle: LifecycleSettings | None = None) -> Iterator[Main]:
+def served(
+    home: Home, lifecycle: LifecycleSettings | None = None, scene: Any = None
+) -> Iterator[Main]:
     """The control plane of the main in ``home``, with a controller paired in
     each role: fuzz (administrator), op (operator), watcher (viewer)."""
     identity = load_identity(home.identity_file)
@@ -113,6 +115,7 @@ def served(home: Home, lifecycle: LifecycleSettings | None = None) -> Iterator[M
         denials=DenialLog(store),
         home=home,
         rollouts=ServingRollouts(serving),
+        scene=scene,  # what only the running gateway knows (None: the settings' word)
         # What the running main does after a removal but stop routing (none routes here).
         on_removed=lambda removal: tell_removed(
             tls_files(home, identity), removal.node, store, "main"
@@ -214,6 +217,7 @@ def store_state(store: AuthorityStore) -> str:
             [(g.id, g.desired, g.state) for g in store.list_placement_groups()],
             store.list_controllers(),
             store.list_webhooks(),
+            [store.get_gate(s.name) for s in store.list_services()],
         )
     )
 
@@ -293,6 +297,12 @@ def test_fuzzed_from_the_document_no_5xx_and_no_unaudited_change(main: Main) -> 
         ("/v1/ops/models/tiny/fallback", {"fallback": None}),
         ("/v1/ops/models/tiny/upgrade", {"release": "no-such-release"}),
         ("/v1/ops/models/tiny/rollback", {"to": group.id}),
+        ("/v1/ops/models/tiny/rollback-weights", {"to": "deadbeef"}),
+        ("/v1/ops/models/tiny/update-from-origin", {"canary": 10}),  # refused: no origin
+        ("/v1/ops/models/tiny/gate", {"suite": "arithmetic", "min_score": 0.5}),
+        ("/v1/ops/models/tiny/gate", {"suite": str(main.home.database), "min_score": 0.5}),
+        ("/v1/ops/models/tiny/gate/clear", None),
+        ("/v1/ops/models/tiny/gate/clear", None),
         ("/v1/ops/nodes/main/pause", None),
         ("/v1/ops/models/tiny/scale", {"max_groups": 3}),
         ("/v1/ops/nodes/main/resume", None),
@@ -1233,3 +1243,209 @@ def test_model_adapters_added_listed_and_removed_from_a_workstation_as_on_the_ma
     assert remote.out.replace("lo-ws", "lo-main") == local.out
     assert ("controller:op", "model.adapter.remove", "ok") in audited(store, since)
     assert store.list_adapters() == []
+
+
+def test_model_gate_shown_set_and_cleared_from_a_workstation_as_on_the_main(
+    desk: Desk, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Shown by a viewer, set and cleared by an operator: the main's words and
+    exit codes, audited under the controller. A viewer's change is refused
+    before it is sent; a suite file (a workstation's path) is refused before
+    it is sent, and the main itself takes only a built-in suite's name."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr("letsinfer.store.weights.time", SimpleNamespace(time=lambda: 1.8e9))
+    store = desk.main.store
+
+    def both(controller: str, *argv: str) -> Typed:
+        """Typed at the workstation, then (the gate as it was before) at the main."""
+        kept = store.get_gate("tiny")
+        remote = desk.at_ws(controller, "model", "gate", *argv)
+        with store.transaction():
+            store.clear_gate("tiny")
+            if kept is not None:
+                store.set_gate("tiny", kept.suite, kept.min_score, kept.set_by)
+        local = desk.at_main("model", "gate", *argv)
+        assert (remote.code, remote.out, remote.err) == (local.code, local.out, local.err), argv
+        return remote
+
+    since = len(store.list_audit())
+    for extra in ([], ["--json"]):
+        assert both("watcher", "tiny", *extra).code == 0
+        assert both("op", "tiny", "--suite", "arithmetic", "--min-score", "0.5", *extra).code == 0
+        assert both("watcher", "tiny", *extra).code == 0
+        assert both("op", "tiny", "--clear", *extra).code == 0
+        assert both("op", "tiny", "--clear", *extra).code == 0
+    said = desk.at_ws("op", "model", "gate", "tiny", "--suite", "arithmetic", "--min-score", "0.5")
+    assert (
+        said.out
+        == "gate of tiny: suite arithmetic, min score 0.5 (set 2027-01-15T08:00:00+00:00)\n"
+    )
+    assert json.loads(desk.at_ws("watcher", "model", "gate", "tiny", "--json").out) == {
+        "model": "tiny",
+        "suite": "arithmetic",
+        "min_score": 0.5,
+        "set_at": "2027-01-15T08:00:00+00:00",
+    }
+    done = audited(store, since)
+    assert ("controller:op", "model.gate.set", "ok") in done
+    assert ("controller:op", "model.gate.clear", "ok") in done
+    assert ("cli", "model.gate.set", "ok") in done
+
+    kept = store.get_gate("tiny")
+    since, sent = len(store.list_audit()), len(desk.sent)
+    for argv in (["--clear"], ["--suite", "json-format", "--min-score", "1"]):
+        denied = desk.at_ws("watcher", "model", "gate", "tiny", *argv)
+        assert denied.code == 1, argv
+        assert "needs the operator role; this controller (watcher) is viewer" in denied.err
+    assert desk.sent[sent:] == [("watcher", "POST", "/v1/ops/denied")] * 2
+    assert audited(store, since) == [("controller:watcher", "cli:model gate", "denied")] * 2
+
+    suite = tmp_path / "suite.yaml"
+    suite.write_text("name: mine\ncases: []\n")
+    sent = len(desk.sent)
+    refused = desk.at_ws("op", "model", "gate", "tiny", "--suite", str(suite), "--min-score", "1")
+    assert refused.code == 2 and "a gate's suite is a built-in one" in refused.err
+    assert "Nothing was sent." in " ".join(refused.err.split())
+    assert desk.sent[sent:] == []
+    for argv in (
+        ["nothing"],
+        ["nothing", "--clear"],
+        ["nothing", "--suite", "arithmetic", "--min-score", "1"],
+    ):
+        assert both("op", *argv).code == 1
+    with desk.main.client("op") as op:
+        for body in (
+            {"suite": str(desk.main.home.database), "min_score": 0.5},
+            {"suite": "arithmetic", "min_score": 2},
+            {"suite": "arithmetic"},
+        ):
+            answer = op.post("/v1/ops/models/tiny/gate", json=body)
+            assert answer.status_code in (400, 422), body
+    assert store.get_gate("tiny") == kept
+    assert audited(store, since)[2:] == []
+
+
+def test_model_rollback_weights_from_a_workstation_as_on_the_main(running_desk: Desk) -> None:
+    """Weights the model ran before, by their commit: rolled back from the
+    workstation on the main's loop, audited under the controller; weights it
+    never ran and a model that is not there are refused with the main's words
+    and nothing changed; a viewer is refused before it is sent."""
+    desk, store = running_desk, running_desk.main.store
+    [svc] = store.list_services()
+    commit = "c0ffee" + "0" * 34
+    origin = {"repo": "org/tiny", "revision": "main", "commit": commit, "files": []}
+    with store.transaction():
+        store.add_weights_history("tiny", svc.artifact_digest, svc.artifact_size, origin, "pulled")
+    before = store_state(store)
+    for argv in (["tiny", "--weights", "deadbeef"], ["nothing", "--weights", "c0ffee0"]):
+        remote = desk.at_ws("op", "model", "rollback", *argv)
+        local = desk.at_main("model", "rollback", *argv)
+        assert remote.code == local.code == 1, (argv, remote.err)
+        assert remote.err == local.err and remote.out == local.out, argv
+    assert (
+        "never ran weights 'deadbeef'"
+        in desk.at_ws("op", "model", "rollback", "tiny", "--weights", "deadbeef").err
+    )
+    assert store_state(store) == before
+
+    sent = len(desk.sent)
+    denied = desk.at_ws("watcher", "model", "rollback", "tiny", "--weights", "c0ffee0")
+    assert denied.code == 1 and "needs the operator role" in denied.err
+    assert desk.sent[sent:] == [("watcher", "POST", "/v1/ops/denied")]
+    assert store_state(store) == before
+
+    for extra in (["--json"], []):
+        since = len(store.list_audit())
+        argv = ("model", "rollback", "tiny", "--weights", "c0ffee0", *extra)
+        remote = desk.at_ws("op", *argv)
+        assert remote.code == 0, remote.err
+        assert ("controller:op", "model.rollback.weights", "ok") in audited(store, since)
+        local = desk.at_main(*argv)
+        assert (remote.code, remote.out, remote.err) == (local.code, local.out, local.err)
+    assert remote.out.startswith("rollback of tiny to weights c0ffee0:")
+
+
+def test_model_update_from_a_workstation_downloads_on_the_main_and_says_what_it_says(
+    running_desk: Desk, hub: Any, tmp_path: Path
+) -> None:
+    """A pulled model moved to its repository's new commit from the
+    workstation: downloaded and verified on the main, rolled out on its loop,
+    with the main's words (the download's included) and exit code, audited
+    under the controller; an update to the commit it runs, a model that is
+    not there and one with no origin alike; a viewer is refused before it is
+    sent."""
+    from letsinfer.engines.tinymodel import write_tiny_model
+
+    desk, store = running_desk, running_desk.main.store
+    pull = ("model", "pull", "org/tiny-gguf", "--quant", "Q8_0", "--no-serve", "--name")
+    for name in ("up-ws", "up-main"):
+        assert desk.at_main(*pull, name).code == 0
+    newer = write_tiny_model(tmp_path / "newer.gguf", "Q8_0", name="newer")
+    commit = hub.add_repo("org/tiny-gguf", {"tiny-gguf-Q8_0.gguf": newer})
+    since = len(store.list_audit())
+    remote = desk.at_ws("op", "model", "update", "up-ws")
+    assert remote.code == 0, remote.err
+    assert ("controller:op", "model.update", "ok") in audited(store, since)
+    local = desk.at_main("model", "update", "up-main")
+    assert local.code == 0, local.err
+    assert remote.out.replace("up-ws", "up-main") == local.out
+    assert remote.err == local.err and f"is commit {commit}" in remote.err
+    assert remote.out.startswith(f"update of up-ws to org/tiny-gguf@{commit[:12]} (sha256:")
+    [updated] = [s for s in store.list_services() if s.name == "up-ws"]
+    assert updated.origin is not None and updated.origin["commit"] == commit
+
+    before = store_state(store)
+    for argv in (["up-ws"], ["up-ws", "--json"], ["nothing"], ["tiny"]):
+        remote = desk.at_ws("op", "model", "update", *argv)
+        local = desk.at_main("model", "update", *argv)
+        assert (remote.code, remote.out, remote.err) == (local.code, local.out, local.err), argv
+    assert "nothing changed" in desk.at_ws("op", "model", "update", "up-ws").out
+    assert "has no recorded origin" in desk.at_ws("op", "model", "update", "tiny").err
+    sent = len(desk.sent)
+    denied = desk.at_ws("watcher", "model", "update", "up-ws", "--revision", "main")
+    assert denied.code == 1 and "needs the operator role" in denied.err
+    assert desk.sent[sent:] == [("watcher", "POST", "/v1/ops/denied")]
+    with desk.main.client("op") as op:
+        for body in ({"canary": 100}, {"revision": ""}, {"sha256": "00"}):
+            answer = op.post("/v1/ops/models/up-ws/update-from-origin", json=body)
+            assert answer.status_code == 422, body
+    assert store_state(store) == before
+
+
+def test_exposure_status_from_a_workstation_is_the_main_s(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not published, then published with a certificate the cluster CA
+    issued: a viewer's workstation prints what the main prints, --json too,
+    the running node's TLS port included (read where the node keeps it)."""
+    from letsinfer import config
+    from letsinfer.authority.bootstrap import init_main
+
+    port = {"listening": True, "port": 9443, "sources": ["10.0.0.0/8"], "error": None}
+
+    async def facts() -> tuple[list[str], float, dict[str, object]]:
+        return [], 30.0, port
+
+    monkeypatch.setattr("letsinfer.cli.exposure.ask_node", lambda *a, **k: port)
+    home = Home.under(tmp_path / "main")
+    init_main(home, config.load(home.config_file), name="main")
+    with served(home, scene=facts) as m:
+        desk = Desk(m, tmp_path / "ws", monkeypatch)
+        for published in (False, True):
+            for extra in ([], ["--json"]):
+                remote = desk.at_ws("watcher", "exposure", "status", *extra)
+                local = desk.at_main("exposure", "status", *extra)
+                assert remote.code == 0, remote.err
+                assert (remote.out, remote.err) == (local.out, local.err), (published, extra)
+            if not published:
+                assert remote.out.startswith('{\n  "published": false')
+                enable = ("--cluster-ca", "--san", "gw.example", "--port", "9443")
+                made = desk.at_main("exposure", "enable", *enable, "--from", "10.0.0.0/8")
+                assert made.code == 0, made.err
+        shown = json.loads(remote.out)
+        assert shown["published"] and shown["node"] == port
+        assert shown["certificate"]["sans"] == ["DNS:gw.example"]
+        assert "node      serving" in desk.at_ws("watcher", "exposure", "status").out
+        refused = desk.at_ws("fuzz", "exposure", "disable")
+        assert refused.code == 3 and "has no operation in the admin API" in refused.err

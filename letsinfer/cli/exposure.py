@@ -21,6 +21,7 @@ from letsinfer import config
 from letsinfer.cli import cli
 from letsinfer.cli.local import ask_node
 from letsinfer.cli.output import emit_object
+from letsinfer.cli.remote import ask_main
 from letsinfer.cli.scope import CliContext, scoped
 from letsinfer.exposure import settings as stored
 from letsinfer.exposure.certificate import (
@@ -30,6 +31,7 @@ from letsinfer.exposure.certificate import (
     cluster_files,
     issue_from_cluster_ca,
 )
+from letsinfer.exposure.report import ca_file, exposure_report
 from letsinfer.exposure.settings import Exposure, ExposureSettingsError
 
 
@@ -43,8 +45,8 @@ def exposure() -> None:
 
 
 def _ca_file(ctx: CliContext) -> Path:
-    assert ctx.identity is not None and ctx.identity.cluster is not None
-    return ctx.home.cluster_dir(ctx.identity.cluster) / "ca.crt"
+    assert ctx.identity is not None
+    return ca_file(ctx.home, ctx.identity)
 
 
 def _refuse_ports(ctx: CliContext, port: int) -> None:
@@ -219,48 +221,26 @@ def enable(
     click.echo(f"  firewall  the firewall role opens only this port: {_firewall_vars(wanted)}")
 
 
-def _described(exposure: Exposure) -> dict[str, Any]:
-    try:
-        cert: dict[str, Any] = check_pair(Path(exposure.cert), Path(exposure.key)).to_json()
-    except CertificateRefused as exc:
-        cert = {"error": str(exc)}
-    return cert
-
-
-@scoped(exposure, "status", scope="main")
+@scoped(exposure, "status", scope="main", remote="viewer")
 @click.option("--json", "as_json", is_flag=True, help="Output JSON.")
 @click.pass_obj
 def status(ctx: CliContext, as_json: bool) -> None:
     """What is published, to whom, the certificate and when it expires."""
-    try:
-        current = stored.load(ctx.home)
-    except ExposureSettingsError as exc:
-        raise click.ClickException(str(exc)) from exc
-    node = ask_node(ctx.home, "GET", "/v1/local/exposure", timeout=10)
-    if current is None:
-        report: dict[str, Any] = {"published": False, "node": node}
+    if ctx.remote is not None:
+        report = ask_main(ctx, "GET", "/v1/ops/exposure")
     else:
-        report = {
-            "published": True,
-            "url": f"https://{current.host}:{current.port}/v1",
-            "port": current.port,
-            "sources": list(current.sources),
-            "plain": current.plain,
-            "certificate_file": current.cert,
-            "key_file": current.key,
-            "cluster_ca": current.cluster_ca,
-            "certificate": _described(current),
-            "node": node,
-        }
-        if current.cluster_ca:
-            report["ca_file"] = str(_ca_file(ctx))
+        node = ask_node(ctx.home, "GET", "/v1/local/exposure", timeout=10)
+        try:
+            report = exposure_report(ctx.home, ctx.identity, node)
+        except ExposureSettingsError as exc:
+            raise click.ClickException(str(exc)) from exc
     if as_json:
         emit_object(report)
         return
-    if current is None:
+    if not report["published"]:
         click.echo("not published: the inference plane serves the LAN only")
         return
-    click.echo(f"published: {report['url']} to {', '.join(current.sources)}")
+    click.echo(f"published: {report['url']} to {', '.join(report['sources'])}")
     cert = report["certificate"]
     if "error" in cert:
         click.echo(f"  certificate  {cert['error']}")
@@ -269,9 +249,10 @@ def status(ctx: CliContext, as_json: bool) -> None:
         click.echo(f"  subject   {cert['subject']}")
         click.echo(f"  names     {', '.join(cert['sans']) or '(none)'}")
         click.echo(f"  expires   {cert['not_after']} ({left.days} days left)")
-    if current.cluster_ca:
+    if report["cluster_ca"]:
         click.echo(f"  trust     {report['ca_file']}")
-    click.echo(f"  plain     {current.plain}")
+    click.echo(f"  plain     {report['plain']}")
+    node = report["node"]
     if node is None:
         click.echo("  node      not running")
     else:

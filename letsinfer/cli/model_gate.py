@@ -6,16 +6,18 @@ upgrades must reach before its new weights or release serve (docs/models.md,
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
 import click
 
 from letsinfer.audit.anchor import open_authority
+from letsinfer.cli.local import segment
 from letsinfer.cli.model import model
 from letsinfer.cli.output import console, emit_object
+from letsinfer.cli.remote import admit, ask_main
 from letsinfer.cli.scope import CliContext, scoped
-from letsinfer.evals.gate import check_min_score, read_spec
+from letsinfer.evals.gate import GateSpec, check_min_score, read_spec
+from letsinfer.evals.gate_setting import GateRefused, change_gate
 from letsinfer.evals.suite import SuiteError, builtin_names
 
 _MIN_SCORE = click.FloatRange(0.0, 1.0)
@@ -54,13 +56,14 @@ def given_gate(eval_suite: str | None, min_score: float | None) -> dict[str, Any
     return {"suite": spec.suite, "min_score": spec.min_score, "text": spec.text}
 
 
-@scoped(model, "gate", scope="main")
+@scoped(model, "gate", scope="main", remote="viewer")
 @click.argument("name")
 @click.option(
     "--suite",
     metavar="FILE|NAME",
     help="The eval suite new weights or releases must pass: a suite file (read by the "
-    f"main's service at each update) or a built-in suite: {', '.join(builtin_names())}.",
+    f"main's service at each update) or a built-in suite: {', '.join(builtin_names())}. "
+    "From a controller: a built-in suite.",
 )
 @click.option("--min-score", type=_MIN_SCORE, metavar="X", help="The score (0 to 1) to reach.")
 @click.option("--clear", is_flag=True, help="Remove the model's gate.")
@@ -81,63 +84,67 @@ def gate(
     (--canary) is judged before it takes its share, and again by `model
     promote`: below the score the promotion is refused and the canary stays
     as it was (`model abort` removes it). Each run is audited with its score
-    (`letsinfer audit list`, `letsinfer eval runs`)."""
+    (`letsinfer audit list`, `letsinfer eval runs`). From a controller,
+    setting or clearing needs the operator role."""
     setting = suite is not None or min_score is not None
     if clear and setting:
         raise click.UsageError("--clear takes no --suite or --min-score")
     if setting and (suite is None or min_score is None):
         raise click.UsageError("--suite and --min-score go together")
+    spec: GateSpec | None = None
     if setting:
         assert suite is not None and min_score is not None
+        if ctx.remote is not None and suite not in builtin_names():
+            # A suite file is read by the main's service: a workstation's path
+            # means nothing there, and the main opens no path a controller names.
+            raise click.BadParameter(
+                f"{suite!r}: from a controller, a gate's suite is a built-in one "
+                f"({', '.join(builtin_names())}); set a suite file's gate on the main. "
+                "Nothing was sent.",
+                param_hint="'--suite'",
+            )
         try:
             check_min_score(min_score)
             spec = read_spec(suite, min_score)
         except SuiteError as exc:
             raise click.BadParameter(str(exc), param_hint="'--suite'") from None
-    store = open_authority(ctx.home)
-    try:
-        svc = store.resolve_service(name)
-        if svc is None:
-            raise click.ClickException(f"no model {name!r} (see `letsinfer model list`)")
-        if svc.external:
-            raise click.ClickException(f"model {svc.name} is external: it has no weights to gate")
-        if clear:
-            with store.transaction():
-                cleared = store.clear_gate(svc.name)
-                if cleared:
-                    store.append_audit("cli", "model.gate.clear", "ok", target=svc.name)
-            if not as_json:
-                said = "cleared" if cleared else "had none; nothing changed"
-                console.print(f"gate of {svc.name}: {said}", highlight=False)
-        elif setting:
-            with store.transaction():
-                store.set_gate(svc.name, spec.suite, spec.min_score, "cli")
-                store.append_audit(
-                    "cli",
-                    "model.gate.set",
-                    "ok",
-                    target=svc.name,
-                    detail=f"suite={spec.suite} min_score={spec.min_score:g}"[:1000],
-                )
-        kept = store.get_gate(svc.name)
-    finally:
-        store.close()
-    shown: dict[str, Any] = {
-        "model": svc.name,
-        "suite": kept.suite if kept else None,
-        "min_score": kept.min_score if kept else None,
-        "set_at": datetime.fromtimestamp(kept.set_at, UTC).isoformat(timespec="seconds")
-        if kept
-        else None,
-    }
+    if ctx.remote is not None:
+        shown = remote_gate(ctx, name, spec, clear)
+    else:
+        store = open_authority(ctx.home)
+        try:
+            shown = change_gate(store, name, spec, clear, "cli")
+        except GateRefused as exc:
+            raise click.ClickException(str(exc)) from None
+        finally:
+            store.close()
+    cleared = shown.pop("cleared", None)
     if as_json:
         emit_object(shown)
-    elif kept is None:
+        return
+    if clear:
+        said = "cleared" if cleared else "had none; nothing changed"
+        console.print(f"gate of {shown['model']}: {said}", highlight=False)
+    if shown["suite"] is None:
         if not clear:
-            console.print(f"model {svc.name} has no gate", highlight=False)
+            console.print(f"model {shown['model']} has no gate", highlight=False)
     else:
         console.print(
-            f"gate of {svc.name}: suite {kept.suite}, min score {kept.min_score:g} "
-            f"(set {shown['set_at']})",
+            f"gate of {shown['model']}: suite {shown['suite']}, min score "
+            f"{shown['min_score']:g} (set {shown['set_at']})",
             highlight=False,
         )
+
+
+def remote_gate(ctx: CliContext, name: str, spec: GateSpec | None, clear: bool) -> dict[str, Any]:
+    """The main's answer; a change first admitted for the operator role (a
+    viewer's attempt is refused here, the main told of it)."""
+    where = f"/v1/ops/models/{segment(name)}/gate"
+    if spec is None and not clear:
+        return ask_main(ctx, "GET", where)  # type: ignore[no-any-return]
+    admit(ctx.remote, "model gate", "operator")
+    if clear:
+        return ask_main(ctx, "POST", f"{where}/clear")  # type: ignore[no-any-return]
+    assert spec is not None
+    body = {"suite": spec.suite, "min_score": spec.min_score}
+    return ask_main(ctx, "POST", where, json=body)  # type: ignore[no-any-return]

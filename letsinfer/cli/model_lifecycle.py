@@ -109,8 +109,6 @@ def rollback(
     With --weights, the model's weights go back instead (its release stays)."""
     if weights is not None and to is not None:
         raise click.UsageError("--to names a release, --weights a model's weights: give one")
-    if weights is not None and ctx.remote is not None:
-        raise click.UsageError("--weights runs on the main (not through a controller)")
     verb, body = ("rollback", {"to": to, "nodes": list(nodes)})
     if weights is not None:
         verb, body = ("rollback-weights", {"to": weights, "nodes": list(nodes)})

@@ -4,7 +4,7 @@ pull` does, then rolled out one group at a time as `model upgrade` does."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -13,8 +13,12 @@ from letsinfer.cli.model import model
 from letsinfer.cli.model_gate import gate_options, given_gate
 from letsinfer.cli.model_install import report_rollout
 from letsinfer.cli.output import console, emit_object, errors
-from letsinfer.cli.remote import ask_main
+from letsinfer.cli.remote import ask_main, call
+from letsinfer.cli.said import replay, say_here
 from letsinfer.cli.scope import CliContext, scoped
+
+if TYPE_CHECKING:
+    from letsinfer.admission.update import Fetched
 
 _NEEDS_NODE = (
     "no node runs on this home: an update drains and proves placement groups through the "
@@ -22,17 +26,7 @@ _NEEDS_NODE = (
 )
 
 
-def _audit_denied(ctx: CliContext, target: str, why: str) -> None:
-    from letsinfer.audit.anchor import open_authority
-
-    store = open_authority(ctx.home)
-    try:
-        store.append_audit("cli", "model.update", "denied", target=target, detail=why[:500])
-    finally:
-        store.close()
-
-
-@scoped(model, "update", scope="main")
+@scoped(model, "update", scope="main", remote="operator")
 @click.argument("name")
 @click.option(
     "--revision",
@@ -68,90 +62,65 @@ def update(
     proven before the old one drains. The weights it ran stay kept for `model
     rollback NAME --weights COMMIT`. Exits 1 naming the group that failed.
     With --canary, only one new group starts, beside the others."""
-    from letsinfer import config
-    from letsinfer.admission.pull import hub_source
-    from letsinfer.audit.anchor import open_authority
-    from letsinfer.authority.modelstore import stage_gguf
-    from letsinfer.cli.bundle import TerminalProgress
-    from letsinfer.contracts.artifacts import ModelFileError
-    from letsinfer.hub.choice import ChoiceError
-    from letsinfer.hub.client import HubError
-    from letsinfer.hub.pull import PullRequest, fetched, locate
-    from letsinfer.hub.sources import ChecksumMismatch, MirrorSource
-    from letsinfer.hub.splits import SplitError
-    from letsinfer.mirror.catalog import CatalogError
-    from letsinfer.mirror.layout import MirrorLayout
+    from letsinfer.admission.update import Fetched
 
     gate = given_gate(eval_suite, min_score)
-    store = open_authority(ctx.home)
-    try:
-        svc = store.resolve_service(name)
-    finally:
-        store.close()
-    if svc is None:
-        raise click.ClickException(f"no model {name!r} (see `letsinfer model list`)")
-    origin = svc.origin
-    if not origin or not origin.get("files"):
-        raise click.ClickException(
-            f"model {svc.name} has no recorded origin (it was added from a file, not pulled): "
-            "nothing to update it from. Nothing changed."
+    if ctx.remote is not None:  # downloaded on the main, rolled out on its loop
+        answer = call(
+            ctx.remote,
+            "POST",
+            f"/v1/ops/models/{segment(name)}/update-from-origin",
+            {"revision": revision, "nodes": list(nodes), "gate": gate, "canary": canary},
+            timeout=None,
         )
-    request = PullRequest(
-        repo=origin["repo"],
-        revision=revision or origin.get("revision") or "main",
-        file=origin["files"][0]["name"],
-    )
-    settings = config.load(ctx.home.config_file)
-    try:
-        located = locate(
-            request, hub_source(ctx.home, settings), MirrorSource(MirrorLayout.for_home(ctx.home))
-        )
-    except (HubError, ChoiceError, CatalogError) as exc:
-        raise click.ClickException(f"{exc}. Nothing changed.") from exc
-    if located.hub_skipped:
-        errors.print(
-            f"[yellow]hub not used[/yellow]: {located.hub_skipped}; "
-            f"updating from this node's {located.snapshot.where}"
-        )
-    commit = located.snapshot.commit
-    sha256s = [p.sha256 for p in located.model.parts]
-    if commit == origin.get("commit") and sha256s == [f["sha256"] for f in origin["files"]]:
+        replay(answer.pop("said"))
+        fetched = Fetched(answer["model"], answer["repo"], answer["commit"], answer["sha256"])
+        rolled = answer["rollout"]
+    else:
+        fetched, rolled = _update_here(ctx, name, revision, nodes, canary, gate)
+    if rolled is None:
         if as_json:
-            emit_object({"model": svc.name, "commit": commit, "changed": False})
+            emit_object({"model": fetched.model, "commit": fetched.commit, "changed": False})
         else:
             console.print(
-                f"model [bold]{svc.name}[/bold] is already {request.repo}@{commit[:12]}; "
-                "nothing changed"
+                f"model [bold]{fetched.model}[/bold] is already "
+                f"{fetched.repo}@{fetched.commit[:12]}; nothing changed"
             )
         return
-    errors.print(
-        f"{request.repo}@{request.revision} is commit {commit}: {located.model.label} "
-        f"({located.model.size / 1e6:.1f} MB) from {located.snapshot.where}"
-    )
-    progress = TerminalProgress(errors)
+    assert fetched.sha256 is not None
+    if not as_json:
+        what = "canary of {} on" if canary is not None else "update of {} to"
+        console.print(
+            f"{what.format(rolled['model'])} {fetched.repo}@{fetched.commit[:12]} "
+            f"(sha256:{fetched.sha256[:12]}):",
+            highlight=False,
+        )
+    report_rollout(rolled, as_json)
+
+
+def _update_here(
+    ctx: CliContext,
+    name: str,
+    revision: str | None,
+    nodes: tuple[str, ...],
+    canary: float | None,
+    gate: dict[str, Any] | None,
+) -> tuple[Fetched, dict[str, Any] | None]:
+    """Downloaded here, then rolled out by the running node (its admin socket)."""
+    from letsinfer.admission.gguf import Refused
+    from letsinfer.admission.update import fetch_update
+    from letsinfer.cli.bundle import TerminalProgress
+
     try:
-        with fetched(located, ctx.home.downloads, progress) as path:
-            staged = stage_gguf(ctx.home.model_store, path)
-            if staged.kind != svc.kind:
-                staged.discard()
-                raise click.ClickException(
-                    f"{request.repo}@{commit[:12]} is an {staged.kind} model; {svc.name} "
-                    f"serves {svc.kind}s. Nothing changed."
-                )
-            artifact = staged.commit()
-    except ChecksumMismatch as exc:
-        _audit_denied(ctx, f"{request.repo}@{commit}", str(exc))
-        raise click.ClickException(f"{exc}. Nothing changed.") from exc
-    except (HubError, SplitError, ModelFileError) as exc:
-        raise click.ClickException(f"{exc}. Nothing changed.") from exc
-    except OSError as exc:
-        raise click.ClickException(
-            f"cannot write the download under {ctx.home.downloads} ({exc}). Nothing changed."
-        ) from exc
+        fetched = fetch_update(ctx.home, say_here, TerminalProgress(errors), name, revision)
+    except Refused as exc:
+        raise click.ClickException(str(exc)) from None
+    if fetched.sha256 is None:
+        return fetched, None
     body: dict[str, Any] = {
-        "sha256": artifact.digest,
-        "size": artifact.size,
-        "origin": located.origin(),
+        "sha256": fetched.sha256,
+        "size": fetched.size,
+        "origin": fetched.origin,
         "nodes": list(nodes),
     }
     if gate is not None:
@@ -159,15 +128,8 @@ def update(
     if canary is not None:
         body["canary"] = canary
     answer = ask_main(
-        ctx, "POST", f"/v1/ops/models/{segment(svc.name)}/update", json=body, timeout=None
+        ctx, "POST", f"/v1/ops/models/{segment(fetched.model)}/update", json=body, timeout=None
     )
     if answer is None:
         raise click.ClickException(_NEEDS_NODE)
-    if not as_json:
-        what = "canary of {} on" if canary is not None else "update of {} to"
-        console.print(
-            f"{what.format(answer['model'])} {request.repo}@{commit[:12]} "
-            f"(sha256:{artifact.digest[:12]}):",
-            highlight=False,
-        )
-    report_rollout(answer, as_json)
+    return fetched, answer

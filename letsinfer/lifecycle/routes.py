@@ -11,13 +11,20 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from letsinfer.authority import lifecycle
 from letsinfer.control.ops.roles import actor_of, role_check
-from letsinfer.control.ops.rollouts import ClusterVerb, Remove, Rollback, Upgrade
+from letsinfer.control.ops.rollouts import (
+    ClusterVerb,
+    Remove,
+    Rollback,
+    Update,
+    Upgrade,
+    WeightsRollback,
+)
 from letsinfer.evals.gate import Gates, gate_for
 from letsinfer.home import Home
 from letsinfer.lifecycle import adapters, canary, cluster, rollout
 from letsinfer.lifecycle.exclusive import exclusively
 from letsinfer.lifecycle.serving import Serving
-from letsinfer.lifecycle.weight_routes import weights_router
+from letsinfer.lifecycle.weight_routes import rollback_weights, update_weights, weights_router
 from letsinfer.trust.peer import Peer
 
 
@@ -80,6 +87,16 @@ class ServingRollouts:
             return result.to_json()
 
         return await exclusively(sv, f"rollback of {name}", work)  # type: ignore[no-any-return]
+
+    async def update_weights(
+        self, name: str, body: Update, model_store: Path, actor: str, role: str
+    ) -> dict[str, Any]:
+        return await update_weights(self.sv, model_store, self.gates, name, body, actor, role)
+
+    async def rollback_weights(
+        self, name: str, body: WeightsRollback, model_store: Path, actor: str, role: str
+    ) -> dict[str, Any]:
+        return await rollback_weights(self.sv, model_store, name, body, actor, role)
 
     async def promote(self, name: str, actor: str, role: str) -> dict[str, Any]:
         sv = self.sv

@@ -19,6 +19,8 @@ from letsinfer.control.ops.audit import audit_router
 from letsinfer.control.ops.context import OpsContext
 from letsinfer.control.ops.controllers import controllers_router
 from letsinfer.control.ops.evals import evals_router
+from letsinfer.control.ops.exposure import exposure_router
+from letsinfer.control.ops.gates import gates_router
 from letsinfer.control.ops.keys import KeyCreate, KeyPolicyChange, keys_router
 from letsinfer.control.ops.listing import SceneFacts, listing_router
 from letsinfer.control.ops.mirror import mirror_router
@@ -28,6 +30,7 @@ from letsinfer.control.ops.records import records_router
 from letsinfer.control.ops.roles import actor_of, nothing_to_apply
 from letsinfer.control.ops.rollouts import Rollouts, rollouts_router
 from letsinfer.control.ops.state import state_router
+from letsinfer.control.ops.updates import updates_router
 from letsinfer.control.ops.webhooks import webhooks_router
 from letsinfer.home import Home
 from letsinfer.identity import NodeIdentity
@@ -75,11 +78,17 @@ def admin_routers(
     parts = [
         state_router(ops),
         listing_router(ops, scene),
+        exposure_router(ops, scene),
         models_router(ops),
         admission_router(ops),
+        gates_router(ops),
     ]
     if rollouts is not None:
-        parts += [rollouts_router(ops, rollouts), adapters_router(ops, rollouts)]
+        parts += [
+            rollouts_router(ops, rollouts),
+            updates_router(ops, rollouts),
+            adapters_router(ops, rollouts),
+        ]
     return [
         *parts,
         keys_router(ops),

@@ -60,7 +60,7 @@ class AddAsk(_Placed):
     fallback: Name | None = None
 
 
-def _refused(status: int, message: str, said: Transcript) -> JSONResponse:
+def refused_saying(status: int, message: str, said: Transcript) -> JSONResponse:
     """The error shape, with what was said before the refusal (the CLI on
     the main printed it before its error)."""
     return JSONResponse(
@@ -81,11 +81,11 @@ def admission_router(ops: OpsContext) -> APIRouter:
         try:
             svc: ServiceRecord | None = await asyncio.to_thread(work)
         except Refused as exc:
-            return _refused(409, str(exc), said)
+            return refused_saying(409, str(exc), said)
         except (StoreError, ModelFileError) as exc:  # a name refused, a file not admitted
-            return _refused(400, str(exc), said)
+            return refused_saying(400, str(exc), said)
         except OSError as exc:  # a file on the main this node may not read
-            return _refused(400, f"cannot read {exc.filename}: {exc.strerror}", said)
+            return refused_saying(400, f"cannot read {exc.filename}: {exc.strerror}", said)
         if svc is not None:
             await ops.on_change()  # the gateway and the agents act on it now
         return svc

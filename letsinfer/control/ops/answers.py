@@ -154,6 +154,17 @@ class ScaleAnswer(Answer):
     summary: str
 
 
+class GateAnswer(Answer):
+    """A model's gate as `model gate --json` shows it; ``cleared``: whether a
+    clear removed one (null: no clear was asked)."""
+
+    model: str
+    suite: str | None
+    min_score: float | None
+    set_at: str | None
+    cleared: bool | None = None
+
+
 class KeyCreated(Answer):
     name: str
     key: str
@@ -358,6 +369,25 @@ class RolloutAnswer(Answer):
     action: str
     ok: bool
     placement_groups: list[GroupOutcome]
+
+
+class ExposureShown(Answer):
+    """`exposure status --json` (docs/exposure.md): more fields when published."""
+
+    published: bool
+
+
+class UpdateAnswer(Answer):
+    """`model update` from a controller: what the download said, the commit
+    it resolved to, the new weights (sha256 null: the model runs them
+    already, nothing changed) and their rollout (null then)."""
+
+    said: list[SaidLine]
+    model: str
+    repo: str
+    commit: str
+    sha256: str | None
+    rollout: RolloutAnswer | None
 
 
 class CanaryEval(Answer):

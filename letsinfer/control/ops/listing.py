@@ -30,9 +30,10 @@ from letsinfer.control.ops.context import OpsContext
 from letsinfer.store import StoreError
 from letsinfer.trust.peer import Peer
 
-# The groups the main drains now and how long a child may go unheard: what
-# only the running main knows (its admin socket's /v1/local/scene).
-SceneFacts = Callable[[], Awaitable[tuple[list[str], float]]]
+# The groups the main drains now, how long a child may go unheard and the
+# state of its exposure's TLS port: what only the running main knows (its
+# admin socket's /v1/local/scene and /v1/local/exposure).
+SceneFacts = Callable[[], Awaitable[tuple[list[str], float, dict[str, object]]]]
 
 
 def listing_router(ops: OpsContext, facts: SceneFacts | None) -> APIRouter:
@@ -41,7 +42,7 @@ def listing_router(ops: OpsContext, facts: SceneFacts | None) -> APIRouter:
 
     async def scene() -> Scene:
         if facts is not None:
-            draining, stale_after_s = await facts()
+            draining, stale_after_s, _ = await facts()
         else:  # no gateway beside this plane: the settings' word
             draining = []
             stale_after_s = (

@@ -55,6 +55,26 @@ class Rollback(_Body):
     nodes: list[Annotated[str, Field(max_length=200)]] = Field(default_factory=list, max_length=256)
 
 
+class Update(_Body):
+    """New weights of a model (`model update`), already verified and in the
+    main's model store."""
+
+    sha256: str = Field(pattern="^[0-9a-f]{64}$")
+    size: int = Field(ge=0)
+    # repo, revision, commit, files: as `model pull` records it
+    origin: dict[str, Any] | None = None
+    nodes: list[Annotated[str, Field(max_length=200)]] = Field(default_factory=list, max_length=256)
+    gate: GateBody | None = None  # None: the model's own gate, if it has one
+    # One new group on them takes this share (percent) of the model's requests
+    # until promoted or aborted (letsinfer.lifecycle.canary); None: every group.
+    canary: float | None = Field(None, gt=0, lt=100)
+
+
+class WeightsRollback(_Body):
+    to: str = Field(max_length=200)  # a commit (7+ characters) or sha256:DIGEST
+    nodes: list[Annotated[str, Field(max_length=200)]] = Field(default_factory=list, max_length=256)
+
+
 class Remove(_Body):
     # Also when its groups run: they drain and stop first.
     stop: bool = False
@@ -69,6 +89,16 @@ class Rollouts(Protocol):
 
     async def rollback(self, name: str, body: Rollback, actor: str, role: str) -> dict[str, Any]:
         """The rollout's result (or HTTPException)."""
+
+    async def update_weights(
+        self, name: str, body: Update, model_store: Path, actor: str, role: str
+    ) -> dict[str, Any]:
+        """`model update`'s rollout of weights in the model store (or HTTPException)."""
+
+    async def rollback_weights(
+        self, name: str, body: WeightsRollback, model_store: Path, actor: str, role: str
+    ) -> dict[str, Any]:
+        """`model rollback --weights`'s rollout (or HTTPException)."""
 
     async def promote(self, name: str, actor: str, role: str) -> dict[str, Any]:
         """The rest of the rollout's result (or HTTPException)."""
@@ -111,6 +141,20 @@ class OnLoop:
     async def rollback(self, name: str, body: Rollback, actor: str, role: str) -> dict[str, Any]:
         return await self._there(lambda: self.rollouts.rollback(name, body, actor, role))
 
+    async def update_weights(
+        self, name: str, body: Update, model_store: Path, actor: str, role: str
+    ) -> dict[str, Any]:
+        return await self._there(
+            lambda: self.rollouts.update_weights(name, body, model_store, actor, role)
+        )
+
+    async def rollback_weights(
+        self, name: str, body: WeightsRollback, model_store: Path, actor: str, role: str
+    ) -> dict[str, Any]:
+        return await self._there(
+            lambda: self.rollouts.rollback_weights(name, body, model_store, actor, role)
+        )
+
     async def promote(self, name: str, actor: str, role: str) -> dict[str, Any]:
         return await self._there(lambda: self.rollouts.promote(name, actor, role))
 
@@ -141,6 +185,16 @@ class NoRollouts:
     async def rollback(self, name: str, body: Rollback, actor: str, role: str) -> dict[str, Any]:
         return await self.upgrade(name, Upgrade(release="-"), actor, role)
 
+    async def update_weights(
+        self, name: str, body: Update, model_store: Path, actor: str, role: str
+    ) -> dict[str, Any]:
+        return await self.upgrade(name, Upgrade(release="-"), actor, role)
+
+    async def rollback_weights(
+        self, name: str, body: WeightsRollback, model_store: Path, actor: str, role: str
+    ) -> dict[str, Any]:
+        return await self.upgrade(name, Upgrade(release="-"), actor, role)
+
     async def promote(self, name: str, actor: str, role: str) -> dict[str, Any]:
         return await self.upgrade(name, Upgrade(release="-"), actor, role)
 
@@ -162,6 +216,11 @@ class NoRollouts:
 def rollouts_router(ops: OpsContext, rollouts: Rollouts) -> APIRouter:
     router = APIRouter(tags=["models"])
 
+    def model_store() -> Path:
+        if ops.home is None:
+            raise HTTPException(503, "this plane has no model store to roll weights from")
+        return ops.home.model_store
+
     @router.post("/v1/ops/models/{name:path}/upgrade")
     async def upgrade(
         name: str, body: Upgrade, p: Annotated[Peer, ops.need("operator")]
@@ -174,6 +233,17 @@ def rollouts_router(ops: OpsContext, rollouts: Rollouts) -> APIRouter:
         name: str, body: Rollback, p: Annotated[Peer, ops.need("operator")]
     ) -> RolloutAnswer:
         done = await rollouts.rollback(name, body, ops.actor(p), p.identity.role)
+        return RolloutAnswer.model_validate(done)
+
+    @router.post("/v1/ops/models/{name:path}/rollback-weights")
+    async def rollback_weights(
+        name: str, body: WeightsRollback, p: Annotated[Peer, ops.need("operator")]
+    ) -> RolloutAnswer:
+        """The model's weights go back to ones it ran before (kept in the
+        model store, never downloaded again); its release stays."""
+        done = await rollouts.rollback_weights(
+            name, body, model_store(), ops.actor(p), p.identity.role
+        )
         return RolloutAnswer.model_validate(done)
 
     @router.post("/v1/ops/models/{name:path}/promote")
