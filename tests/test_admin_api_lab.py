@@ -211,7 +211,11 @@ print(r.headers["x-request-id"])
             cluster_json(c.ok("main", "cluster", "status", "--json")))  # fmt: skip
 
         # model add (operator) of a file already on the main: nothing is uploaded.
-        on_main = write_tiny_model(c.root / "on-main.gguf")
+        # (Under the main's mirror: a controller may add only from there, its
+        # model store or [control] add_from.)
+        drop = c.home("main") / "var" / "mirror" / "drop"
+        drop.mkdir(parents=True, exist_ok=True)
+        on_main = write_tiny_model(drop / "on-main.gguf")
         added = on_ws(c, "model", "add", "from-ws", "--gguf", str(on_main), "--no-serve")
         assert added.returncode == 0, added.stderr
         here = c.ok("main", "model", "add", "from-main", "--gguf", str(on_main), "--no-serve")

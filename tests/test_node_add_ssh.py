@@ -299,11 +299,14 @@ def serve_through_n1(lab: Lab, timeout: float = 300) -> tuple[bool, list[str]]:
     one with 200; and what happened to each request."""
     key = json.loads(ok_on_main(lab, "auth", "key", "create", "lab", "--json"))["key"]
     url = f"http://{lab.hosts['main'].address}:8000/v1/chat/completions"
-    body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}]})
     seen: list[str] = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         request_id = f"nadd-{len(seen)}"
+        # A prompt of its own each time: one prompt would always go to the
+        # same replica (prefix affinity), which may be the main's own group.
+        said = {"role": "user", "content": f"{request_id}: hi"}
+        body = json.dumps({"model": "tiny", "messages": [said]})
         answer = subprocess.run(
             lab.hosts["outsider"].nsenter(
                 *("curl", "-s", "-m", "30", "-w", "\n%{http_code}", url),
