@@ -4,22 +4,16 @@ with a letsinfer table that admits members only), n1 (fresh, onboarded), n2
 letsinfer group) that tries every protected port n1 listens on while the
 onboarding runs and after it.
 
-Local helpers here (the outsider's view: listening ports, connection tries
-from a network namespace) are small copies of what tests/test_ansible_onboarding.py
-does, kept here so this file needs nothing changed in tests/lab. Needs root,
-like CI.
+The outsider's view (listening ports, connection tries from a network
+namespace) is tests/lab/probes.py, shared with tests/test_ansible_onboarding.py.
+Needs root, like CI.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import errno
 import json
 import os
-import selectors
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -31,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.lab.netns import Lab, running_lab
+from tests.lab.probes import connects, enter_network_namespace, listening_ports, protected
 
 ROOT = Path(__file__).resolve().parent.parent
 HOSTS = ("main", "n1", "n2", "outsider")
@@ -62,59 +57,7 @@ pytestmark = [
 ]
 
 
-def protected(port: int) -> bool:
-    """Control, agent, metrics, parallel tasks and engines (letsinfer's defaults)."""
-    return port in (8443, 8444, 9400) or 20000 <= port <= 29999
-
-
 # -- the outsider's view -------------------------------------------------------
-
-
-def listening_ports(pid: int) -> set[int]:
-    """TCP ports something listens on in ``pid``'s network namespace."""
-    ports = set()
-    for name in ("tcp", "tcp6"):
-        with contextlib.suppress(FileNotFoundError):
-            for line in Path(f"/proc/{pid}/net/{name}").read_text().splitlines()[1:]:
-                fields = line.split()
-                if fields[3] == "0A":  # LISTEN
-                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-    return ports
-
-
-def connects(targets: list[tuple[str, int]], timeout: float = 1.0) -> set[tuple[str, int]]:
-    """Which targets accept a TCP connection (tried all at once)."""
-    sel = selectors.DefaultSelector()
-    socks, accepted = [], set()
-    for target in targets:
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        s.setblocking(False)
-        if s.connect_ex(target) in (0, errno.EINPROGRESS):
-            sel.register(s, selectors.EVENT_WRITE, target)
-        socks.append(s)
-    deadline = time.monotonic() + timeout
-    try:
-        while sel.get_map() and (left := deadline - time.monotonic()) > 0:
-            for key, _ in sel.select(left):
-                sel.unregister(key.fileobj)
-                if key.fileobj.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0:  # type: ignore[union-attr]
-                    accepted.add(key.data)
-    finally:
-        sel.close()
-        for s in socks:
-            s.close()
-    return accepted
-
-
-def enter_network_namespace(ns: str) -> None:
-    """Move the calling thread (only it) into network namespace ``ns``."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    fd = os.open(f"/run/netns/{ns}", os.O_RDONLY)
-    try:
-        if libc.setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
-            raise OSError(ctypes.get_errno(), f"setns into {ns}")
-    finally:
-        os.close(fd)
 
 
 @dataclass
