@@ -246,9 +246,10 @@ def serve_through_n1(lab: Lab, timeout: float = 300) -> tuple[bool, list[str]]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         request_id = f"nadd-{len(seen)}"
-        # A prompt of its own each time: one prompt would always go to the
-        # same replica (prefix affinity), which may be the main's own group.
-        said = {"role": "user", "content": f"{request_id}: hi"}
+        # A prompt of its own each time, long enough to carry an affinity
+        # hint: with none, two idle replicas tie and the first (the main's own
+        # group) always wins; one prompt would always go to the same replica.
+        said = {"role": "user", "content": f"{request_id}: please answer this test with a greeting"}
         body = json.dumps({"model": "tiny", "messages": [said]})
         answer = subprocess.run(
             lab.hosts["outsider"].nsenter(
