@@ -61,12 +61,39 @@ def _same_pull(existing: dict[str, object] | None, located: Located) -> bool:
     )
 
 
-def _audit_denied(home: Home, actor: str, target: str, why: str) -> None:
+def audit_denied(home: Home, actor: str, action: str, target: str, why: str) -> None:
     store = open_authority(home)
     try:
-        store.append_audit(actor, "model.pull", "denied", target=target, detail=why[:500])
+        store.append_audit(actor, action, "denied", target=target, detail=why[:500])
     finally:
         store.close()
+
+
+def located_files(home: Home, request: PullRequest, say: Say, doing: str) -> Located:
+    """Where ``request``'s files come from: the hub, else this node's mirror
+    (said, when the hub was skipped); Refused, nothing changed, when neither
+    has them. ``doing``: what the caller does, for what is said."""
+    from letsinfer.hub.choice import ChoiceError
+    from letsinfer.hub.client import HubError
+    from letsinfer.hub.pull import locate
+    from letsinfer.hub.sources import MirrorSource
+    from letsinfer.mirror.catalog import CatalogError
+    from letsinfer.mirror.layout import MirrorLayout
+
+    settings = config.load(home.config_file)
+    try:
+        located = locate(
+            request, hub_source(home, settings), MirrorSource(MirrorLayout.for_home(home))
+        )
+    except (HubError, ChoiceError, CatalogError) as exc:
+        raise Refused(f"{exc}. Nothing changed.") from exc
+    if located.hub_skipped:
+        say(
+            f"[yellow]hub not used[/yellow]: {located.hub_skipped}; "
+            f"{doing} from this node's {located.snapshot.where}",
+            err=True,
+        )
+    return located
 
 
 def pull_model(
@@ -80,13 +107,10 @@ def pull_model(
     """The model pulled and added; None when it is there already, from the
     same commit and files. Refused (or StoreError, for a bad name): nothing
     changed."""
-    from letsinfer.hub.choice import ChoiceError
     from letsinfer.hub.client import HubError
-    from letsinfer.hub.pull import fetched, locate
-    from letsinfer.hub.sources import ChecksumMismatch, MirrorSource
+    from letsinfer.hub.pull import fetched
+    from letsinfer.hub.sources import ChecksumMismatch
     from letsinfer.hub.splits import SplitError
-    from letsinfer.mirror.catalog import CatalogError
-    from letsinfer.mirror.layout import MirrorLayout
 
     request = ask.request
     repo, revision = request.repo, request.revision
@@ -94,19 +118,7 @@ def pull_model(
     check_model_name(name)
     for alias in ask.aliases:
         check_model_name(alias)
-    settings = config.load(home.config_file)
-    try:
-        located = locate(
-            request, hub_source(home, settings), MirrorSource(MirrorLayout.for_home(home))
-        )
-    except (HubError, ChoiceError, CatalogError) as exc:
-        raise Refused(f"{exc}. Nothing changed.") from exc
-    if located.hub_skipped:
-        say(
-            f"[yellow]hub not used[/yellow]: {located.hub_skipped}; "
-            f"pulling from this node's {located.snapshot.where}",
-            err=True,
-        )
+    located = located_files(home, request, say, "pulling")
     store = open_authority(home)
     try:
         existing = store.resolve_service(name)
@@ -145,7 +157,7 @@ def pull_model(
                 actor=actor,
             )
     except ChecksumMismatch as exc:
-        _audit_denied(home, actor, f"{repo}@{located.snapshot.commit}", str(exc))
+        audit_denied(home, actor, "model.pull", f"{repo}@{located.snapshot.commit}", str(exc))
         raise Refused(f"{exc}. Nothing changed.") from exc
     except (HubError, SplitError, StoreError) as exc:
         raise Refused(f"{exc}. Nothing changed.") from exc

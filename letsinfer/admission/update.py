@@ -9,9 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from letsinfer import config
 from letsinfer.admission.gguf import Refused
-from letsinfer.admission.pull import hub_source
+from letsinfer.admission.pull import audit_denied, located_files
 from letsinfer.admission.said import Say
 from letsinfer.audit.anchor import open_authority
 from letsinfer.bundle.progress import Progress
@@ -35,14 +34,6 @@ class Fetched:
     origin: dict[str, Any] | None = None
 
 
-def _audit_denied(home: Home, actor: str, target: str, why: str) -> None:
-    store = open_authority(home)
-    try:
-        store.append_audit(actor, "model.update", "denied", target=target, detail=why[:500])
-    finally:
-        store.close()
-
-
 def fetch_update(
     home: Home, say: Say, progress: Progress, name: str, revision: str | None, actor: str = "cli"
 ) -> Fetched:
@@ -51,13 +42,10 @@ def fetch_update(
     published."""
     from letsinfer.authority.modelstore import stage_gguf
     from letsinfer.contracts.artifacts import ModelFileError
-    from letsinfer.hub.choice import ChoiceError
     from letsinfer.hub.client import HubError
-    from letsinfer.hub.pull import PullRequest, fetched, locate
-    from letsinfer.hub.sources import ChecksumMismatch, MirrorSource
+    from letsinfer.hub.pull import PullRequest, fetched
+    from letsinfer.hub.sources import ChecksumMismatch
     from letsinfer.hub.splits import SplitError
-    from letsinfer.mirror.catalog import CatalogError
-    from letsinfer.mirror.layout import MirrorLayout
 
     store = open_authority(home)
     try:
@@ -77,19 +65,7 @@ def fetch_update(
         revision=revision or origin.get("revision") or "main",
         file=origin["files"][0]["name"],
     )
-    settings = config.load(home.config_file)
-    try:
-        located = locate(
-            request, hub_source(home, settings), MirrorSource(MirrorLayout.for_home(home))
-        )
-    except (HubError, ChoiceError, CatalogError) as exc:
-        raise Refused(f"{exc}. Nothing changed.") from exc
-    if located.hub_skipped:
-        say(
-            f"[yellow]hub not used[/yellow]: {located.hub_skipped}; "
-            f"updating from this node's {located.snapshot.where}",
-            err=True,
-        )
+    located = located_files(home, request, say, "updating")
     commit = located.snapshot.commit
     sha256s = [p.sha256 for p in located.model.parts]
     if commit == origin.get("commit") and sha256s == [f["sha256"] for f in origin["files"]]:
@@ -110,7 +86,7 @@ def fetch_update(
                 )
             artifact = staged.commit()
     except ChecksumMismatch as exc:
-        _audit_denied(home, actor, f"{request.repo}@{commit}", str(exc))
+        audit_denied(home, actor, "model.update", f"{request.repo}@{commit}", str(exc))
         raise Refused(f"{exc}. Nothing changed.") from exc
     except (HubError, SplitError, ModelFileError) as exc:
         raise Refused(f"{exc}. Nothing changed.") from exc
