@@ -175,12 +175,6 @@ def test_requests_booked_together_count_as_each_would_alone() -> None:
     assert values[("letsinfer_gateway_requests_total", (("model", "chat"), ("status", "200")))] == 3
     assert values[("letsinfer_key_tokens_total", (("key", "team-a"), ("kind", "prompt")))] == 11
     assert ("letsinfer_key_tokens_total", (("key", "team-b"), ("kind", "prompt"))) not in values
-    # Which group answered how many (a canary's side and the rest): every
-    # request with a group, whatever its status; none without one.
-    group = "letsinfer_group_requests_total"
-    assert values[(group, (("model", "chat"), ("pg", "pg-1")))] == 4
-    assert values[(group, (("model", "code"), ("pg", "pg-2")))] == 1
-    assert not [k for k in values if k[0] == group and ("pg", "-") in k[1]]
 
 
 def node(name: str, role: str = "child", *gpus: str, state: str = "active") -> NodeSample:

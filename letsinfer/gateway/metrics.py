@@ -122,13 +122,6 @@ class GatewayMetrics:
             ["model", "pg", "kind"],
             registry=self.registry,
         )
-        self._group_requests = Counter(
-            "letsinfer_group_requests",
-            "Requests a placement group answered, by model and group (which side of a "
-            "canary took which requests).",
-            ["model", "pg"],
-            registry=self.registry,
-        )
         self._key_requests = Counter(
             "letsinfer_key_requests",
             "Inference requests by API key name (authenticated requests only).",
@@ -148,7 +141,6 @@ class GatewayMetrics:
             "r": self._requests,
             "k": self._key_requests,
             "g": self._group_tokens,
-            "gr": self._group_requests,
             "kt": self._key_tokens,
         }
 
@@ -192,9 +184,6 @@ class GatewayMetrics:
                 ttfts.setdefault(model, []).append(ttft_s)
             if key != "-":
                 counted = ("k", key)
-                counts[counted] = counts.get(counted, 0) + 1
-            if pg != "-":
-                counted = ("gr", model, pg)
                 counts[counted] = counts.get(counted, 0) + 1
             for kind, tokens in (("prompt", prompt), ("completion", completion)):
                 if not tokens:
