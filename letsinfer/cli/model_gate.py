@@ -43,6 +43,20 @@ def gate_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return suite(score(command))
 
 
+def canary_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """`--canary PERCENT` of `model upgrade` and `model update` (``what``: what the
+    new group runs)."""
+    return click.option(
+        "--canary",
+        "canary",
+        type=click.FloatRange(0, 100, min_open=True, max_open=True),
+        metavar="PERCENT",
+        help=f"Start one new group on {what} beside the others and give it this share of "
+        "the model's requests, until `letsinfer model promote` (the rest follow) or "
+        "`letsinfer model abort` (it goes); `letsinfer model canary` compares both sides.",
+    )
+
+
 def given_gate(eval_suite: str | None, min_score: float | None) -> dict[str, Any] | None:
     """The gate to send with the request (the suite file read now), or None."""
     if eval_suite is None and min_score is None:

@@ -10,7 +10,7 @@ import click
 
 from letsinfer.cli.local import segment
 from letsinfer.cli.model import model
-from letsinfer.cli.model_gate import gate_options, given_gate
+from letsinfer.cli.model_gate import canary_option, gate_options, given_gate
 from letsinfer.cli.model_install import report_rollout
 from letsinfer.cli.output import console, emit_object, errors
 from letsinfer.cli.remote import ask_main, call
@@ -34,15 +34,7 @@ _NEEDS_NODE = (
     "pulled at, e.g. main, resolved again now).",
 )
 @click.option("--node", "nodes", multiple=True, help="Only the groups on this node; repeatable.")
-@click.option(
-    "--canary",
-    "canary",
-    type=click.FloatRange(0, 100, min_open=True, max_open=True),
-    metavar="PERCENT",
-    help="Start one new group on the new weights beside the others and give it this "
-    "share of the model's requests, until `letsinfer model promote` (the rest follow) or "
-    "`letsinfer model abort` (it goes); `letsinfer model canary` compares both sides.",
-)
+@canary_option("the new weights")
 @gate_options
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
