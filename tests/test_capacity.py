@@ -285,22 +285,10 @@ def test_a_main_killed_during_a_load_claims_no_gpu_twice_and_serves_after(
 
 def test_eviction_takes_only_idle_on_demand_groups_past_their_residence() -> None:
     from letsinfer.capacity.eviction import Resident, choose, may_free_later
+    from tests.test_capacity_swaps import resident as idle_group
 
     def resident(pg: str, **kw: object) -> Resident:
-        base: dict[str, object] = dict(
-            pg_id=pg,
-            service=pg,
-            node_id="n",
-            on_demand=True,
-            in_flight=0,
-            waiting=0,
-            resident_s=100.0,
-            min_resident_s=60.0,
-            reload_s=2.0,
-            recent_requests=0.0,
-        )
-        base.update(kw)
-        return Resident(**base)  # type: ignore[arg-type]
+        return idle_group(pg, **{"min_resident_s": 60.0, **kw})
 
     busy = resident("busy", in_flight=1)  # a stream in flight: never
     young = resident("young", resident_s=10.0)  # within its minimum residence
