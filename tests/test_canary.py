@@ -22,9 +22,8 @@ from letsinfer.gateway.policy import RoutingPolicy
 from letsinfer.gateway.routing import Replica, RoutingTable
 from letsinfer.store.canaries import CanaryRecord
 from tests import json_docs
+from tests.admin_desk import Desk
 from tests.nodes import RunningNode, letsinfer, start_node
-from tests.test_admin_api import Desk
-from tests.test_admin_api import desk as desk  # (the fixture: a main and a paired workstation)
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "tiny"  # the model `node init --main` serves

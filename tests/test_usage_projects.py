@@ -23,9 +23,8 @@ from letsinfer.cli.local import ask_node
 from letsinfer.home import Home
 from letsinfer.store.requests import RequestRecord, RequestStore
 from tests import json_docs
+from tests.admin_desk import Desk
 from tests.nodes import RunningNode, start_node
-from tests.test_admin_api import Desk
-from tests.test_admin_api import desk as desk  # (the fixture: a main and a paired workstation)
 
 PASSWORD = "correct horse battery staple"
 
