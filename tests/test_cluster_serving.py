@@ -63,6 +63,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             "LETSINFER_ENGINE__LLAMA_SERVER_BINARY": str(shim),
             "LETSINFER_CONTROL__NODE_STALE_AFTER_S": "3",
             "LETSINFER_ENGINE__THREADS": "1",
+            # the webhook of given_webhook: an address of the lab's (private)
+            "LETSINFER_FETCH__ALLOW_NETWORKS": f"{lab.hosts['n2']}/32",
         },
         "n1": {
             "LETSINFER_HARDWARE__FAKE_GPUS": str(root / "gpus.json"),
@@ -246,6 +248,41 @@ def given_gpu_free(c: Cluster, node: str, gpu: str) -> None:
     for m in json.loads(c.ok("main", "model", "list", "--json")):
         if holder in {pg["id"] for pg in m["placement_groups"]}:
             given_no_model(c, m["name"])
+
+
+# Events for a webhook the main can never reach (a closed port of n2's): each
+# stays queued, retried, and `webhook deliveries` lists it by its event.
+HOOK_EVENTS = "upgrade.finished,upgrade.failed,rollback.finished,rollback.failed,audit.tampering"
+
+
+def given_webhook(c: Cluster) -> str:
+    """The main has a webhook for upgrades, rollbacks and tampering; its URL."""
+    url = f"http://{c.lab.hosts['n2']}:9/letsinfer-hooks"
+    if url not in {w["url"] for w in json.loads(c.ok("main", "webhook", "list", "--json"))}:
+        secret = c.root / "hook.secret"
+        secret.touch(mode=0o600)
+        secret.write_text("whsec_" + "A" * 32)
+        c.ok("main", "webhook", "add", url, "--events", HOOK_EVENTS, "--secret-file", str(secret))
+    return url
+
+
+def announced(c: Cluster, url: str, event: str) -> set[int]:
+    """The audit records (their seq) the main has queued ``event`` for, to ``url``:
+    from the deliveries' own bodies, as an endpoint would get them."""
+    rows = json.loads(c.ok("main", "webhook", "deliveries", url, "--limit", "1000", "--json"))
+    ids = [row["id"] for row in rows if row["event"] == event]
+    db = f"file:{c.home('main') / 'var/authority.db'}?mode=ro"
+    with sqlite3.connect(db, uri=True) as conn:
+        bodies = [
+            conn.execute("SELECT body FROM webhook_deliveries WHERE id = ?", (i,)).fetchone()[0]
+            for i in ids
+        ]
+    return {int(json.loads(body)["data"]["audit_seq"]) for body in bodies}
+
+
+def last_audit_seq(c: Cluster, action: str, outcome: str) -> int:
+    wanted = (action, outcome)
+    return max(int(str(r["seq"])) for r in c.audit("main") if (r["action"], r["outcome"]) == wanted)
 
 
 def given_release(c: Cluster, name: str, release: str) -> None:
@@ -761,10 +798,13 @@ def test_an_upgrade_replaces_one_group_at_a_time_while_a_client_streams(
     )
     assert listed[first]["placement_groups"]
 
+    hook = given_webhook(c)
     with streaming(c, "shared") as results:
         code, result = rollout(c, "upgrade", "shared", "--release", new)
     assert code == 0, result
     assert [g["outcome"] for g in result["placement_groups"]] == ["upgraded", "upgraded"]
+    seq = last_audit_seq(c, "model.upgrade", "ok")
+    c.wait(lambda: seq in announced(c, hook, "upgrade.finished"), "upgrade.finished")
     assert results and not (bad := broken(results)), (bad, len(results))
     after = pgs(c, "shared")
     assert {str(pg["release"]) for pg in after.values()} == {new}
@@ -780,8 +820,11 @@ def test_a_failed_upgrade_restores_the_first_group_and_touches_no_other(cluster:
     given_release(c, "shared", release_add(c, c.root / "llama-server"))  # the shim's release
     before = pgs(c, "shared")
     broken = release_add(c, c.root / "llama-server-broken")
+    hook = given_webhook(c)
     code, result = rollout(c, "upgrade", "shared", "--release", broken)
     assert code == 1, result
+    seq = last_audit_seq(c, "model.upgrade", "failed")
+    c.wait(lambda: seq in announced(c, hook, "upgrade.failed"), "upgrade.failed")
     first, second = result["placement_groups"]
     assert first["outcome"] == "restored" and second["outcome"] == "not tried", result
     # The reason came from the child's parked engine, through its signed facts.
@@ -807,10 +850,13 @@ def test_rollback_reinstalls_the_release_the_model_ran_before(cluster: Cluster) 
     info = json.loads(c.ok("main", "model", "show", "shared", "--json"))
     ran = list(dict.fromkeys(h["release"] for h in info["releases"]))
     assert len(ran) >= 2
+    hook = given_webhook(c)
     unknown = c.cli("main", "model", "rollback", "shared", "--to", "llama.cpp-nothing")
     assert unknown.returncode == 1 and "not one model shared ran" in unknown.stderr
     code, result = rollout(c, "rollback", "shared")
     assert code == 0, result
+    seq = last_audit_seq(c, "model.rollback", "ok")
+    c.wait(lambda: seq in announced(c, hook, "rollback.finished"), "rollback.finished")
     assert {g["to"] for g in result["placement_groups"]} == {ran[0]}
     assert {str(pg["release"]) for pg in pgs(c, "shared").values()} == {ran[0]}
     assert load(c, "shared", n=4) == [200] * 4
@@ -1239,6 +1285,7 @@ def test_a_cut_or_rewritten_child_chain_fails_verify_there_and_on_the_main(
         return done.stderr if done.returncode else "intact"
 
     assert main_verify() == "intact"
+    hook = given_webhook(c)
     try:
         cut_audit(db, keep=last - 2)
         cut = c.cli("n1", "audit", "verify")
@@ -1266,6 +1313,9 @@ def test_a_cut_or_rewritten_child_chain_fails_verify_there_and_on_the_main(
     c.wait(lambda: main_verify() == "intact", "the main clearing n1")
     flagged = [r for r in c.audit("main") if r["action"] == "node.audit-head"]
     assert {r["outcome"] for r in flagged} == {"flagged"} and len(flagged) >= 2
+    # Each flag is a webhook event (the cut, then the rewrite).
+    seqs = {int(str(r["seq"])) for r in flagged[-2:]}
+    c.wait(lambda: seqs <= announced(c, hook, "audit.tampering"), "audit.tampering")
 
 
 def _restart_main(c: Cluster, sig: int = signal.SIGTERM, **env: str) -> None:
