@@ -338,6 +338,9 @@ def test_wipe_needs_the_host_name_then_removes_everything_but_models(
     sh(lab, "n1", f"printf '{other}' | nft -f -")  # another tool's table must survive
     models = sh(lab, "n1", "find /var/lib/letsinfer/models -type f | sort")
     assert models  # the node's store holds the tiny model
+    # a member `node add --ssh` admitted (roles/firewall/tasks/member.yml writes these)
+    members = "/etc/nftables.d/letsinfer.members.d"
+    sh(lab, "n1", f"mkdir -p {members} && echo '# n9' > {members}/n9.nft")
     before = node_status(lab, "n1")
 
     refused = playbook(lab, wheels, "wipe.yml", "--limit", "n1")
@@ -352,7 +355,7 @@ def test_wipe_needs_the_host_name_then_removes_everything_but_models(
     done = playbook(lab, wheels, "wipe.yml", "--limit", "n1", "-e", "wipe_confirm=n1")
     assert done.returncode == 0, done.stdout
     assert "except model data" in done.stdout
-    gone = "/opt/letsinfer /etc/letsinfer /run/letsinfer /var/lib/letsinfer/authority.db"
+    gone = f"/opt/letsinfer /etc/letsinfer /run/letsinfer /var/lib/letsinfer/authority.db {members}"
     assert sh(lab, "n1", f"for p in {gone}; do test -e $p && echo $p; done; true") == ""
     assert sh(lab, "n1", "ls /opt/man/man1") == ""  # the man page links went too
     assert lab.ssh("n1", "nft list table inet letsinfer").returncode != 0

@@ -1,8 +1,10 @@
-"""`letsinfer node add --ssh HOST` on a lab of real hosts: a main (made by hand,
-with a letsinfer table that admits members only), n1 (fresh, onboarded), n2
-(fails doctor: its agent port is taken) and an outsider (a LAN host in no
-letsinfer group) that tries every protected port n1 listens on while the
-onboarding runs and after it.
+"""`letsinfer node add --ssh HOST` on a lab of real hosts: a main (made by
+hand, behind the table firewall.yml writes and loads: members only on control
+and agent ports), n1 (fresh, onboarded), n2 (fails doctor: its agent port is
+taken), n3 (onboarded after n1, whose table must admit it too) and an
+outsider (a LAN host in no letsinfer group) that tries every protected port
+n1 listens on while the onboarding runs and after it. A reboot is played by
+deleting a host's table and loading its file again, as the unit does at boot.
 
 The outsider's view (listening ports, connection tries from a network
 namespace) is tests/lab/probes.py, shared with tests/test_ansible_onboarding.py.
@@ -24,29 +26,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.netns import Lab, running_lab
+from tests.lab.netns import Lab, port_open, running_lab
 from tests.lab.probes import connects, enter_network_namespace, listening_ports, protected
 
 ROOT = Path(__file__).resolve().parent.parent
-HOSTS = ("main", "n1", "n2", "outsider")
+HOSTS = ("main", "n1", "n2", "n3", "outsider")
 LETSINFER = "/opt/letsinfer/current/bin/letsinfer"
 # what lab hosts need: /usr is shared, so nothing is linked there; one engine thread
 LAB_VARS = ("node_cli_link=", "node_man_dir=/opt/man/man1", "node_engine_threads=1")
-# The main's own table (as site.yml leaves one): control and agent from members only.
-MAIN_TABLE = """
-table inet letsinfer {
-    set members_v4 { type ipv4_addr; }
-    set members_v6 { type ipv6_addr; }
-    chain input {
-        type filter hook input priority filter; policy accept;
-        ct state established,related accept
-        iif "lo" accept
-        tcp dport { 8443, 8444 } ip saddr @members_v4 accept
-        tcp dport { 8443, 8444 } ip6 saddr @members_v6 accept
-        tcp dport { 8443, 8444 } drop
-    }
-}
-"""
+BIN = Path(sys.executable).parent
+# The firewall role's file, what a systemd unit loads at boot, and the folder
+# of members `node add --ssh` admits (the role's defaults)
+RULES = "/etc/nftables.d/letsinfer.nft"
+MEMBERS = "/etc/nftables.d/letsinfer.members.d"
 
 pytestmark = [
     pytest.mark.skipif(
@@ -185,6 +177,8 @@ class Story:
     watch: Watch
     after: set[tuple[str, int]]  # n1's protected ports the outsider reached once it was all done
     main_reaches: set[tuple[str, int]]  # the same ports from the main
+    main_rules_before: str  # the main's table file (its checksum) before node add
+    main_rules_after: str  # and after both runs
 
 
 @pytest.fixture(scope="module")
@@ -198,15 +192,52 @@ def main(lab: Lab) -> Lab:
     """The main, made by hand (one engine thread, no metrics port), behind its table."""
     sh(lab, "main", "mkdir -p /etc/letsinfer && printf '[engine]\\nthreads = 1\\n' "
        "> /etc/letsinfer/config.toml")  # fmt: skip
-    sh(lab, "main", f"nft -f - <<'EOF'\n{MAIN_TABLE}\nEOF")
+    load_main_table(lab)
     ok_on_main(lab, "node", "init", "--main", "--name", "main")
     ok_on_main(lab, "service", "start", "--json", "--timeout", "150")
     return lab
 
 
+def load_main_table(lab: Lab) -> None:
+    """firewall.yml on the main alone, run there (as site.yml leaves a main):
+    letsinfer's table written to RULES and loaded; its metrics port open to
+    one listed source, a setting node add must not lose."""
+    main = lab.hosts["main"]
+    inventory = {
+        "letsinfer_main": {
+            "hosts": {
+                "main": {
+                    "ansible_connection": "local",
+                    "ansible_host": main.address,
+                    "ansible_python_interpreter": sys.executable,
+                    "firewall_metrics_sources": ["10.77.0.250/32"],
+                }
+            }
+        }
+    }
+    hosts = Path(main.workdir) / "firewall-inventory.json"
+    hosts.write_text(json.dumps(inventory))
+    # nsenter starts in /: ansible.cfg (where the collection is) is ROOT's
+    argv = ["env", "-C", str(ROOT), str(BIN / "ansible-playbook"), "-i", str(hosts)]
+    argv.append("playbooks/firewall.yml")
+    env = {**plain_env(), "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    result = subprocess.run(
+        main.nsenter(*argv), capture_output=True, text=True, env=env, cwd=ROOT, timeout=300
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "10.77.0.250" in sh(lab, "main", "nft list set inet letsinfer metrics_v4")
+
+
+def reboot_table(lab: Lab, host: str) -> None:
+    """What a reboot does to the host's letsinfer table: gone, then loaded
+    from the firewall role's file, as the unit's ExecStartPre does."""
+    sh(lab, host, f"nft delete table inet letsinfer && nft -f {RULES}")
+
+
 @pytest.fixture(scope="module")
 def story(main: Lab, wheels: Path) -> Iterator[Story]:
     lab = main
+    rules_before = sh(lab, "main", f"sha256sum {RULES}")
     watch = Watch(lab, "n1")
     watch.start()
     try:
@@ -233,7 +264,10 @@ def story(main: Lab, wheels: Path) -> Iterator[Story]:
         )
         probe.start()
         probe.join()
-    yield Story(run1, run2, served, requests, watch, result[0], result[1])
+    rules_after = sh(lab, "main", f"sha256sum {RULES}")
+    yield Story(
+        run1, run2, served, requests, watch, result[0], result[1], rules_before, rules_after
+    )
 
 
 def serve_through_n1(lab: Lab, timeout: float = 300) -> tuple[bool, list[str]]:
@@ -311,6 +345,43 @@ def test_a_rerun_changes_nothing_and_says_so(main: Lab, story: Story) -> None:
     assert story.run2.returncode == 0, story.run2.stdout + story.run2.stderr
     assert "already a child of this cluster: nothing changed" in story.run2.stdout
     assert "summary" in story.run2.stdout  # the live view's last table
+
+
+def test_the_main_admits_the_new_member_after_a_reboot(main: Lab, story: Story) -> None:
+    """The main's table file (what its unit loads at boot, and what site.yml
+    wrote) keeps n1: after the table is gone and loaded again from that file,
+    n1 reaches the control port and the outsider still reaches nothing."""
+    address = main.hosts["main"].address
+    reboot_table(main, "main")
+    assert port_open(main, address, 8443, from_host="n1")
+    assert not port_open(main, address, 8443, from_host="outsider")
+    assert not port_open(main, address, 8444, from_host="outsider")
+    # site.yml's own settings are kept: its file is the one it wrote
+    assert story.main_rules_after == story.main_rules_before
+    assert "10.77.0.250" in sh(main, "main", "nft list set inet letsinfer metrics_v4")
+    assert main.hosts["n1"].address in sh(main, "main", f"cat {MEMBERS}/n1.nft")
+
+
+@pytest.fixture(scope="module")
+def later(main: Lab, story: Story, wheels: Path) -> subprocess.CompletedProcess[str]:
+    """n3, onboarded once n1 is a child."""
+    return add_over_ssh(main, wheels, "n3")
+
+
+def test_a_child_added_later_is_admitted_by_the_children_already_there(
+    main: Lab, later: subprocess.CompletedProcess[str]
+) -> None:
+    """Children admit members on their agent port (link proofs) and task
+    ports: n1's table admits n3, live and after a reboot; n3's admits n1."""
+    assert later.returncode == 0, later.stdout + later.stderr
+    n1, n3 = main.hosts["n1"].address, main.hosts["n3"].address
+    assert port_open(main, n1, 8444, from_host="n3")
+    reboot_table(main, "n1")
+    assert port_open(main, n1, 8444, from_host="n3")
+    assert not port_open(main, n1, 8444, from_host="outsider")
+    assert port_open(main, n3, 8444, from_host="n1")
+    assert not port_open(main, n3, 8444, from_host="outsider")
+    assert json.loads(later.stdout)["warnings"] == []  # every child was reached
 
 
 def test_a_host_failing_doctor_is_left_unchanged(main: Lab, wheels: Path) -> None:

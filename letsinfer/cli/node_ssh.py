@@ -80,7 +80,7 @@ def _main_side(ctx: CliContext) -> Any:
     from letsinfer import config
     from letsinfer.agent.runtime import advertise_address
     from letsinfer.audit.anchor import open_authority
-    from letsinfer.fleet.node_add import MainSide
+    from letsinfer.fleet.node_add import MainSide, Peer
     from letsinfer.home import Home
     from letsinfer.trust import pki
     from letsinfer.trust.material import ClusterCA
@@ -89,8 +89,8 @@ def _main_side(ctx: CliContext) -> Any:
     settings = config.load(ctx.home.config_file)
     store = open_authority(ctx.home)
     try:
-        members = [
-            n.address.rsplit(":", 1)[0].strip("[]")
+        peers = [
+            Peer(n.name, n.address.rsplit(":", 1)[0].strip("[]"))
             for n in store.list_nodes()
             if n.role != "main" and n.address
         ]
@@ -103,7 +103,7 @@ def _main_side(ctx: CliContext) -> Any:
         python=sys.executable,
         home="" if ctx.home == Home.system() else str(ctx.home.etc.parent),
         ca_fingerprint=pki.fingerprint(ClusterCA(ctx.home, ctx.identity).cert),
-        members=members,
+        peers=peers,
         gateway_port=settings.gateway.port,
         control_port=settings.control.port,
         agent_port=settings.agent.api_port,
@@ -187,11 +187,14 @@ def add_over_ssh(ctx: CliContext, name: str | None, opts: SshOptions, as_json: b
                     "result": outcome,
                     "changed": changed,
                     "failures": failures,
+                    "warnings": [{"host": h, "message": m} for h, m in result.progress.warnings],
                 }
             )
         )
     else:
         console.print(summary(result.progress))
+        for host, message in result.progress.warnings:
+            console.print(f"{host}: {message}", style="yellow", markup=False)
         for host, task, message in result.progress.failures:
             console.print(f"{host} {task}: {message}", style="red", markup=False)
     if not result.ok:

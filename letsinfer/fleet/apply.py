@@ -50,6 +50,8 @@ class Progress:
     play: str = ""
     hosts: dict[str, HostProgress] = field(default_factory=dict)
     failures: list[tuple[str, str, str]] = field(default_factory=list)  # host, task, message
+    # what the playbook said loudly without failing (letsinfer.cluster.warning)
+    warnings: list[tuple[str, str]] = field(default_factory=list)  # host, message
     finished: bool = False
 
     def host(self, name: str) -> HostProgress:
@@ -81,6 +83,8 @@ class Progress:
             if status == "failed" and data.get("ignore_errors"):
                 status = "ignored"
             hp.task, hp.status = task, status
+            if status == "ok" and isinstance(res, dict):
+                self.warnings += [(hp.host, str(w)) for w in res.get("warnings") or ()]
             if status in ("failed", "unreachable") and kind != "runner_item_on_failed":
                 message = res.get("msg") if isinstance(res, dict) else None
                 self.failures.append((hp.host, task, str(message or res)[:2000]))

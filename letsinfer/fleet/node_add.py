@@ -4,8 +4,10 @@ order), run through ansible-runner for that one host.
 
 This module writes the inventory that playbook reads: the main is this
 machine (local connection), the new host its only child, reached with the
-SSH settings ``ssh_reach.check`` has just proved; the cluster's other members
-are only addresses its firewall table admits.
+SSH settings ``ssh_reach.check`` has just proved; the cluster's other
+children are its peers, reached the same way, so their firewall tables admit
+the new member (their addresses are also the members the new host's table
+admits).
 """
 
 from __future__ import annotations
@@ -29,6 +31,14 @@ NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
 
 @dataclass(frozen=True)
+class Peer:
+    """Another child of the cluster, as the authority knows it."""
+
+    name: str
+    address: str
+
+
+@dataclass(frozen=True)
 class MainSide:
     """What the playbook needs of the main it runs on."""
 
@@ -38,7 +48,7 @@ class MainSide:
     python: str  # the interpreter Ansible runs modules with here
     home: str  # "" for the default places, else the directory holding etc/var/run
     ca_fingerprint: str  # enrollment and the identity check are bound to it
-    members: Sequence[str] = ()  # the other children's addresses (firewall only)
+    peers: Sequence[Peer] = ()  # the cluster's other children
     gateway_port: int = 8000
     control_port: int = 8443
     agent_port: int = 8444
@@ -118,6 +128,8 @@ def inventory(main: MainSide, new: NewHost, sources: Sources) -> dict[str, Any]:
         new_vars["ansible_ssh_private_key_file"] = str(ssh.identity)
     if new.become:
         new_vars["ansible_become"] = True
+    peers = [p for p in main.peers if p.name != new.name and p.address != ssh.host]
+    peer_ssh = {k: v for k, v in new_vars.items() if k != "ansible_host"}
     main_vars: dict[str, Any] = {
         "ansible_connection": "local",
         "ansible_host": main.address,
@@ -139,7 +151,7 @@ def inventory(main: MainSide, new: NewHost, sources: Sources) -> dict[str, Any]:
         "firewall_gateway_port": main.gateway_port,
         "firewall_control_port": main.control_port,
         "firewall_agent_port": main.agent_port,
-        "firewall_extra_members": [m for m in main.members if m != ssh.host],
+        "firewall_extra_members": [p.address for p in peers],
         **dict(new.extra_vars),
     }
     return {
@@ -148,6 +160,10 @@ def inventory(main: MainSide, new: NewHost, sources: Sources) -> dict[str, Any]:
             "children": {
                 "letsinfer_main": {"hosts": {main.name: main_vars}},
                 "letsinfer_children": {"hosts": {new.name: new_vars}},
+                # reached like the new host, to admit it to their tables
+                "letsinfer_peers": {
+                    "hosts": {p.name: {**peer_ssh, "ansible_host": p.address} for p in peers}
+                },
             },
         }
     }
