@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
-from datetime import UTC, datetime
+from typing import Any
 
 import click
 
 from letsinfer.audit.anchor import HeadAnchor, open_authority
+from letsinfer.audit.listing import audit_rows
 from letsinfer.audit.verification import verify_audit
 from letsinfer.cli import cli
 from letsinfer.cli.output import console, emit
@@ -28,22 +28,24 @@ def _open(ctx: CliContext) -> AuthorityStore:
     return open_authority(ctx.home)
 
 
-@scoped(audit, "list", scope="all")
-@click.option("--limit", type=click.IntRange(min=1), help="Only the newest N records.")
+@scoped(audit, "list", scope="all", remote="viewer")
+@click.option(
+    "--limit", type=click.IntRange(min=1, max=2**63 - 1), help="Only the newest N records."
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
 def list_audit(ctx: CliContext, limit: int | None, as_json: bool) -> None:
     """List audit records, oldest first. ``count``: how many refusals of the
-    same kind a denial record stands for."""
-    store = _open(ctx)
-    try:
-        records = store.list_audit(limit)
-    finally:
-        store.close()
-    rows = [
-        {**asdict(r), "time": datetime.fromtimestamp(r.ts, UTC).isoformat(timespec="seconds")}
-        for r in records
-    ]
+    same kind a denial record stands for. From a controller: the main's chain."""
+    if ctx.remote is not None:
+        query = "" if limit is None else f"?limit={limit}"
+        rows: list[dict[str, Any]] = call(ctx.remote, "GET", f"/v1/ops/audit{query}")
+    else:
+        store = _open(ctx)
+        try:
+            rows = audit_rows(store, limit)
+        finally:
+            store.close()
     emit(
         rows,
         ["seq", "time", "actor", "role", "action", "target", "outcome", "count"],

@@ -1,11 +1,16 @@
 """``letsinfer doctor``: this machine's fitness, or (``--cluster``, on the main)
-the cluster's invariants. Exit 1 when anything fails."""
+the cluster's invariants. Exit 1 when anything fails.
+
+With a controller selected, ``--cluster`` runs on that main (the admin API's
+findings, printed here as there); plain ``doctor`` still checks the machine it
+runs on and sends nothing."""
 
 from __future__ import annotations
 
 import json
 import socket
 import sys
+from typing import Any
 
 import click
 from rich.markup import escape
@@ -13,13 +18,17 @@ from rich.markup import escape
 from letsinfer.cli import cli
 from letsinfer.cli.output import console
 from letsinfer.cli.scope import CliContext, require_scope, scoped
-from letsinfer.doctor.findings import Finding, failures, report
+from letsinfer.doctor.findings import Finding, report
 
 _STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red"}
 
 
-@scoped(cli, "doctor", scope="all")
-@click.option("--cluster", is_flag=True, help="Check the cluster's invariants (on the main).")
+@scoped(cli, "doctor", scope="all", remote="viewer", remote_with="cluster")
+@click.option(
+    "--cluster",
+    is_flag=True,
+    help="Check the cluster's invariants (on the main, or a controller's main).",
+)
 @click.option(
     "--ntp",
     metavar="HOST[:PORT]",
@@ -43,64 +52,56 @@ def doctor(ctx: CliContext, cluster: bool, ntp: str | None, as_json: bool) -> No
     --json prints one object: host, ok, failures, warnings, and findings
     (each with check, level, message and fix).
     """
-    if cluster:
-        require_scope(ctx, "main", "letsinfer doctor --cluster")
-        findings = _cluster(ctx)
-    else:
-        from letsinfer.doctor.host import check_host
-        from letsinfer.doctor.node import plan_for
+    if cluster and ctx.remote is not None:
+        from letsinfer.cli.remote import call
 
-        findings = check_host(plan_for(ctx.home, ctx.identity, ntp))
-    host = ctx.identity.name if ctx.identity else socket.gethostname()
+        found = call(ctx.remote, "GET", "/v1/ops/doctor/cluster")
+    else:
+        if cluster:
+            require_scope(ctx, "main", "letsinfer doctor --cluster")
+            findings = _cluster(ctx)
+        else:
+            from letsinfer.doctor.host import check_host
+            from letsinfer.doctor.node import plan_for
+
+            findings = check_host(plan_for(ctx.home, ctx.identity, ntp))
+        found = report(ctx.identity.name if ctx.identity else socket.gethostname(), findings)
     if as_json:
-        json.dump(report(host, findings), sys.stdout, indent=2)
+        json.dump(found, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        _print(host, findings, cluster)
-    if failures(findings):
+        _print(found, cluster)
+    if not found["ok"]:
         sys.exit(1)
 
 
 def _cluster(ctx: CliContext) -> list[Finding]:
     from letsinfer import config
-    from letsinfer.audit.anchor import HeadAnchor, check_anchor, open_authority
-    from letsinfer.doctor.cluster import check_cluster, gather
-    from letsinfer.trust import pki
-    from letsinfer.trust.material import tls_files
+    from letsinfer.audit.anchor import open_authority
+    from letsinfer.doctor.cluster import check_main
 
     assert ctx.identity is not None
     settings = config.load(ctx.home.config_file)
-    try:
-        cert = pki.load_cert(tls_files(ctx.home, ctx.identity).cert.read_bytes())
-        not_after: float | None = cert.not_valid_after_utc.timestamp()
-    except (OSError, pki.CertificateError):
-        not_after = None
     store = open_authority(ctx.home)
     try:
-        anchored = check_anchor(HeadAnchor.for_home(ctx.home), store)
-        state = gather(
-            store,
-            ctx.identity.node_id,
-            ctx.home.running_pid(),
-            not_after,
-            list(anchored.problems),
-            settings.control.node_stale_after_s,
-        )
+        return check_main(ctx.home, ctx.identity, store, settings.control.node_stale_after_s)
     finally:
         store.close()
-    return check_cluster(state)
 
 
-def _print(host: str, findings: list[Finding], cluster: bool) -> None:
-    for f in findings:
-        style = _STYLE[f.level]
-        line = f"[{style}]{f.level.upper():4}[/{style}] {escape(f.check)}: {escape(f.message)}"
-        if f.fix:
-            line += f"\n     [dim]fix: {escape(f.fix)}[/dim]"
+def _print(found: dict[str, Any], cluster: bool) -> None:
+    """``found``: the report (letsinfer.doctor.findings.report), made here or on the main."""
+    for f in found["findings"]:
+        style = _STYLE[f["level"]]
+        line = (
+            f"[{style}]{f['level'].upper():4}[/{style}] {escape(f['check'])}: "
+            f"{escape(f['message'])}"
+        )
+        if f["fix"]:
+            line += f"\n     [dim]fix: {escape(f['fix'])}[/dim]"
         console.print(line, highlight=False, soft_wrap=True)
-    failed = len(failures(findings))
-    warned = sum(1 for f in findings if f.level == "warn")
-    what = "the cluster" if cluster else host
+    failed, warned = found["failures"], found["warnings"]
+    what = "the cluster" if cluster else found["host"]
     if failed:
         console.print(f"[bold red]{failed} failure(s)[/bold red], {warned} warning(s) on {what}")
     else:

@@ -72,25 +72,38 @@ Remote = Role | Literal["shell"]
 class ScopedCommand(click.Command):
     """``remote``: the role a paired controller needs to run this command on
     its main through the admin API; None: the API has no operation for it
-    yet; SHELL_ONLY: it never will."""
+    yet; SHELL_ONLY: it never will. ``remote_with``: the flag that alone
+    makes the command go to the main (``doctor --cluster``); without it, the
+    command runs here even with a controller selected."""
 
     def __init__(
-        self, *args: Any, scope: Scope, remote: Remote | None = None, **kwargs: Any
+        self,
+        *args: Any,
+        scope: Scope,
+        remote: Remote | None = None,
+        remote_with: str | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.scope: Scope = scope
         self.remote: Remote | None = remote
+        self.remote_with = remote_with
         if self.help is not None:  # cleaned first: the added line would defeat click's dedent
             where = f"Runs on: {scope}."
             if remote == SHELL_ONLY:
                 where += " Only from a shell on the main, never from a controller."
+            elif remote is not None and remote_with is not None:
+                flag = "--" + remote_with.replace("_", "-")
+                where += f" With {flag}, from a paired controller: {remote} role."
             elif remote is not None:
                 where += f" From a paired controller: {remote} role."
             self.help = f"{inspect.cleandoc(self.help)}\n\n{where}"
 
     def invoke(self, ctx: click.Context) -> Any:
         cli = ctx.ensure_object(CliContext)
-        if self.scope == "main" or self.remote is not None:
+        # Without its remote_with flag, a command is about the machine it runs on.
+        remote_form = self.remote_with is None or bool(ctx.params.get(self.remote_with))
+        if remote_form and (self.scope == "main" or self.remote is not None):
             from letsinfer.cli import remote
 
             pairing = remote.selected(cli.home, cli.controller)

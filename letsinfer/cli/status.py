@@ -3,6 +3,13 @@
 Called on every check by people, scripts and the Ansible modules, so it loads
 only what it shows: no cryptography (the fingerprints are digests of the
 certificate files), no HTTP client library.
+
+Always about this machine, even with a controller selected (as plain
+``doctor``): what its callers read (``running``, ``pid``, ``home``,
+``paths``, the exit 3 of "no node here") would otherwise silently describe
+another machine wherever a controller happens to be selected (an exported
+LETSINFER_CONTROLLER). The main's status from a workstation is `cluster
+status`, `model list` and `node list`, which run there.
 """
 
 from __future__ import annotations
@@ -58,7 +65,10 @@ def status(ctx: CliContext, as_json: bool) -> None:
 
     On the main: each model and placement group in the same words as `model
     list`, `node list` and `topology` (ready, starting, paused, draining,
-    parked, stopped, system stopped, down...)."""
+    parked, stopped, system stopped, down...).
+
+    Always this machine's node, even with a controller selected; the main's
+    state from a workstation: `letsinfer cluster status`."""
     ident = ctx.identity
     pid = ctx.home.running_pid()
     info: dict[str, Any] = {
@@ -92,10 +102,16 @@ def status(ctx: CliContext, as_json: bool) -> None:
     from letsinfer.cli.output import console, emit
 
     if ident is None:
+        from letsinfer.cli.remote import selected_name
+
         elsewhere = _running_elsewhere(ctx.home)
+        chosen = selected_name(ctx.home, ctx.controller)
         hint = (
             f"a node runs in {elsewhere.label}: `letsinfer --home {elsewhere.label} status`"
             if elsewhere
+            else f"status is about this machine, even with controller {chosen} selected; "
+            "the main's status: `letsinfer cluster status`"
+            if chosen
             else "start one with `letsinfer up`"
         )
         console.print(f"no letsinfer node in {info['home']} ({hint})", highlight=False)

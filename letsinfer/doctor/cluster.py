@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 from letsinfer.doctor.findings import Finding, fail, ok, warn
 from letsinfer.doctor.firewall import firewall_finding
+from letsinfer.home import Home
+from letsinfer.identity import NodeIdentity
 from letsinfer.store import AuthorityStore, GpuClaim, NodeRecord, PlacementGroupRecord
 
 NEAR_EXPIRY_S = 7 * 86400  # children renew at 10 days left: under 7, renewal is failing
@@ -246,3 +248,29 @@ def gather(
         stale_after_s=stale_after_s,
         now=time.time(),
     )
+
+
+def check_main(
+    home: Home, identity: NodeIdentity, store: AuthorityStore, stale_after_s: float
+) -> list[Finding]:
+    """The cluster's findings from the main in ``home``: `doctor --cluster` on
+    the main, and the admin API's answer to it from a controller."""
+    from letsinfer.audit.anchor import HeadAnchor, check_anchor
+    from letsinfer.trust import pki
+    from letsinfer.trust.material import tls_files
+
+    try:
+        cert = pki.load_cert(tls_files(home, identity).cert.read_bytes())
+        not_after: float | None = cert.not_valid_after_utc.timestamp()
+    except (OSError, pki.CertificateError):
+        not_after = None
+    anchored = check_anchor(HeadAnchor.for_home(home), store)
+    state = gather(
+        store,
+        identity.node_id,
+        home.running_pid(),
+        not_after,
+        list(anchored.problems),
+        stale_after_s,
+    )
+    return check_cluster(state)
