@@ -267,6 +267,7 @@ class MainNode:
             rollouts=OnLoop(ServingRollouts(self.lifecycle, Gates(self.home)), self.post.loop),
             scene=self._scene_for_control,
             on_removed=self._removed_from_control,
+            apply_exposure=self.exposure.apply_from_control,
         )
         agent = self.settings.agent
         self._planes = [
@@ -359,8 +360,7 @@ class MainNode:
         await asyncio.wait_for(asyncio.wrap_future(self.post.submit(self.apply_now)), 30)
 
     async def _removed_from_control(self, removal: Removal) -> dict[str, Any]:
-        """A controller's `node remove` (on the control thread) is applied as
-        the CLI's on this machine is: on the gateway's loop, before it answers."""
+        """A controller's `node remove`, applied on the gateway's loop as the CLI's is."""
         assert self.post is not None
         future = asyncio.run_coroutine_threadsafe(self.node_removed(removal), self.post.loop)
         return await asyncio.wrap_future(future)

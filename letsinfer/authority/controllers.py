@@ -50,18 +50,89 @@ def allows(role: str, needed: str) -> bool:
     return ROLE_RANK.get(role, 0) >= ROLE_RANK[needed]
 
 
+MAX_NAME = 64
+
+
+class NameTaken(StoreError):
+    """Another controller not revoked is called so."""
+
+
 def new_pairing(
-    store: AuthorityStore, ca_fingerprint: str, role: str, name: str, ttl_s: float
+    store: AuthorityStore,
+    ca_fingerprint: str,
+    role: str,
+    name: str,
+    ttl_s: float,
+    actor: str = "cli",
+    actor_role: str = "main",
 ) -> PairingCode:
+    """A one-time pairing code for a controller called ``name``. StoreError,
+    with nothing made: an unknown role, a name that is empty, too long or
+    holds control characters, or one a controller holds already (paired, or
+    pending with a code still valid): `auth controller revoke` takes a name,
+    and two alike would make it revoke one of them at random."""
     if role not in ROLE_RANK:
         raise StoreError(f"unknown role {role!r}: use viewer, operator or administrator")
+    if not name or len(name) > MAX_NAME or not name.isprintable():
+        raise StoreError(
+            f"a controller's name is 1 to {MAX_NAME} printable characters, not {name[:80]!r}"
+        )
     code = base64.b32encode(secrets.token_bytes(10)).decode().rstrip("=")
     with store.transaction():
+        if any(_holds_name(c, name) for c in store.list_controllers()):
+            raise NameTaken(
+                f"a controller named {name!r} exists already (`letsinfer auth controller "
+                "list`): choose another --name, or revoke it first. Nothing changed."
+            )
         rec = store.add_controller(f"ctl-{uuid.uuid4().hex[:12]}", name, role, _digest(code), ttl_s)
         store.append_audit(
-            "cli", "auth.controller.add", "ok", role="main", target=f"{name} ({role})"
+            actor, "auth.controller.add", "ok", role=actor_role, target=f"{name} ({role})"
         )
     return PairingCode(rec, code, comparison_string(ca_fingerprint, code))
+
+
+def _holds_name(rec: ControllerRecord, name: str) -> bool:
+    if rec.name != name or rec.state == "revoked":
+        return False
+    if rec.state == "pending":  # an expired code holds nothing
+        return rec.code_expires_at is None or rec.code_expires_at > time.time()
+    return True
+
+
+class RevokeRefused(StoreError):
+    """``status``: 404 no such controller, 409 a controller revoking itself."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def revoke(
+    store: AuthorityStore,
+    name: str,
+    actor: str = "cli",
+    actor_role: str | None = None,
+    caller_id: str | None = None,
+) -> ControllerRecord:
+    """Revoke the active controller ``name`` (or id): its certificate is
+    refused from now on. ``caller_id``: the controller asking, which may not
+    revoke itself (its own request would cut it off halfway through, and a
+    typo of its own name would lock its workstation out); another
+    administrator's controller or a shell on the main does it."""
+    rec = store.find_controller(name)
+    if rec is None:
+        raise RevokeRefused(404, f"no active controller {name!r}")
+    if caller_id is not None and rec.id == caller_id:
+        raise RevokeRefused(
+            409,
+            f"controller {rec.name} is the one asking: a controller does not revoke itself. "
+            "Revoke it from another administrator's controller or from a shell on the main. "
+            "Nothing changed.",
+        )
+    with store.transaction():
+        store.revoke_controller(rec.id)
+        store.append_audit(actor, "auth.controller.revoke", "ok", role=actor_role, target=rec.name)
+    return rec
 
 
 def pair(

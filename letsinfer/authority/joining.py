@@ -22,6 +22,7 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from cryptography.x509.oid import NameOID
 
@@ -49,7 +50,11 @@ class JoinRefused(Exception):
 
 
 def issue_code(
-    store: AuthorityStore, ca_fingerprint: str, ttl_s: float, actor: str = "cli"
+    store: AuthorityStore,
+    ca_fingerprint: str,
+    ttl_s: float,
+    actor: str = "cli",
+    role: str = "main",
 ) -> tuple[JoinCode, JoinCodeRecord]:
     if not 0 < ttl_s <= MAX_TTL_S:
         raise StoreError(f"a join code lives between 1 second and 7 days, not {ttl_s:g}s")
@@ -60,11 +65,31 @@ def issue_code(
             actor,
             "node.join.code",
             "ok",
-            role="main",
+            role=role,
             target=code.code_id,
             detail=f"ttl {ttl_s:g}s",
         )
     return code, rec
+
+
+def join_code_issued(
+    store: AuthorityStore,
+    ca_fingerprint: str,
+    ttl_s: float,
+    control_address: str,
+    actor: str = "cli",
+    role: str = "main",
+) -> dict[str, Any]:
+    """`node add --code`, on the main and from a controller alike: a new
+    code, its id, when it expires (a time) and the command that uses it."""
+    code, rec = issue_code(store, ca_fingerprint, ttl_s, actor=actor, role=role)
+    return {
+        "code": str(code),
+        "id": rec.id,
+        "ca_fingerprint": ca_fingerprint,
+        "expires_at": rec.expires_at,
+        "join": f"letsinfer join {control_address} {code}",
+    }
 
 
 class Challenges:

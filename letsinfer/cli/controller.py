@@ -18,7 +18,6 @@ from letsinfer.cli.auth import auth
 from letsinfer.cli.local import segment
 from letsinfer.cli.output import console, emit
 from letsinfer.cli.scope import CliContext, scoped
-from letsinfer.store import StoreError
 from letsinfer.trust import pki
 from letsinfer.trust.client import PeerMismatch, peer_certificate
 
@@ -28,7 +27,7 @@ def auth_controller() -> None:
     """Controllers (operator workstations) and their roles."""
 
 
-@scoped(auth_controller, "add", scope="main")
+@scoped(auth_controller, "add", scope="main", remote="administrator")
 @click.option(
     "--role",
     required=True,
@@ -40,26 +39,32 @@ def auth_controller() -> None:
     "--name",
     default="controller",
     show_default=True,
-    help="What the controller is called in `auth controller list` and the audit chain.",
+    help="What the controller is called in `auth controller list` and the audit chain "
+    "(unique among the controllers not revoked).",
 )
 @click.pass_obj
 def controller_add(ctx: CliContext, role: str, name: str) -> None:
-    """Create a one-time pairing code for a new controller."""
-    assert ctx.identity is not None and ctx.identity.cluster is not None
-    settings = config.load(ctx.home.config_file)
-    store = open_authority(ctx.home)
-    try:
-        code = controllers.new_pairing(
-            store, ctx.identity.cluster, role, name, settings.control.pairing_code_ttl_s
-        )
-    finally:
-        store.close()
+    """Create a one-time pairing code for a new controller.
+
+    From a controller, the main makes the code and it is printed here; the
+    new workstation pairs with the main as with a code made there."""
+    if ctx.remote is not None:
+        made = remote.call(ctx.remote, "POST", "/v1/ops/controllers", {"name": name, "role": role})
+        code, comparison, ttl_s = made["code"], made["comparison"], made["ttl_s"]
+    else:
+        assert ctx.identity is not None and ctx.identity.cluster is not None
+        ttl_s = config.load(ctx.home.config_file).control.pairing_code_ttl_s
+        store = open_authority(ctx.home)
+        try:
+            pairing = controllers.new_pairing(store, ctx.identity.cluster, role, name, ttl_s)
+        finally:
+            store.close()
+        code, comparison = pairing.code, pairing.comparison
     console.print(
-        f"pairing code for controller [bold]{name}[/bold] ({role}), valid "
-        f"{settings.control.pairing_code_ttl_s / 60:.0f} min:"
+        f"pairing code for controller [bold]{name}[/bold] ({role}), valid {ttl_s / 60:.0f} min:"
     )
-    click.echo(f"code: {code.code}")
-    click.echo(f"comparison: {code.comparison}")
+    click.echo(f"code: {code}")
+    click.echo(f"comparison: {comparison}")
     click.echo(
         "on the workstation: letsinfer controller pair --main HOST:PORT --code CODE; "
         "check it shows the same comparison string"
@@ -86,22 +91,24 @@ def controller_list(ctx: CliContext, as_json: bool) -> None:
     emit(rows, ["name", "id", "role", "state"], as_json=as_json, title="controllers")
 
 
-@scoped(auth_controller, "revoke", scope="main")
+@scoped(auth_controller, "revoke", scope="main", remote="administrator")
 @click.argument("name")
 @click.pass_obj
 def controller_revoke(ctx: CliContext, name: str) -> None:
-    """Revoke a controller: its certificate is refused from now on."""
-    store = open_authority(ctx.home)
-    try:
-        rec = store.find_controller(name)
-        if rec is None:
-            raise StoreError(f"no active controller {name!r}")
-        with store.transaction():
-            store.revoke_controller(rec.id)
-            store.append_audit("cli", "auth.controller.revoke", "ok", target=rec.name)
-    finally:
-        store.close()
-    console.print(f"controller {rec.name} revoked")
+    """Revoke a controller: its certificate is refused from now on.
+
+    A controller does not revoke itself: revoke it from another
+    administrator's controller or from a shell on the main."""
+    if ctx.remote is not None:
+        revoked = remote.call(ctx.remote, "POST", "/v1/ops/controllers/revoke", {"name": name})
+        shown = revoked["name"]
+    else:
+        store = open_authority(ctx.home)
+        try:
+            shown = controllers.revoke(store, name).name
+        finally:
+            store.close()
+    console.print(f"controller {shown} revoked")
 
 
 # -- the workstation side ------------------------------------------------------

@@ -6,7 +6,9 @@ main applies them at once through its admin socket (a failure there puts the
 previous settings back: nothing is half-applied); a stopped one at its next
 start. ``--plain`` moves the plain listener at the next start (its socket is
 bound once). The firewall role opens the port (the node never loads nftables
-rules): the command prints the role's variables.
+rules): the command prints the role's variables. From a paired controller,
+`enable` and `disable` run on the main through its admin API
+(letsinfer.exposure.publishing does the work in both places).
 """
 
 from __future__ import annotations
@@ -17,21 +19,15 @@ from typing import Any
 
 import click
 
-from letsinfer import config
 from letsinfer.cli import cli
 from letsinfer.cli.local import ask_node
 from letsinfer.cli.output import emit_object
 from letsinfer.cli.remote import ask_main
 from letsinfer.cli.scope import CliContext, scoped
+from letsinfer.exposure import publishing
 from letsinfer.exposure import settings as stored
-from letsinfer.exposure.certificate import (
-    CertificateRefused,
-    ServedCert,
-    check_pair,
-    cluster_files,
-    issue_from_cluster_ca,
-)
-from letsinfer.exposure.report import ca_file, exposure_report
+from letsinfer.exposure.certificate import CertificateRefused, read_pem_file
+from letsinfer.exposure.report import exposure_report
 from letsinfer.exposure.settings import Exposure, ExposureSettingsError
 
 
@@ -44,55 +40,33 @@ def exposure() -> None:
     """
 
 
-def _ca_file(ctx: CliContext) -> Path:
-    assert ctx.identity is not None
-    return ca_file(ctx.home, ctx.identity)
-
-
-def _refuse_ports(ctx: CliContext, port: int) -> None:
-    settings = config.load(ctx.home.config_file)
-    taken = {
-        settings.gateway.port: "the plain gateway",
-        settings.control.port: "the control plane",
-        settings.agent.api_port: "the agent plane",
-        settings.gateway.metrics_port: "metrics",
-    }
-    if port in taken:
-        raise click.ClickException(
-            f"--port {port} is {taken[port]}'s port: choose another (e.g. 443). Nothing changed."
-        )
-
-
-def _firewall_vars(exposure: Exposure | None) -> str:
-    port = exposure.port if exposure else 0
-    sources = list(exposure.sources) if exposure else []
-    return (
-        f"set firewall_exposure_port: {port} and firewall_exposure_sources: {sources} for the "
-        "main, then `letsinfer fleet apply firewall -i INVENTORY` (docs/exposure.md)"
-    )
-
-
 def _apply(ctx: CliContext, previous: Exposure | None) -> dict[str, Any] | None:
     """The running node serves the new settings, or they are put back."""
     answer = ask_node(ctx.home, "POST", "/v1/local/exposure/apply")
     if answer is not None and answer.get("error"):
-        if previous is None:
-            stored.remove(ctx.home)
-        else:
-            stored.save(ctx.home, previous)
+        publishing.restore(ctx.home, previous)
         raise click.ClickException(
             f"the running node could not publish it: {answer['error']}. Nothing changed."
         )
     return answer
 
 
-def _show_cert(cert: ServedCert) -> None:
-    click.echo(f"  subject   {cert.subject}")
-    click.echo(f"  names     {', '.join(cert.sans) or '(none: clients check the subject)'}")
-    click.echo(f"  expires   {cert.not_after:%Y-%m-%d %H:%M} UTC")
+def _audit(ctx: CliContext, action: str, target: str, detail: str | None = None) -> None:
+    from letsinfer.audit.anchor import open_authority
+
+    store = open_authority(ctx.home)
+    try:
+        store.append_audit("cli", action, "ok", role="main", target=target, detail=detail)
+    finally:
+        store.close()
 
 
-@scoped(exposure, "enable", scope="main")
+def _echo(lines: list[str]) -> None:
+    for line in lines:
+        click.echo(line)
+
+
+@scoped(exposure, "enable", scope="main", remote="administrator")
 @click.option(
     "--cert",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -158,67 +132,53 @@ def enable(
 
     With --cert and --key, the operator's certificate; with --cluster-ca and
     --san, one the cluster CA issues (the command prints the CA file clients
-    must trust). A certificate file replaced on disk is served to the next
-    connection without a restart. A bad certificate or key is refused with
-    nothing changed.
+    must trust). On the main, --cert and --key are served in place: a
+    certificate file replaced on disk is served to the next connection
+    without a restart. From a controller, they are this workstation's files:
+    their text is sent, checked on the main and stored there (with the
+    cluster CA's); to renew, run `exposure enable` again with the new files.
+    A bad certificate or key is refused with nothing changed.
     """
-    if cluster_ca == bool(cert or key) or (not cluster_ca and not (cert and key)):
-        raise click.ClickException(
-            "give either --cert FILE and --key FILE, or --cluster-ca with --san NAME_OR_ADDRESS"
-        )
-    if sans and not cluster_ca:
-        raise click.ClickException(
-            "--san goes with --cluster-ca (your own certificate names itself)"
-        )
     try:
-        nets = stored.parse_sources(sources)
-        previous = stored.load(ctx.home)
-    except ExposureSettingsError as exc:
-        raise click.ClickException(f"{exc}. Nothing changed.") from exc
-    _refuse_ports(ctx, port)
+        publishing.check_choice(cluster_ca, cert is not None, key is not None, bool(sans))
+    except publishing.PublishRefused as exc:
+        raise click.ClickException(str(exc)) from exc
+    wanted = publishing.Wanted(port, sources, address, plain, tuple(sans))
+    if ctx.remote is not None:
+        said = ask_main(ctx, "POST", "/v1/ops/exposure/enable", _sent(wanted, cert, key))
+        _echo(publishing.enabled_lines(said))
+        return
+    assert ctx.identity is not None
+    pair = publishing.OwnFiles(cert, key) if cert is not None and key is not None else None
     try:
-        if cluster_ca:
-            cert, key = cluster_files(ctx.home)
-            served = issue_from_cluster_ca(
-                ctx.home.ca_key,
-                _ca_file(ctx),
-                sans,
-                cert,
-                key,
-                settle=lambda *paths: stored.owned_like_home(ctx.home, *paths),
-            )
-        else:
-            assert cert is not None and key is not None
-            cert, key = cert.absolute(), key.absolute()
-            served = check_pair(cert, key)
-    except CertificateRefused as exc:
-        raise click.ClickException(f"{exc}. Nothing changed.") from exc
-    wanted = Exposure(
-        port=port,
-        cert=str(cert),
-        key=str(key),
-        sources=nets,
-        host=address,
-        cluster_ca=cluster_ca,
-        sans=tuple(sans),
-        plain=plain,
-    )
-    stored.save(ctx.home, wanted)
-    answer = _apply(ctx, previous)
-    click.echo(f"published: https://{address}:{port}/v1 (and /health) to {', '.join(nets)}")
-    _show_cert(served)
-    if cluster_ca:
-        click.echo(f"  trust     clients trust the cluster CA: {_ca_file(ctx)}")
-    click.echo(
-        "  node      serving now"
-        if answer is not None
-        else "  node      not running: published at its next start"
-    )
-    if plain == "off" or (previous is not None and previous.plain != plain):
-        click.echo(
-            f"  plain     {plain}: takes effect at the next start (letsinfer service restart)"
-        )
-    click.echo(f"  firewall  the firewall role opens only this port: {_firewall_vars(wanted)}")
+        staged = publishing.stage(ctx.home, ctx.identity, wanted, pair)
+    except publishing.PublishRefused as exc:
+        raise click.ClickException(str(exc)) from exc
+    answer = _apply(ctx, staged.previous)
+    said = publishing.enabled(ctx.home, ctx.identity, staged, node_serving=answer is not None)
+    _audit(ctx, "exposure.enable", said["url"], publishing.audit_detail(staged))
+    _echo(publishing.enabled_lines(said))
+
+
+def _sent(wanted: publishing.Wanted, cert: Path | None, key: Path | None) -> dict[str, Any]:
+    """The admin API's body: the options, and this workstation's files' text."""
+    body: dict[str, Any] = {
+        "port": wanted.port,
+        "sources": list(wanted.sources),
+        "address": wanted.address,
+        "plain": wanted.plain,
+        "cluster_ca": cert is None,
+        "sans": list(wanted.sans),
+    }
+    if cert is not None and key is not None:
+        cert, key = cert.absolute(), key.absolute()
+        try:
+            body["cert_pem"] = read_pem_file(cert, "certificate").decode(errors="replace")
+            body["key_pem"] = read_pem_file(key, "key").decode(errors="replace")
+        except CertificateRefused as exc:
+            raise click.ClickException(f"{exc}. Nothing changed.") from exc
+        body["cert_file"], body["key_file"] = str(cert), str(key)
+    return body
 
 
 @scoped(exposure, "status", scope="main", remote="viewer")
@@ -260,24 +220,15 @@ def status(ctx: CliContext, as_json: bool) -> None:
         click.echo(f"  node      {state}" + (f": {node['error']}" if node.get("error") else ""))
 
 
-@scoped(exposure, "disable", scope="main")
+@scoped(exposure, "disable", scope="main", remote="administrator")
 @click.pass_obj
 def disable(ctx: CliContext) -> None:
     """Close the TLS port; the inference plane serves the LAN only again."""
-    try:
-        previous = stored.load(ctx.home)
-    except ExposureSettingsError:
-        previous = None  # a damaged file is removed all the same
-    if not stored.remove(ctx.home):
-        click.echo("not published: nothing to close")
+    if ctx.remote is not None:
+        _echo(publishing.disabled_lines(ask_main(ctx, "POST", "/v1/ops/exposure/disable")))
         return
-    answer = ask_node(ctx.home, "POST", "/v1/local/exposure/apply")
-    click.echo(
-        "closed: the inference plane serves the LAN only"
-        + ("" if answer else " (node not running)")
-    )
-    if previous is not None and previous.plain == "off":
-        click.echo(
-            "  plain     the LAN listener returns at the next start (letsinfer service restart)"
-        )
-    click.echo(f"  firewall  close the port with the firewall role: {_firewall_vars(None)}")
+    closed, previous = publishing.unpublish(ctx.home)
+    answer = ask_node(ctx.home, "POST", "/v1/local/exposure/apply") if closed else None
+    said = publishing.disabled(closed, previous, node_running=answer is not None)
+    _audit(ctx, "exposure.disable", "exposure", None if closed else "nothing was published")
+    _echo(publishing.disabled_lines(said))

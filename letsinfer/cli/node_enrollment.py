@@ -30,7 +30,7 @@ def _candidates(wait: float) -> list[Advert]:
     return [a for a in browse(wait) if a.role == "candidate" and a.pairing == "open"]
 
 
-@scoped(node, "add", scope="main")
+@scoped(node, "add", scope="main", remote="administrator")
 @click.argument("name", required=False)
 @click.option("--address", metavar="HOST:PORT", help="Reach the candidate here (agent port).")
 @click.option(
@@ -100,7 +100,11 @@ def add(
     With --code, print a one-time join code for `letsinfer join` on the new machine.
     With --ssh HOST, onboard that machine over SSH with the node_add.yml playbook
     (site.yml's steps for one host) and wait until it is an active child (NAME
-    names it; default: HOST's first label)."""
+    names it; default: HOST's first label).
+
+    From a paired controller only --code runs (on the main: the code printed
+    here enrolls the new machine with it); --ssh, NAME and --address reach
+    machines from the main's own network and keys, and run only there."""
     ssh_only = {
         "--wheelhouse": wheelhouse,
         "--index-url": index_url,
@@ -111,6 +115,16 @@ def add(
     if ssh_host is None and (user != "root" or any(ssh_only.values())):
         given = [k for k, v in ssh_only.items() if v] or ["--user"]
         raise click.UsageError(f"{', '.join(given)} only go with --ssh HOST")
+    if ctx.remote is not None and (ssh_host is not None or not join_code):
+        from letsinfer.cli.remote import main_only
+
+        raise main_only(
+            ctx.remote,
+            "node add --ssh" if ssh_host is not None else "node add",
+            "it reaches the new machine from the main's own network"
+            + (" with the main's SSH keys and playbooks" if ssh_host is not None else "")
+            + "; from a controller, `letsinfer node add --code` makes a join code instead",
+        )
     if ssh_host is not None:
         if join_code or address or fingerprint:
             raise click.UsageError("--ssh takes no --code, --address or --fingerprint")
@@ -242,10 +256,7 @@ def _join_code(
     from letsinfer.audit.anchor import open_authority
     from letsinfer.authority import joining
     from letsinfer.capacity.policy import PolicyError, parse_duration
-    from letsinfer.trust import pki
-    from letsinfer.trust.material import ClusterCA
 
-    assert ctx.identity is not None
     if name or address or fingerprint:
         raise click.UsageError("--code takes no NAME, --address or --fingerprint")
     try:
@@ -254,29 +265,25 @@ def _join_code(
         raise click.BadParameter(str(exc), param_hint="--ttl") from exc
     if not 0 < ttl_s <= joining.MAX_TTL_S:
         raise click.BadParameter("a join code lives between 1s and 7d", param_hint="--ttl")
-    settings = config.load(ctx.home.config_file)
-    ca_fingerprint = pki.fingerprint(ClusterCA(ctx.home, ctx.identity).cert)
-    store = open_authority(ctx.home)
-    try:
-        code, rec = joining.issue_code(store, ca_fingerprint, ttl_s)
-    finally:
-        store.close()
-    command = f"letsinfer join {_control_address(settings)} {code}"
-    if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "code": str(code),
-                    "id": rec.id,
-                    "ca_fingerprint": ca_fingerprint,
-                    "expires_at": when(rec.expires_at),
-                    "join": command,
-                }
+    if ctx.remote is not None:
+        from letsinfer.cli.remote import call
+
+        issued = call(ctx.remote, "POST", "/v1/ops/join-codes", {"ttl_s": ttl_s})
+    else:
+        assert ctx.identity is not None and ctx.identity.cluster is not None
+        settings = config.load(ctx.home.config_file)
+        store = open_authority(ctx.home)
+        try:
+            issued = joining.join_code_issued(
+                store, ctx.identity.cluster, ttl_s, _control_address(settings)
             )
-        )
+        finally:
+            store.close()
+    if as_json:
+        click.echo(json.dumps({**issued, "expires_at": when(issued["expires_at"])}))
         return
-    click.echo(f"join code (works once, until {when(rec.expires_at)}): {code}")
-    click.echo(f"on the new machine, run: {command}")
+    click.echo(f"join code (works once, until {when(issued['expires_at'])}): {issued['code']}")
+    click.echo(f"on the new machine, run: {issued['join']}")
 
 
 def _proof(ctx: CliContext, body: dict[str, Any], candidate_id: str) -> dict[str, str]:

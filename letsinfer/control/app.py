@@ -22,6 +22,7 @@ from letsinfer.authority import adoption, controllers, enrollment, joining, life
 from letsinfer.contracts.artifacts import artifact_path
 from letsinfer.control.facts_route import FactsRoute
 from letsinfer.control.ops import actor_of, nothing_to_apply, ops_router
+from letsinfer.control.ops.context import ApplyExposure
 from letsinfer.control.ops.listing import SceneFacts
 from letsinfer.control.ops.nodes import OnRemoved
 from letsinfer.control.ops.roles import role_check
@@ -82,6 +83,8 @@ class ControlContext:
     scene: SceneFacts | None = None  # what only the gateway knows, for the displays
     # After a controller removed a node: the node stops routing to it, tells it.
     on_removed: OnRemoved | None = None
+    # After a controller's `exposure enable/disable`: the node serves it now.
+    apply_exposure: ApplyExposure | None = None
 
 
 class _Body(BaseModel):
@@ -268,6 +271,7 @@ def create_control_app(ctx: ControlContext) -> PeerGate:
             rollouts=ctx.rollouts or NoRollouts(),
             scene=ctx.scene,
             on_removed=ctx.on_removed,
+            apply_exposure=ctx.apply_exposure,
         )
     )
 

@@ -18,7 +18,12 @@ def exposure_certificate(
 ) -> list[Finding]:
     """Nothing when nothing is published (or on a child)."""
     from letsinfer.exposure import settings
-    from letsinfer.exposure.certificate import WARN_DAYS, CertificateRefused, check_pair
+    from letsinfer.exposure.certificate import (
+        WARN_DAYS,
+        CertificateRefused,
+        check_pair,
+        cluster_files,
+    )
 
     if identity is None or identity.role != "main":
         return []
@@ -31,6 +36,11 @@ def exposure_certificate(
     if published.cluster_ca:
         sans = " ".join(f"--san {s}" for s in published.sans)
         renew = f"letsinfer exposure enable --cluster-ca {sans} --port {published.port} again"
+    elif Path(published.cert) == cluster_files(home)[0]:  # a controller sent the pair
+        renew = (
+            f"letsinfer exposure enable --cert RENEWED_CERT --key ITS_KEY --port {published.port} "
+            "again, where the files are (a controller sends them; the main keeps its copy)"
+        )
     else:
         renew = f"replace {published.cert} and {published.key} with a renewed pair"
     renew += " (served to the next connection, no restart)"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import os
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,11 +49,19 @@ class ServedCert:
         }
 
 
-def _read(path: Path, what: str) -> bytes:
+MAX_PEM = 64 * 1024  # a certificate with its chain, or a key: far less
+
+
+def read_pem_file(path: Path, what: str) -> bytes:
+    """The file's bytes, bounded: CertificateRefused names it and why not."""
     try:
-        return path.read_bytes()
+        with path.open("rb") as fh:
+            data = fh.read(MAX_PEM + 1)
     except OSError as exc:
         raise CertificateRefused(f"cannot read the {what} {path}: {exc.strerror or exc}") from exc
+    if len(data) > MAX_PEM:
+        raise CertificateRefused(f"the {what} {path} is larger than {MAX_PEM // 1024} KiB")
+    return data
 
 
 def describe(cert: x509.Certificate) -> ServedCert:
@@ -76,40 +85,64 @@ def check_pair(cert_path: Path, key_path: Path, now: dt.datetime | None = None) 
     """What ``cert_path`` (PEM, the server's certificate first, then its
     chain) with ``key_path`` would serve; raises CertificateRefused if it
     cannot be served."""
+    cert = check_pem(
+        read_pem_file(cert_path, "certificate"),
+        read_pem_file(key_path, "key"),
+        str(cert_path),
+        str(key_path),
+        now,
+    )
+    _loads(cert_path, key_path, str(cert_path), str(key_path))
+    return describe(cert)
+
+
+def check_pem(
+    cert_pem: bytes,
+    key_pem: bytes,
+    cert_name: str,
+    key_name: str,
+    now: dt.datetime | None = None,
+) -> x509.Certificate:
+    """Every check but OpenSSL's own load (which needs files) of a pair
+    given as text, the refusals naming ``cert_name`` and ``key_name`` (the
+    files it came from): the server's certificate, or CertificateRefused."""
     now = now or dt.datetime.now(dt.UTC)
-    cert_pem = _read(cert_path, "certificate")
-    key_pem = _read(key_path, "key")
+    if len(cert_pem) > MAX_PEM or len(key_pem) > MAX_PEM:
+        raise CertificateRefused(
+            f"the certificate {cert_name} or the key {key_name} is larger than "
+            f"{MAX_PEM // 1024} KiB"
+        )
     try:
         chain = x509.load_pem_x509_certificates(cert_pem)
     except ValueError:
-        raise CertificateRefused(f"{cert_path} holds no PEM certificate") from None
+        raise CertificateRefused(f"{cert_name} holds no PEM certificate") from None
     cert = chain[0]
     try:
         key = serialization.load_pem_private_key(key_pem, password=None)
     except (ValueError, TypeError) as exc:
         raise CertificateRefused(
-            f"{key_path} is not an unencrypted PEM private key ({exc})"
+            f"{key_name} is not an unencrypted PEM private key ({exc})"
         ) from None
     if key.public_key().public_bytes(
         serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
     ) != cert.public_key().public_bytes(
         serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
     ):
-        raise CertificateRefused(f"the key {key_path} does not match the certificate {cert_path}")
+        raise CertificateRefused(f"the key {key_name} does not match the certificate {cert_name}")
     if cert.not_valid_after_utc <= now:
         raise CertificateRefused(
-            f"the certificate {cert_path} expired on {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC"
+            f"the certificate {cert_name} expired on {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC"
         )
     if cert.not_valid_before_utc > now:
         raise CertificateRefused(
-            f"the certificate {cert_path} is not valid before "
+            f"the certificate {cert_name} is not valid before "
             f"{cert.not_valid_before_utc:%Y-%m-%d %H:%M} UTC"
         )
     try:
         basic = cert.extensions.get_extension_for_class(x509.BasicConstraints).value
         if basic.ca:
             raise CertificateRefused(
-                f"the certificate {cert_path} is a CA certificate, not a server certificate"
+                f"the certificate {cert_name} is a CA certificate, not a server certificate"
             )
     except x509.ExtensionNotFound:
         pass
@@ -117,18 +150,68 @@ def check_pair(cert_path: Path, key_path: Path, now: dt.datetime | None = None) 
         usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
         if ExtendedKeyUsageOID.SERVER_AUTH not in usage:
             raise CertificateRefused(
-                f"the certificate {cert_path} is not a server certificate "
+                f"the certificate {cert_name} is not a server certificate "
                 "(its extended key usage lacks serverAuth)"
             )
     except x509.ExtensionNotFound:
         pass
+    return cert
+
+
+def _loads(cert_path: Path, key_path: Path, cert_name: str, key_name: str) -> None:
     try:
         server_context(cert_path, key_path)
     except ssl.SSLError as exc:
         raise CertificateRefused(
-            f"OpenSSL refuses {cert_path} with {key_path}: {exc.reason or exc}"
+            f"OpenSSL refuses {cert_name} with {key_name}: {exc.reason or exc}"
         ) from exc
+
+
+def store_sent_pair(
+    cert_pem: bytes,
+    key_pem: bytes,
+    cert_name: str,
+    key_name: str,
+    cert_out: Path,
+    key_out: Path,
+    settle: Callable[..., None] | None = None,
+) -> ServedCert:
+    """A pair a controller sent as text (its workstation's files, named
+    ``cert_name`` and ``key_name`` in any refusal), checked as `check_pair`
+    checks files, then stored at ``cert_out``/``key_out`` as the cluster
+    CA's are: the exposure serves the stored copy, so a renewal is `exposure
+    enable` sent again. Nothing is replaced unless every check passed."""
+    cert = check_pem(cert_pem, key_pem, cert_name, key_name)
+    cert_out.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp_key = key_out.with_name(key_out.name + ".new")
+    tmp_cert = cert_out.with_name(cert_out.name + ".new")
+    fd = os.open(tmp_key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(key_pem)
+    tmp_cert.write_bytes(cert_pem)
+    try:
+        _loads(tmp_cert, tmp_key, cert_name, key_name)
+    except CertificateRefused:
+        tmp_key.unlink(missing_ok=True)
+        tmp_cert.unlink(missing_ok=True)
+        raise
+    _place(tmp_cert, tmp_key, cert_out, key_out, settle)
     return describe(cert)
+
+
+def _place(
+    tmp_cert: Path,
+    tmp_key: Path,
+    cert_out: Path,
+    key_out: Path,
+    settle: Callable[..., None] | None,
+) -> None:
+    """Key first: a node reading between the two sees a mismatch and keeps
+    the certificate it serves."""
+    if settle is not None:
+        settle(key_out.parent, tmp_key, tmp_cert)
+    tmp_key.replace(key_out)
+    tmp_cert.replace(cert_out)
 
 
 def server_context(cert: Path, key: Path) -> ssl.SSLContext:
@@ -155,6 +238,7 @@ def _san(value: str) -> x509.GeneralName:
     labels = name.split(".")
     if (
         not name
+        or not name.isascii()
         or len(name) > 253
         or not all(0 < len(label) <= 63 and label.replace("-", "").isalnum() for label in labels)
     ):
@@ -209,8 +293,5 @@ def issue_from_cluster_ca(
     tmp_cert = cert_out.with_name(cert_out.name + ".new")
     pki.write_private_key(tmp_key, key)
     pki.write_pem(tmp_cert, pki.cert_pem(cert))
-    if settle is not None:
-        settle(key_out.parent, tmp_key, tmp_cert)
-    tmp_key.replace(key_out)
-    tmp_cert.replace(cert_out)
+    _place(tmp_cert, tmp_key, cert_out, key_out, settle)
     return describe(cert)

@@ -13,6 +13,7 @@ accepted (the firewall drops them before, where it is loaded).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -152,11 +153,22 @@ class ExposureRunner:
         self.running: RunningPlane | None = None
         self.serving: Exposure | None = None
         self.error: str | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None  # the gateway's, from the start
 
     async def start(self, app: Any) -> None:
         """At the node's start: what the exposure file says (a failure is logged)."""
         self.app = app
+        self.loop = asyncio.get_running_loop()
         await self.apply()
+
+    async def apply_from_control(self) -> dict[str, object]:
+        """`apply` for a controller's `exposure enable/disable`, asked on the
+        control thread's loop: run on the gateway's loop, which owns the
+        listener (not started yet: the start applies it)."""
+        if self.loop is None:
+            return self.state()
+        future = asyncio.run_coroutine_threadsafe(self.apply(), self.loop)
+        return await asyncio.wrap_future(future)
 
     async def apply(self) -> dict[str, object]:
         """Serve what the exposure file says now. A failure leaves what was

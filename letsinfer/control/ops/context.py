@@ -14,6 +14,9 @@ from letsinfer.identity import NodeIdentity
 from letsinfer.store import AuthorityStore
 from letsinfer.trust.peer import Peer
 
+# The running node's exposure state once it served <etc>/exposure.json anew.
+ApplyExposure = Callable[[], Awaitable[dict[str, Any]]]
+
 
 @dataclass
 class OpsContext:
@@ -27,6 +30,11 @@ class OpsContext:
     # After a node's removal committed: the running node stops routing to its
     # groups and tells it (what it said); None: no node runs here (503).
     on_removed: Callable[[Removal], Awaitable[dict[str, Any]]] | None = None
+    # After `exposure enable/disable` changed <etc>/exposure.json: the running
+    # node serves it (ExposureRunner.apply on the gateway's loop: its state,
+    # `error` set when it could not); None: no node runs here (served at its
+    # next start).
+    apply_exposure: "ApplyExposure | None" = None
 
     def settings(self) -> config.Settings:
         """The main's settings (the defaults where no home is at hand)."""

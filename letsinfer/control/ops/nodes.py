@@ -1,17 +1,26 @@
-"""Nodes: what one says of itself; pause (no new work) and resume; remove."""
+"""Nodes: what one says of itself; pause (no new work) and resume; remove;
+and a join code for a new one (`node add --code`)."""
 
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException
+from pydantic import BaseModel, ConfigDict, Field
 
 from letsinfer.authority import lifecycle
+from letsinfer.authority.joining import MAX_TTL_S, join_code_issued
 from letsinfer.authority.removal import Removal, RemovalRefused, remove_node
 from letsinfer.control.agent_info import InfoRefused, agent_info
-from letsinfer.control.ops.answers import NodeInfo, NodePaused, NodeRemoved
+from letsinfer.control.ops.answers import JoinCodeIssued, NodeInfo, NodePaused, NodeRemoved
 from letsinfer.control.ops.context import OpsContext
 from letsinfer.store import AuthorityStore
 from letsinfer.trust.peer import Peer
+
+
+class JoinCodeAsk(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    ttl_s: float = Field(900.0, gt=0, le=MAX_TTL_S, description="How long the code works")
+
 
 # After a removal committed: stop routing, tell the node; returns what the node said.
 OnRemoved = Callable[[Removal], Awaitable[dict[str, Any]]]
@@ -63,6 +72,27 @@ def nodes_router(ops: OpsContext) -> APIRouter:
         except InfoRefused as exc:
             raise HTTPException(exc.status, str(exc)) from exc
         return NodeInfo(node=node, info=said)
+
+    @router.post("/v1/ops/join-codes")
+    async def join_code(
+        body: JoinCodeAsk, p: Annotated[Peer, ops.need("administrator")]
+    ) -> JoinCodeIssued:
+        """`node add --code`: a one-time join code; `letsinfer join` on the
+        new machine enrolls it (the code's secret is kept nowhere on the main)."""
+        from letsinfer.agent.runtime import advertise_address
+
+        assert ops.identity.cluster is not None  # (the CA's fingerprint)
+        control = ops.settings().control
+        address = f"{advertise_address(control.host, control.advertise)}:{control.port}"
+        issued = join_code_issued(
+            store,
+            ops.identity.cluster,
+            body.ttl_s,
+            address,
+            actor=ops.actor(p),
+            role=p.identity.role,
+        )
+        return JoinCodeIssued.model_validate(issued)
 
     @router.post("/v1/ops/nodes/{name:path}/remove")
     async def node_remove(name: str, p: Annotated[Peer, ops.need("administrator")]) -> NodeRemoved:
