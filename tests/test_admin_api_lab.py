@@ -276,11 +276,17 @@ def test_the_viewer_is_refused_before_sending_and_the_main_audits_it(cluster: Cl
     assert not any(r["action"] in ("model.upgrade", "auth.key.create") for r in records)
     assert "nope" not in c.ok("main", "auth", "key", "list")
 
-    # A command with no remote operation yet is refused here, nothing sent.
-    listed = on_ws(c, "--controller", "admin", "top")
+    # A command that never runs from a controller is refused here, nothing sent.
+    listed = on_ws(c, "--controller", "admin", "user", "list")
     assert listed.returncode == 3
-    assert "no operation in the admin API yet" in listed.stderr
+    assert "never from a controller" in " ".join(listed.stderr.split())
     assert len(c.audit("main")) == len(records) + before
+
+    # `top` from the viewer's workstation: the main's own metrics, read there
+    # over its loopback (the workstation could not reach that listener).
+    shown = on_ws(c, "--controller", "look", "top", "--once", "--interval", "0.3")
+    assert shown.returncode == 0, shown.stderr
+    assert "nodes" in shown.stdout and "main" in shown.stdout
 
     # The API refuses a viewer's raw request itself, and audits it.
     files = c.home(WS) / "etc/controller/mains/look"

@@ -14,18 +14,17 @@ from urllib.parse import urlencode
 
 import click
 
-from letsinfer import config
 from letsinfer.audit.anchor import open_authority
 from letsinfer.cli import cli
 from letsinfer.cli.local import segment
-from letsinfer.cli.output import console, emit, emit_object
+from letsinfer.cli.output import emit, emit_object
 from letsinfer.cli.remote import call
+from letsinfer.cli.said import replay, say_here
 from letsinfer.cli.scope import CliContext, scoped
-from letsinfer.evals.key import eval_key
-from letsinfer.evals.runner import KEY_WAIT_S, EvalError, Gateway, Run, run_suite
-from letsinfer.evals.shown import case_row, no_run, run_row, run_shown
+from letsinfer.evals.runner import EvalError
+from letsinfer.evals.running import EvalAskRefused, run_eval
+from letsinfer.evals.shown import no_run, run_row, run_shown
 from letsinfer.evals.suite import SuiteError, builtin_names, load
-from letsinfer.store.evals import EvalCaseRecord
 
 
 class _EvalGroup(click.Group):
@@ -48,7 +47,7 @@ def eval_() -> None:
 _CASE_COLUMNS = ["case", "name", "scorer", "weight", "score", "note", "request_id"]
 
 
-@scoped(eval_, "run", scope="main")
+@scoped(eval_, "run", scope="main", remote="operator")
 @click.argument("model")
 @click.option(
     "--suite",
@@ -56,7 +55,7 @@ _CASE_COLUMNS = ["case", "name", "scorer", "weight", "score", "note", "request_i
     required=True,
     metavar="FILE|NAME",
     help="A suite file (YAML, or JSON lines: .jsonl), or a built-in suite: "
-    f"{', '.join(builtin_names())}.",
+    f"{', '.join(builtin_names())}. From a controller: a built-in suite.",
 )
 @click.option(
     "--group", metavar="PG", help="Send every case to this placement group of MODEL only."
@@ -69,79 +68,39 @@ def run(ctx: CliContext, model: str, suite_name: str, group: str | None, as_json
 
     Each case is a real request with the main's own eval key (tag `eval`, id
     `eval-RUN-CASE`); --group pins them to one placement group of MODEL."""
+    if ctx.remote is not None and suite_name not in builtin_names():
+        # A workstation's path means nothing on the main, and the main opens
+        # no path a controller names.
+        raise click.BadParameter(
+            f"{suite_name!r}: from a controller, an eval's suite is a built-in one "
+            f"({', '.join(builtin_names())}); run a suite file on the main. Nothing was sent.",
+            param_hint="'--suite'",
+        )
     try:
         suite = load(suite_name)
     except SuiteError as exc:
         raise click.BadParameter(str(exc), param_hint="'--suite'") from None
-    settings = config.load(ctx.home.config_file)
-    store = open_authority(ctx.home)
-    try:
-        service = store.resolve_service(model)
-        if service is None:
-            raise click.BadParameter(
-                f"no model {model!r} (see `letsinfer model list`)", param_hint="'MODEL'"
-            )
-        if group is not None:
-            groups = [pg.id for pg in store.list_placement_groups(service=service.name)]
-            if group not in groups:
-                raise click.BadParameter(
-                    f"model {service.name} has no placement group {group!r} "
-                    f"(its groups: {', '.join(groups) or 'none'})",
-                    param_hint="'--group'",
-                )
-        secret, made_now = eval_key(store, ctx.home)
-    finally:
-        store.close()
-    host = settings.gateway.host
-    shown = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
-    gateway = Gateway(
-        f"http://{shown}:{settings.gateway.port}", secret, key_wait_s=KEY_WAIT_S if made_now else 0
-    )
-
-    def progress(case: EvalCaseRecord) -> None:
-        if not as_json:
-            mark = "pass" if case.score >= 1 else ("part" if case.score > 0 else "fail")
-            console.print(
-                f"  {mark} {case.index}. {case.name}: {case.score:.2f} ({case.note})",
-                highlight=False,
-            )
-
-    if not as_json:
-        console.print(f"eval {suite.name} ({len(suite.cases)} cases) on {model}", highlight=False)
-    try:
-        done = run_suite(suite, model, gateway, group, progress)
-    except EvalError as exc:
-        raise click.ClickException(str(exc)) from None
-    finally:
-        gateway.close()
-    _keep(ctx, done)
-    r = done.record
-    if as_json:
-        emit_object({**run_row(r), "cases": [case_row(c) for c in done.cases]})
-    else:
-        verdict = "passed" if r.passed else "FAILED"
-        console.print(
-            f"score {r.score:.4f}, threshold {r.threshold:g}: {verdict} (run {r.id})",
-            highlight=False,
+    if ctx.remote is not None:  # run on the main, against its gateway
+        answer = call(
+            ctx.remote,
+            "POST",
+            "/v1/ops/evals",
+            {"model": model, "suite": suite_name, "group": group, "as_json": as_json},
+            timeout=None,
         )
-    if not r.passed:
+        replay(answer.pop("said"))
+        done = answer["run"]
+    else:
+        try:
+            done = run_eval(ctx.home, say_here, suite, model, group, as_json=as_json)
+        except EvalAskRefused as exc:
+            raise click.BadParameter(str(exc), param_hint=exc.param) from None
+        except EvalError as exc:
+            raise click.ClickException(str(exc)) from None
+    if as_json:
+        emit_object(done)
+    if not done["passed"]:
         sys.exit(1)
-
-
-def _keep(ctx: CliContext, done: Run) -> None:
-    """The run and its cases, and its audit record with the score, together."""
-    r = done.record
-    store = open_authority(ctx.home)
-    try:
-        with store.transaction():
-            store.add_eval_run(r, done.cases)
-            detail = (
-                f"run={r.id} suite={r.suite} score={r.score:.4f} threshold={r.threshold:g} "
-                f"passed={'yes' if r.passed else 'no'}" + (f" group={r.pg}" if r.pg else "")
-            )
-            store.append_audit("cli", "eval.run", "ok", target=r.model, detail=detail)
-    finally:
-        store.close()
 
 
 @scoped(eval_, "runs", scope="main", remote="viewer")

@@ -15,11 +15,10 @@ from letsinfer.bundle.archive import BundleError
 from letsinfer.cli import cli
 from letsinfer.cli.output import brief, emit
 from letsinfer.cli.scope import CliContext, scoped
-from letsinfer.engines import releases
-from letsinfer.engines.binary import BinaryError, identify
+from letsinfer.engines.binary import BinaryError
 from letsinfer.mirror.catalog import CatalogError
 from letsinfer.mirror.errors import MirrorError
-from letsinfer.release import keys, runtime
+from letsinfer.release import keys
 from letsinfer.release.signatures import (
     Signature,
     TrustError,
@@ -218,13 +217,15 @@ def list_releases(ctx: CliContext, as_json: bool) -> None:
     )
 
 
-@scoped(release, "add", scope="main")
+@scoped(release, "add", scope="main", remote="administrator")
 @click.option(
     "--llama-server",
     "binary",
     required=True,
     metavar="PATH",
-    help="A llama-server binary; the release is bound to its path and bytes (sha256).",
+    help="A llama-server binary; the release is bound to its path and bytes (sha256). "
+    "From a controller: the absolute path of a binary already on the main under its "
+    "model store, its mirror or [control] add_from.",
 )
 @click.option(
     "--target",
@@ -237,35 +238,23 @@ def list_releases(ctx: CliContext, as_json: bool) -> None:
 def add_release(ctx: CliContext, binary: str, target: str) -> None:
     """Make a signed runtime release of a llama-server binary as it is now, to
     upgrade models to (`letsinfer model upgrade NAME --release ID`). The binary
-    must be at the same path on every node that runs the release."""
-    try:
-        made = releases.llama_server(identify(binary), target)
-    except BinaryError as exc:
-        raise click.ClickException(f"cannot release {binary}: {exc}. Nothing changed.") from exc
-    digest = made.artifacts[releases.LLAMA_SERVER_ARTIFACT]
-    store = open_authority(ctx.home)
-    try:
-        known = store.get_release(made.id) is not None
-        with store.transaction():
-            store.ensure_release(
-                made.id,
-                made.engine,
-                made.version,
-                made.target,
-                made.artifacts,
-                made.launch,
-                runtime.sign(ctx.home, made),
-            )
-            if not known:
-                store.append_audit(
-                    "cli",
-                    "release.add",
-                    "ok",
-                    target=made.id,
-                    detail=f"{made.launch['binary']} sha256:{digest}",
-                )
-    finally:
-        store.close()
-    click.echo(f"{'release exists' if known else 'release added'}: {made.id}")
-    click.echo(f"  binary {made.launch['binary']}  sha256 {digest}")
-    click.echo(f"  version {made.version}")
+    must be at the same path on every node that runs the release. The main runs
+    it once (`--version`): from a controller, only a binary the main already
+    holds where controllers may add from, never any other path."""
+    from letsinfer.release.adding import AddedRelease, add_runtime_release
+
+    if ctx.remote is not None:
+        from letsinfer.cli.remote import call
+
+        answer = call(ctx.remote, "POST", "/v1/ops/releases", {"binary": binary, "target": target})
+        added = AddedRelease(**{k: answer[k] for k in AddedRelease.__dataclass_fields__})
+    else:
+        store = open_authority(ctx.home)
+        try:
+            added = add_runtime_release(ctx.home, store, binary, target)
+        except BinaryError as exc:
+            raise click.ClickException(f"cannot release {binary}: {exc}. Nothing changed.") from exc
+        finally:
+            store.close()
+    for line in added.lines():
+        click.echo(line)

@@ -152,6 +152,22 @@ class NoRemoteOperation(click.ClickException):
     exit_code = 3  # as a command refused for its scope (letsinfer.cli.scope)
 
 
+def main_only(pairing: Pairing, command: str, why: str) -> NoRemoteOperation:
+    """The refusal of a form of a command the admin API has (``command``:
+    `node add --ssh`) that runs only on the main's own machine: the main is
+    sent a notice, which it audits as denied, and nothing else."""
+    try:
+        call(pairing, "POST", "/v1/ops/denied", {"command": command, "needs": "main"})
+        noted = "the main recorded the refusal in its audit chain"
+    except click.ClickException as exc:
+        noted = f"the main could not be told ({exc.message})"
+    return NoRemoteOperation(
+        f"`{command}` runs only on the main itself, never from a controller: {why}. "
+        f"Only a notice was sent to the main {pairing.name} ({pairing.main}) and {noted}; "
+        "run it there."
+    )
+
+
 def call(
     pairing: Pairing, method: str, path: str, body: Any = None, timeout: float | None = 60
 ) -> Any:
@@ -190,6 +206,9 @@ def call(
             from letsinfer.cli.said import replay
 
             replay(said)
+        param = err.get("param") if isinstance(err, dict) else None
+        if isinstance(param, str):  # a value the CLI on the main refuses as bad (exit 2)
+            raise click.BadParameter(str(message), param_hint=param)
         raise click.ClickException(str(message or resp.text))
     return data
 

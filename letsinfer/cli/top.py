@@ -1,34 +1,49 @@
 """``letsinfer top``: nodes, GPUs, placement groups, requests and tokens per
-second, refreshed in the terminal from the main's own metrics endpoint."""
+second, refreshed in the terminal from the main's own metrics endpoint (from
+a paired controller: the same text, read by the main and passed on by its
+admin API)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import click
-import httpx
 
 from letsinfer import config
 from letsinfer.cli import cli
 from letsinfer.cli.output import console
 from letsinfer.cli.scope import CliContext, scoped
 
+if TYPE_CHECKING:
+    from letsinfer.telemetry.top import Scrape
 
-def _metrics_url(ctx: CliContext) -> str:
+
+def _sampler(ctx: CliContext) -> Callable[[], Scrape]:
+    """One sample of the main's metrics each call (ClickException: none to read)."""
+    from letsinfer.telemetry.top import MetricsUnread, metrics_text, metrics_url, scrape
+
+    if ctx.remote is not None:
+        from letsinfer.cli.remote import call
+
+        return lambda: scrape(str(call(ctx.remote, "GET", "/v1/ops/metrics")["text"]))
     gw = config.load(ctx.home.config_file).gateway
-    if gw.metrics_port == 0:
-        raise click.ClickException(
-            "metrics are off ([gateway] metrics_port = 0); top reads them: set a port"
-        )
-    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(
-        gw.metrics_host, gw.metrics_host
-    )
-    if ":" in host:
-        host = f"[{host}]"
-    return f"http://{host}:{gw.metrics_port}/metrics"
+
+    def sample() -> Scrape:
+        try:
+            return scrape(metrics_text(gw))
+        except MetricsUnread as exc:
+            raise click.ClickException(str(exc)) from None
+
+    try:
+        metrics_url(gw)  # metrics off: said before the first sample
+    except MetricsUnread as exc:
+        raise click.ClickException(str(exc)) from None
+    return sample
 
 
-@scoped(cli, "top", scope="main")
+@scoped(cli, "top", scope="main", remote="viewer")
 @click.option(
     "--interval",
     type=click.FloatRange(min=0.1),
@@ -45,33 +60,29 @@ def top(ctx: CliContext, interval: float, once: bool) -> None:
     When the output is not a terminal, it prints one view per interval."""
     from rich.live import Live
 
-    from letsinfer.telemetry.top import render, scrape
+    from letsinfer.telemetry.top import render
 
-    url = _metrics_url(ctx)
+    sample = _sampler(ctx)
     try:
-        prev = scrape(url)
+        prev = sample()
         if once:
             time.sleep(interval)
-            console.print(render(prev, scrape(url)))
+            console.print(render(prev, sample()))
             return
         if not console.is_terminal:
             # Not a terminal (a pipe, a file): no live redraw to write into;
             # one whole view per interval, one after another, as `top -b` does.
             while True:
                 time.sleep(interval)
-                cur = scrape(url)
+                cur = sample()
                 console.print(render(prev, cur))
                 console.file.flush()
                 prev = cur
         with Live(render(None, prev), console=console, auto_refresh=False) as live:
             while True:
                 time.sleep(interval)
-                cur = scrape(url)
+                cur = sample()
                 live.update(render(prev, cur), refresh=True)
                 prev = cur
-    except httpx.HTTPError as exc:
-        raise click.ClickException(
-            f"cannot read the metrics at {url}: {exc} (is the main node running here?)"
-        ) from exc
     except KeyboardInterrupt:
         return

@@ -29,7 +29,7 @@ def secret_file(home: Home) -> Path:
     return home.etc / "eval.key"
 
 
-def eval_key(store: AuthorityStore, home: Home) -> tuple[str, bool]:
+def eval_key(store: AuthorityStore, home: Home, actor: str = "cli") -> tuple[str, bool]:
     """The eval key's secret, and whether it was made now (the gateway knows
     it at its next directory refresh: the runner waits for that)."""
     path = secret_file(home)
@@ -47,7 +47,7 @@ def eval_key(store: AuthorityStore, home: Home) -> tuple[str, bool]:
         store.add_api_key(
             uuid.uuid4().hex, KEY_NAME, digest(secret), secret[: len(KEY_PREFIX) + 6], (), None
         )
-        store.append_audit("cli", "eval.key.create", "ok", target=KEY_NAME)
+        store.append_audit(actor, "eval.key.create", "ok", target=KEY_NAME)
     path.parent.mkdir(parents=True, exist_ok=True)
     fresh = path.with_name(path.name + ".new")
     fd = os.open(fresh, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)

@@ -2,18 +2,17 @@
 gateway and wait on its agents): on the admin socket, for the CLI on the
 main's machine. Each answers when the operation has finished."""
 
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends
-from pydantic import BaseModel, ConfigDict, Field
 
 from letsinfer.authority import lifecycle
 from letsinfer.control.ops.roles import actor_of, role_check
 from letsinfer.control.ops.rollouts import (
     ClusterVerb,
     Remove,
+    Replace,
     Rollback,
     Update,
     Upgrade,
@@ -26,20 +25,6 @@ from letsinfer.lifecycle.exclusive import exclusively
 from letsinfer.lifecycle.serving import Serving
 from letsinfer.lifecycle.weight_routes import rollback_weights, update_weights, weights_router
 from letsinfer.trust.peer import Peer
-
-
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Replacement(_Body):
-    group: str = Field(max_length=64)
-    release: str = Field(max_length=200)
-    gpus: list[str] = Field(default_factory=list, max_length=64)
-
-
-class Replace(_Body):
-    replacements: list[Replacement] = Field(max_length=256)
 
 
 class ServingRollouts:
@@ -139,6 +124,26 @@ class ServingRollouts:
 
         return await exclusively(sv, f"removal of {name}", work)  # type: ignore[no-any-return]
 
+    async def replace(self, name: str, body: Replace, actor: str, role: str) -> dict[str, Any]:
+        sv = self.sv
+        store = sv.store
+
+        async def work() -> dict[str, Any]:
+            changes = []
+            for r in body.replacements:
+                pg = store.get_placement_group(r.group)
+                if pg is None or store.resolve_service(name) is None:
+                    raise rollout.RolloutRefused(f"no placement group {r.group} of {name}", 404)
+                rollout.check_release(sv, r.release)
+                changes.append(rollout.Change(pg, r.release, tuple(r.gpus)))
+            model = changes[0].group.service if changes else name
+            result = await rollout.run(
+                sv, model, "model.install", "replaced", changes, actor=actor, role=role
+            )
+            return result.to_json()
+
+        return await exclusively(sv, f"replacement in {name}", work)  # type: ignore[no-any-return]
+
     async def reload(self, name: str, actor: str, role: str) -> dict[str, Any] | None:
         sv = self.sv
         return await exclusively(  # type: ignore[no-any-return]
@@ -163,9 +168,6 @@ def lifecycle_router(sv: Serving, home: Home) -> APIRouter:
     Operator = Annotated[Peer, Depends(role_check(store, "operator"))]
     Administrator = Annotated[Peer, Depends(role_check(store, "administrator"))]
     rollouts = ServingRollouts(sv, gates)
-
-    async def exclusive(what: str, work: Callable[[], Awaitable[Any]]) -> Any:
-        return await exclusively(sv, what, work)
 
     @router.get("/v1/local/scene")
     async def scene() -> dict[str, Any]:
@@ -196,27 +198,7 @@ def lifecycle_router(sv: Serving, home: Home) -> APIRouter:
 
     @router.post("/v1/ops/models/{name:path}/replace")
     async def replace(name: str, body: Replace, p: Operator) -> dict[str, Any]:
-        async def work() -> dict[str, Any]:
-            changes = []
-            for r in body.replacements:
-                pg = store.get_placement_group(r.group)
-                if pg is None or store.resolve_service(name) is None:
-                    raise rollout.RolloutRefused(f"no placement group {r.group} of {name}", 404)
-                rollout.check_release(sv, r.release)
-                changes.append(rollout.Change(pg, r.release, tuple(r.gpus)))
-            model = changes[0].group.service if changes else name
-            result = await rollout.run(
-                sv,
-                model,
-                "model.install",
-                "replaced",
-                changes,
-                actor=actor_of(store, p),
-                role=p.identity.role,
-            )
-            return result.to_json()
-
-        return await exclusive(f"replacement in {name}", work)  # type: ignore[no-any-return]
+        return await rollouts.replace(name, body, actor_of(store, p), p.identity.role)
 
     @router.post("/v1/ops/models/{name:path}/remove")
     async def remove(name: str, body: Remove, p: Administrator) -> dict[str, Any]:

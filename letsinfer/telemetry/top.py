@@ -12,6 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Group
 from rich.table import Table
 
+from letsinfer.config import GatewaySettings
+
 Labels = tuple[tuple[str, str], ...]
 
 
@@ -38,10 +40,45 @@ def parse(text: str, at: float) -> Scrape:
     return Scrape(at, dict(samples))
 
 
-def scrape(url: str, timeout_s: float = 5.0) -> Scrape:
+class MetricsUnread(Exception):
+    """Why there are no metrics to show, as `top` on the main says it."""
+
+
+def metrics_url(gw: GatewaySettings) -> str:
+    """The main's metrics endpoint, over this host's own address."""
+    if gw.metrics_port == 0:
+        raise MetricsUnread(
+            "metrics are off ([gateway] metrics_port = 0); top reads them: set a port"
+        )
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(
+        gw.metrics_host, gw.metrics_host
+    )
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{gw.metrics_port}/metrics"
+
+
+def read_metrics(url: str, timeout_s: float = 5.0) -> str:
     resp = httpx.get(url, timeout=timeout_s)
     resp.raise_for_status()
-    return parse(resp.text, time.monotonic())
+    return resp.text
+
+
+def metrics_text(gw: GatewaySettings) -> str:
+    """The main's metrics as Prometheus scrapes them: for `top` on the main,
+    and for a controller's (the admin API's GET /v1/ops/metrics)."""
+    url = metrics_url(gw)
+    try:
+        return read_metrics(url)
+    except httpx.HTTPError as exc:
+        raise MetricsUnread(
+            f"cannot read the metrics at {url}: {exc} (is the main node running here?)"
+        ) from exc
+
+
+def scrape(text: str) -> Scrape:
+    """A sample of the metrics, timed now."""
+    return parse(text, time.monotonic())
 
 
 def _rate(prev: Scrape | None, cur: Scrape, name: str, label: str) -> dict[str, float | None]:

@@ -305,11 +305,40 @@ class EvalRunDetail(Answer):
     cases: list[EvalCaseShown]
 
 
+class EvalRunDone(EvalRunListed):
+    cases: list[EvalCaseShown]  # type: ignore[assignment]  # (here, the cases themselves)
+
+
+class EvalRunAnswer(Answer):
+    """`eval run` from a controller: what the run said, and the run as
+    `eval run --json` prints it."""
+
+    said: list[SaidLine]
+    run: EvalRunDone
+
+
 class ControllerListed(Answer):
     name: str
     id: str
     role: str
     state: str
+
+
+class ControllerAdded(Answer):
+    """`auth controller add`: the one-time pairing code, its comparison
+    string and how long it is valid."""
+
+    name: str
+    role: str
+    code: str
+    comparison: str
+    ttl_s: float
+
+
+class ControllerRevoked(Answer):
+    name: str
+    id: str
+    revoked: bool
 
 
 class PlanRow(Answer):
@@ -377,6 +406,40 @@ class ExposureShown(Answer):
     published: bool
 
 
+class ExposureEnabled(Answer):
+    """`exposure enable`: what is published and the certificate served
+    (ca_file: clients trust it, with the cluster CA's)."""
+
+    url: str
+    sources: list[str]
+    certificate: dict[str, Any]
+    ca_file: str | None
+    node_serving: bool
+    plain: str
+    plain_changes: bool
+    firewall: str
+
+
+class ExposureDisabled(Answer):
+    """`exposure disable` (closed: false, nothing was published)."""
+
+    closed: bool
+    node_running: bool
+    plain_returns: bool
+    firewall: str
+
+
+class JoinCodeIssued(Answer):
+    """`node add --code --json`: the one-time join code and the command
+    that uses it on the new machine."""
+
+    code: str
+    id: str
+    ca_fingerprint: str
+    expires_at: float
+    join: str
+
+
 class UpdateAnswer(Answer):
     """`model update` from a controller: what the download said, the commit
     it resolved to, the new weights (sha256 null: the model runs them
@@ -387,6 +450,32 @@ class UpdateAnswer(Answer):
     repo: str
     commit: str
     sha256: str | None
+    rollout: RolloutAnswer | None
+
+
+class ReleaseAdded(Answer):
+    """`release add`: the release (existed: recorded before, nothing changed)."""
+
+    release: str
+    existed: bool
+    binary: str
+    sha256: str
+    version: str
+
+
+class MetricsAnswer(Answer):
+    """The main's metrics in Prometheus's text format (`letsinfer top`)."""
+
+    text: str
+
+
+class InstallAnswer(Answer):
+    """`model install` from a controller: what the plan said, the groups made
+    anew, and the rollout of those it replaced (null: none replaced)."""
+
+    said: list[SaidLine]
+    model: str
+    created: list[str]
     rollout: RolloutAnswer | None
 
 
@@ -536,3 +625,37 @@ class AuditVerified(Answer):
 
 class DenialRecorded(Answer):
     recorded: bool
+
+
+class AuditRow(Answer):
+    """One record of `letsinfer audit list --json`, oldest first."""
+
+    seq: int
+    ts: float
+    actor: str
+    role: str | None
+    action: str
+    target: str | None
+    outcome: str
+    detail: str | None
+    prev_hash: str
+    hash: str
+    count: int | None
+    time: str
+
+
+class DoctorFinding(Answer):
+    check: str
+    level: Literal["ok", "warn", "fail"]
+    message: str
+    fix: str
+
+
+class DoctorReport(Answer):
+    """`letsinfer doctor --cluster --json`: ``ok`` false (exit 1) on any failure."""
+
+    host: str
+    ok: bool
+    failures: int
+    warnings: int
+    findings: list[DoctorFinding]

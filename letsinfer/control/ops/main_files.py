@@ -23,8 +23,19 @@ def accepted_dirs(home: Home, settings: config.Settings) -> list[Path]:
     ]
 
 
-def main_file(home: Home, settings: config.Settings, main: str, given: str, command: str) -> Path:
-    """The file ``given`` names, if a controller may add it; else 400 (nothing changed)."""
+PULL_IT = ", or `letsinfer model pull` it from the hub or the main's mirror"
+
+
+def main_file(
+    home: Home,
+    settings: config.Settings,
+    main: str,
+    given: str,
+    command: str,
+    otherwise: str = PULL_IT,
+) -> Path:
+    """The file ``given`` names, if a controller may add it; else 400 (nothing
+    changed). ``otherwise``: how else to get such a file there."""
     dirs = accepted_dirs(home, settings)
     listed = ", ".join(str(d) for d in dirs)
     refused = HTTPException(
@@ -32,8 +43,7 @@ def main_file(home: Home, settings: config.Settings, main: str, given: str, comm
         f"no file {given} that a controller may add on the main {main}: from a controller, "
         f"`{command}` takes the absolute path of a file already on the main under one of "
         f"{listed} (its model store, its mirror, and [control] add_from; nothing is "
-        "uploaded). Copy it there first, or `letsinfer model pull` it from the hub or the "
-        "main's mirror. Nothing changed.",
+        f"uploaded). Copy it there first{otherwise}. Nothing changed.",
     )
     if not given.startswith("/") or "\0" in given:
         raise refused

@@ -75,6 +75,19 @@ class WeightsRollback(_Body):
     nodes: list[Annotated[str, Field(max_length=200)]] = Field(default_factory=list, max_length=256)
 
 
+class Replacement(_Body):
+    group: str = Field(max_length=64)
+    release: str = Field(max_length=200)
+    gpus: list[str] = Field(default_factory=list, max_length=64)
+
+
+class Replace(_Body):
+    """`model install --replace-existing`: each group replaced by a new one
+    with a release already recorded (letsinfer.admission.install)."""
+
+    replacements: list[Replacement] = Field(max_length=256)
+
+
 class Remove(_Body):
     # Also when its groups run: they drain and stop first.
     stop: bool = False
@@ -113,6 +126,9 @@ class Rollouts(Protocol):
 
     async def cluster(self, verb: ClusterVerb, actor: str, role: str) -> dict[str, Any]:
         """`cluster stop|start|restart`'s result, once its engines answered (or HTTPException)."""
+
+    async def replace(self, name: str, body: Replace, actor: str, role: str) -> dict[str, Any]:
+        """`model install --replace-existing`'s rollout (or HTTPException)."""
 
     async def reload(self, name: str, actor: str, role: str) -> dict[str, Any] | None:
         """The model's groups restarted one at a time with its adapters as they
@@ -170,6 +186,9 @@ class OnLoop:
         # (shielded as a rollout: a cluster left half stopped serves no one)
         return await self._there(lambda: self.rollouts.cluster(verb, actor, role))
 
+    async def replace(self, name: str, body: Replace, actor: str, role: str) -> dict[str, Any]:
+        return await self._there(lambda: self.rollouts.replace(name, body, actor, role))
+
     async def reload(self, name: str, actor: str, role: str) -> dict[str, Any] | None:
         return await self._there(lambda: self.rollouts.reload(name, actor, role))
 
@@ -208,6 +227,9 @@ class NoRollouts:
 
     async def cluster(self, verb: ClusterVerb, actor: str, role: str) -> dict[str, Any]:
         return await self.upgrade("-", Upgrade(release="-"), actor, role)
+
+    async def replace(self, name: str, body: Replace, actor: str, role: str) -> dict[str, Any]:
+        return await self.upgrade(name, Upgrade(release="-"), actor, role)
 
     async def reload(self, name: str, actor: str, role: str) -> dict[str, Any] | None:
         return None
