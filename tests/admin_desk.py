@@ -162,6 +162,7 @@ class Desk:
                 )
             )
         self.sent: list[tuple[str, str, str]] = []  # (controller, method, path)
+        self.streamed: list[str] = []  # each streamed answer's body, as the CLI read it
 
         def request(method: str, url: str, json: Any = None, **_: Any) -> Any:
             controller = self.current
@@ -170,7 +171,23 @@ class Desk:
             with main.client(controller) as client:
                 return client.request(method, path, json=json)
 
+        @contextmanager
+        def stream(
+            method: str, url: str, json: Any = None, headers: Any = None, **_: Any
+        ) -> Iterator[Any]:
+            controller = self.current
+            path = "/" + url.split("://", 1)[1].partition("/")[2]
+            self.sent.append((controller, method, path))
+            with (
+                main.client(controller) as client,
+                client.stream(method, path, json=json, headers=headers) as answer,
+            ):
+                answer.read()
+                self.streamed.append(answer.text)
+                yield answer
+
         monkeypatch.setattr(httpx, "request", request)
+        monkeypatch.setattr(httpx, "stream", stream)
         monkeypatch.setattr("letsinfer.trust.peer.client_context", lambda *files: None)
         # The main's CLI reads states as with its node running (as the API does).
         monkeypatch.setattr("letsinfer.cli.shown.node_runs_here", lambda home: True)
@@ -203,6 +220,27 @@ def desk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Desk]:
     init_main(home, config.load(home.config_file), name="main")
     with served(home) as m:
         yield Desk(m, tmp_path / "ws", monkeypatch)
+
+
+@pytest.fixture
+def hub(tmp_path: Path, tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """A hub on loopback with one repository, the one the main's settings name."""
+    from tests.hubserver import FakeHub
+
+    server = FakeHub().start()
+    server.add_repo("org/tiny-gguf", {"tiny-gguf-Q8_0.gguf": tiny_gguf})
+    for key, value in {
+        "LETSINFER_HUB__ENDPOINT": server.url,
+        "LETSINFER_FETCH__ALLOW_NETWORKS": "127.0.0.0/8",
+        "HF_ENDPOINT": "http://127.0.0.1:9",  # huggingface_hub's own: never the internet
+        "HF_HOME": str(tmp_path / "hf-home"),
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+    }.items():
+        monkeypatch.setenv(key, value)
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def audited(store: AuthorityStore, since: int) -> list[tuple[str, str, str]]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from letsinfer.engines.tinymodel import write_tiny_model
-from tests.admin_desk import desk, main, running_desk  # noqa: F401 (fixtures: a main and a workstation)
+from tests.admin_desk import desk, hub, main, running_desk  # noqa: F401 (fixtures: a main and a workstation)
 from tests.lab.netns import ANSIBLE_SSH_ARGS
 from tests.nodes import RunningNode, free_port, start_node
 

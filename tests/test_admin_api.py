@@ -11,7 +11,6 @@ real mutual TLS)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -445,27 +444,6 @@ def test_model_add_of_a_file_on_the_main_from_a_workstation(desk: Desk, tiny_ggu
     assert store_state(store) == before
     assert desk.at_ws("watcher", "model", "add", "x", "--gguf", str(tiny_gguf)).code == 1
     assert store_state(store) == before
-
-
-@pytest.fixture
-def hub(tmp_path: Path, tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """A hub on loopback with one repository, the one the main's settings name."""
-    from tests.hubserver import FakeHub
-
-    server = FakeHub().start()
-    server.add_repo("org/tiny-gguf", {"tiny-gguf-Q8_0.gguf": tiny_gguf})
-    for key, value in {
-        "LETSINFER_HUB__ENDPOINT": server.url,
-        "LETSINFER_FETCH__ALLOW_NETWORKS": "127.0.0.0/8",
-        "HF_ENDPOINT": "http://127.0.0.1:9",  # huggingface_hub's own: never the internet
-        "HF_HOME": str(tmp_path / "hf-home"),
-        "HF_HUB_DISABLE_TELEMETRY": "1",
-    }.items():
-        monkeypatch.setenv(key, value)
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def test_model_pull_from_a_workstation_runs_on_the_main_and_says_what_it_says(

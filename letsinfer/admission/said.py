@@ -4,6 +4,7 @@ the same markup and the same print options."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -30,9 +31,11 @@ class Line:
 
 @dataclass
 class Transcript:
-    """A Say that keeps every line, for an answer to carry."""
+    """A Say that keeps every line, for an answer to carry; ``heard`` is told
+    each one as it is said (a controller shown them as they happen)."""
 
     lines: list[Line] = field(default_factory=list)
+    heard: Callable[[Line], None] | None = None
 
     def __call__(
         self,
@@ -42,7 +45,15 @@ class Transcript:
         highlight: bool | None = None,
         soft_wrap: bool | None = None,
     ) -> None:
-        self.lines.append(Line("err" if err else "out", text, highlight, soft_wrap))
+        line = Line("err" if err else "out", text, highlight, soft_wrap)
+        self.lines.append(line)
+        if self.heard is not None:
+            self.heard(line)
+
+    def unheard(self) -> Transcript:
+        """The same lines, kept without telling ``heard``: for what a
+        controller is shown its own way (a step's progress)."""
+        return Transcript(self.lines)
 
     def to_json(self) -> list[dict[str, Any]]:
         return [asdict(line) for line in self.lines]

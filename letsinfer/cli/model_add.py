@@ -13,6 +13,7 @@ import click
 from letsinfer.admission import gguf
 from letsinfer.admission.gguf import fit_text
 from letsinfer.authority import install as install_mod
+from letsinfer.bundle.progress import Silent
 from letsinfer.cli.model import model
 from letsinfer.cli.model_external import (
     add_external,
@@ -20,7 +21,7 @@ from letsinfer.cli.model_external import (
 )
 from letsinfer.cli.model_scale import checked_policy, said_policy, scale_options
 from letsinfer.cli.remote import NoRemoteOperation, call
-from letsinfer.cli.said import replay, say_here
+from letsinfer.cli.said import say_here
 from letsinfer.cli.scope import CliContext, scoped
 from letsinfer.store import ServiceRecord
 
@@ -161,7 +162,7 @@ def add_model(
     if on_demand:
         where.refuse_on_demand()
     if ctx.remote is not None:  # a file the main has: nothing is uploaded
-        answer = call(
+        call(
             ctx.remote,
             "POST",
             "/v1/ops/models/add",
@@ -177,8 +178,8 @@ def add_model(
                 "gpus": gpus,
             },
             timeout=None,
+            shown=Silent(),  # no steps to show: what it says, as it says it
         )
-        replay(answer["said"])
     else:
         admit_gguf(
             ctx,

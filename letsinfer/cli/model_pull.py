@@ -12,7 +12,7 @@ from letsinfer.cli.model_add import Where, placement_options
 from letsinfer.cli.model_scale import checked_policy, said_policy, scale_options
 from letsinfer.cli.output import errors
 from letsinfer.cli.remote import call
-from letsinfer.cli.said import replay, say_here
+from letsinfer.cli.said import say_here
 from letsinfer.cli.scope import CliContext, scoped
 
 
@@ -64,6 +64,7 @@ def pull(
     choose). Repo, commit and sha256 are recorded with it."""
     from letsinfer.admission.gguf import Refused
     from letsinfer.admission.pull import Pull, pull_model
+    from letsinfer.cli.bundle import TerminalProgress
     from letsinfer.hub.pull import PullRequest
 
     if file and quant:
@@ -101,12 +102,10 @@ def pull(
                 "gpus": gpus,
             },
             timeout=None,
+            shown=TerminalProgress(errors),
         )
-        replay(answer["said"])
         pulled = answer["model"]
     else:
-        from letsinfer.cli.bundle import TerminalProgress
-
         assert ctx.identity is not None
         try:
             svc = pull_model(ctx.home, ctx.identity, say_here, TerminalProgress(errors), ask)

@@ -55,17 +55,23 @@ def update(
     rollback NAME --weights COMMIT`. Exits 1 naming the group that failed.
     With --canary, only one new group starts, beside the others."""
     from letsinfer.admission.update import Fetched
+    from letsinfer.cli.bundle import TerminalProgress
 
     gate = given_gate(eval_suite, min_score)
     if ctx.remote is not None:  # downloaded on the main, rolled out on its loop
+        # Shown as it goes, as here; with --json, printed whole after (no bars).
+        shown = None if as_json else TerminalProgress(errors)
         answer = call(
             ctx.remote,
             "POST",
             f"/v1/ops/models/{segment(name)}/update-from-origin",
             {"revision": revision, "nodes": list(nodes), "gate": gate, "canary": canary},
             timeout=None,
+            shown=shown,
         )
-        replay(answer.pop("said"))
+        said = answer.pop("said")
+        if shown is None:
+            replay(said)
         fetched = Fetched(answer["model"], answer["repo"], answer["commit"], answer["sha256"])
         rolled = answer["rollout"]
     else:

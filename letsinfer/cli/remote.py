@@ -17,13 +17,17 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from letsinfer.home import Home
+
+if TYPE_CHECKING:
+    from letsinfer.bundle.progress import Progress
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 DEFAULT = "default"  # a pairing made without --name (its files at the top)
@@ -169,9 +173,18 @@ def main_only(pairing: Pairing, command: str, why: str) -> NoRemoteOperation:
 
 
 def call(
-    pairing: Pairing, method: str, path: str, body: Any = None, timeout: float | None = 60
+    pairing: Pairing,
+    method: str,
+    path: str,
+    body: Any = None,
+    timeout: float | None = 60,
+    shown: Progress | None = None,
 ) -> Any:
-    """The main's answer over mutual TLS, or ClickException with its message."""
+    """The main's answer over mutual TLS, or ClickException with its message.
+    With ``shown``, a long operation's answer streamed: what it says printed
+    as it is said and its steps' progress on ``shown``, as on the main (the
+    answer's ``said`` is printed by then, even from a main that answers
+    only whole)."""
     import ssl
 
     import httpx
@@ -186,31 +199,91 @@ def call(
             f"cannot use controller {pairing.name}'s key and certificate in {pairing.root}: "
             f"{exc}; pair again (`letsinfer controller pair --name {pairing.name}`)"
         ) from exc
+    url, printed = f"https://{main}{path}", False
     try:
-        resp = httpx.request(
-            method, f"https://{main}{path}", json=body, verify=tls, timeout=timeout
-        )
+        if shown is None:
+            resp = httpx.request(method, url, json=body, verify=tls, timeout=timeout)
+            status, data, text = resp.status_code, _answer_of(resp), resp.text
+        else:
+            with httpx.stream(
+                method, url, json=body, verify=tls, timeout=timeout, headers={"accept": STREAM}
+            ) as resp:
+                printed = resp.headers.get("content-type", "").startswith(STREAM)
+                if printed:
+                    status, data = _streamed(resp.iter_lines(), shown, main)
+                    text = json.dumps(data)
+                else:  # refused before it began (or a main without the stream)
+                    resp.read()
+                    status, data, text = resp.status_code, _answer_of(resp), resp.text
     except (httpx.HTTPError, ssl.SSLError) as exc:
+        if printed:
+            raise click.ClickException(
+                f"the connection to the main at {main} broke before its answer ({exc}); "
+                "what it was doing goes on there"
+            ) from exc
         raise click.ClickException(
             f"the main at {main} refused the connection ({exc}); is this controller still paired?"
         ) from exc
-    try:
-        data = resp.json()
-    except ValueError:
-        data = {"error": {"message": resp.text}}
-    if resp.status_code != 200:
+    if status != 200:
         err = data.get("error", {}) if isinstance(data, dict) else {}
         message = err.get("message") if isinstance(err, dict) else None
         said = err.get("said") if isinstance(err, dict) else None
-        if isinstance(said, list):  # what the operation said before it was refused
+        if isinstance(said, list) and not printed:  # said before it was refused
             from letsinfer.cli.said import replay
 
             replay(said)
         param = err.get("param") if isinstance(err, dict) else None
         if isinstance(param, str):  # a value the CLI on the main refuses as bad (exit 2)
             raise click.BadParameter(str(message), param_hint=param)
-        raise click.ClickException(str(message or resp.text))
+        raise click.ClickException(str(message or text))
+    if shown is not None and not printed and isinstance(data, dict):
+        from letsinfer.cli.said import replay
+
+        replay(data.get("said") or [])
     return data
+
+
+STREAM = "application/x-ndjson"  # letsinfer.control.ops.streamed
+
+
+def _answer_of(resp: Any) -> Any:
+    try:
+        return resp.json()
+    except ValueError:
+        return {"error": {"message": resp.text}}
+
+
+def _streamed(lines: Iterator[str], shown: Progress, main: str) -> tuple[int, Any]:
+    """The status and body of the answer that ends the events, each event
+    shown as it comes."""
+    from letsinfer.cli.said import replay
+
+    try:
+        for text in lines:
+            if not text.strip():
+                continue
+            event = json.loads(text)
+            kind = event.get("event")
+            if kind == "said":
+                replay([event["line"]])
+            elif kind == "start":
+                shown.start(str(event["description"]), event.get("total"))
+            elif kind == "advance":
+                shown.advance(int(event["amount"]))
+            elif kind == "finish":
+                shown.finish()
+            elif kind == "answer":
+                return int(event["status"]), event["body"]
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise click.ClickException(
+            f"the main at {main} sent an event this CLI cannot read ({exc!r}); "
+            "what it was doing goes on there"
+        ) from exc
+    finally:
+        shown.finish()
+    raise click.ClickException(
+        f"the main at {main} ended its answer early; what it was doing goes on there"
+    )
 
 
 def ask_main(ctx: Any, method: str, path: str, json: Any = None, timeout: float | None = 60) -> Any:

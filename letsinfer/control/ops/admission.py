@@ -2,24 +2,29 @@
 main's mirror) and `model add --gguf` of a file already on the main. Each
 runs the function the CLI on the main runs (letsinfer.admission), in a
 worker thread with its own authority connection as the CLI has, and answers
-with what it said: a controller prints those lines as the main's CLI would.
+with what it said: a controller prints those lines as the main's CLI would
+(as they are said, with the download's progress, when it asks for the
+stream: letsinfer.control.ops.streamed).
 Nothing is uploaded: a file to add is one the main already has, under a
 directory a controller may add from (letsinfer.control.ops.main_files)."""
 
 import asyncio
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from letsinfer.admission.gguf import Refused, Where, admit_gguf
 from letsinfer.admission.pull import Pull, pull_model
-from letsinfer.admission.said import SaidProgress, Transcript
+from letsinfer.admission.said import Transcript
+from letsinfer.bundle.progress import Progress
 from letsinfer.contracts.artifacts import ModelFileError
 from letsinfer.control.ops.answers import AdmissionAnswer
 from letsinfer.control.ops.context import OpsContext
 from letsinfer.control.ops.main_files import main_file
+from letsinfer.control.ops.streamed import answered
 from letsinfer.home import Home
 from letsinfer.hub.pull import PullRequest
 from letsinfer.store import ServiceRecord, StoreError
@@ -91,9 +96,12 @@ def admission_router(ops: OpsContext) -> APIRouter:
         return svc
 
     @router.post("/v1/ops/models/pull", response_model=AdmissionAnswer)
-    async def model_pull(body: PullAsk, p: Annotated[Peer, ops.need("operator")]) -> Any:
+    async def model_pull(
+        body: PullAsk, p: Annotated[Peer, ops.need("operator")], request: Request
+    ) -> Any:
         """Resolve, download with resume, verify the published sha256, then add
-        and place the model as `model add` does; answers when it is done."""
+        and place the model as `model add` does; answers when it is done
+        (with `Accept: application/x-ndjson`, as it goes: docs/admin-api.md)."""
         if body.file and body.quant:
             raise HTTPException(400, "give --file or --quant, not both")
         ask = Pull(
@@ -104,39 +112,51 @@ def admission_router(ops: OpsContext) -> APIRouter:
             body.no_serve,
             body.where(),
         )
-        said, where = Transcript(), home()
-        done = await run(
-            said,
-            lambda: pull_model(where, ops.identity, said, SaidProgress(said), ask, ops.actor(p)),
-        )
-        if isinstance(done, JSONResponse):
-            return done
-        return AdmissionAnswer(model=done.name if done else None, said=said.to_json())
+        where = home()
+
+        async def work(said: Transcript, progress: Callable[[], Progress]) -> Any:
+            done = await run(
+                said,
+                lambda: pull_model(where, ops.identity, said, progress(), ask, ops.actor(p)),
+            )
+            if isinstance(done, JSONResponse):
+                return done
+            return AdmissionAnswer(model=done.name if done else None, said=said.to_json())
+
+        return await answered(request, work)
 
     @router.post("/v1/ops/models/add", response_model=AdmissionAnswer)
-    async def model_add(body: AddAsk, p: Annotated[Peer, ops.need("operator")]) -> Any:
+    async def model_add(
+        body: AddAsk, p: Annotated[Peer, ops.need("operator")], request: Request
+    ) -> Any:
         """A GGUF file already on the main (a path there: nothing is uploaded),
-        checked, placed, proven and added."""
-        where, said = home(), Transcript()
+        checked, placed, proven and added (with `Accept: application/x-ndjson`,
+        answered as it goes: docs/admin-api.md)."""
+        where = home()
         path = main_file(where, ops.settings(), ops.identity.name, body.gguf, "model add --gguf")
-        done = await run(
-            said,
-            lambda: admit_gguf(
-                where,
-                ops.identity,
+        placed = body.where()
+
+        async def work(said: Transcript, progress: Callable[[], Progress]) -> Any:
+            done = await run(
                 said,
-                body.name,
-                path,
-                tuple(body.aliases),
-                body.engine,
-                body.no_serve,
-                body.where(),
-                fallback=body.fallback,
-                actor=ops.actor(p),
-            ),
-        )
-        if isinstance(done, JSONResponse):
-            return done
-        return AdmissionAnswer(model=done.name if done else None, said=said.to_json())
+                lambda: admit_gguf(
+                    where,
+                    ops.identity,
+                    said,
+                    body.name,
+                    path,
+                    tuple(body.aliases),
+                    body.engine,
+                    body.no_serve,
+                    placed,
+                    fallback=body.fallback,
+                    actor=ops.actor(p),
+                ),
+            )
+            if isinstance(done, JSONResponse):
+                return done
+            return AdmissionAnswer(model=done.name if done else None, said=said.to_json())
+
+        return await answered(request, work)
 
     return router

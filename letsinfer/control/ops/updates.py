@@ -2,21 +2,25 @@
 on the main by the function the CLI on the main runs (letsinfer.admission.update,
 in a worker thread), then rolled out on the main's gateway loop as the admin
 socket rolls them out (letsinfer.lifecycle.weight_routes). Answers when the
-rollout has finished, with what the download said."""
+rollout has finished, with what the download said (or streams it as it
+goes, when asked: letsinfer.control.ops.streamed)."""
 
 import asyncio
+from collections.abc import Callable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from letsinfer.admission.gguf import Refused
-from letsinfer.admission.said import SaidProgress, Transcript
+from letsinfer.admission.said import Transcript
 from letsinfer.admission.update import NoSuchModel, fetch_update
+from letsinfer.bundle.progress import Progress
 from letsinfer.control.ops.admission import refused_saying
 from letsinfer.control.ops.answers import RolloutAnswer, UpdateAnswer
 from letsinfer.control.ops.context import OpsContext
 from letsinfer.control.ops.rollouts import GateBody, Rollouts, Update
+from letsinfer.control.ops.streamed import answered
 from letsinfer.trust.peer import Peer
 
 
@@ -34,45 +38,52 @@ def updates_router(ops: OpsContext, rollouts: Rollouts) -> APIRouter:
 
     @router.post("/v1/ops/models/{name:path}/update-from-origin", response_model=UpdateAnswer)
     async def model_update(
-        name: str, body: UpdateAsk, p: Annotated[Peer, ops.need("operator")]
+        name: str, body: UpdateAsk, p: Annotated[Peer, ops.need("operator")], request: Request
     ) -> Any:
         """Resolve the model's repository again at the revision, download and
         verify the new weights as `model pull` does, then replace its groups
-        one at a time (or start one canary group) as `model upgrade` does."""
+        one at a time (or start one canary group) as `model upgrade` does
+        (with `Accept: application/x-ndjson`, answered as it goes:
+        docs/admin-api.md)."""
         if ops.home is None:
             raise HTTPException(503, "this plane has no model store to update into")
-        home, said, actor = ops.home, Transcript(), ops.actor(p)
-        try:
-            fetched = await asyncio.to_thread(
-                fetch_update, home, said, SaidProgress(said), name, body.revision, actor
+        home, actor = ops.home, ops.actor(p)
+
+        async def work(said: Transcript, progress: Callable[[], Progress]) -> Any:
+            try:
+                fetched = await asyncio.to_thread(
+                    fetch_update, home, said, progress(), name, body.revision, actor
+                )
+            except Refused as exc:
+                status = 404 if isinstance(exc, NoSuchModel) else 409
+                return refused_saying(status, str(exc), said)
+            shown: dict[str, Any] = {
+                "said": said.to_json(),
+                "model": fetched.model,
+                "repo": fetched.repo,
+                "commit": fetched.commit,
+                "sha256": fetched.sha256,
+                "rollout": None,
+            }
+            if fetched.sha256 is None:
+                return UpdateAnswer.model_validate(shown)
+            new = Update(
+                sha256=fetched.sha256,
+                size=fetched.size,
+                origin=fetched.origin,
+                nodes=body.nodes,
+                gate=body.gate,
+                canary=body.canary,
             )
-        except Refused as exc:
-            return refused_saying(404 if isinstance(exc, NoSuchModel) else 409, str(exc), said)
-        shown: dict[str, Any] = {
-            "said": said.to_json(),
-            "model": fetched.model,
-            "repo": fetched.repo,
-            "commit": fetched.commit,
-            "sha256": fetched.sha256,
-            "rollout": None,
-        }
-        if fetched.sha256 is None:
+            try:
+                done = await rollouts.update_weights(
+                    fetched.model, new, home.model_store, actor, p.identity.role
+                )
+            except HTTPException as exc:  # refused or busy: after what the download said
+                return refused_saying(exc.status_code, str(exc.detail), said)
+            shown["rollout"] = RolloutAnswer.model_validate(done)
             return UpdateAnswer.model_validate(shown)
-        new = Update(
-            sha256=fetched.sha256,
-            size=fetched.size,
-            origin=fetched.origin,
-            nodes=body.nodes,
-            gate=body.gate,
-            canary=body.canary,
-        )
-        try:
-            done = await rollouts.update_weights(
-                fetched.model, new, home.model_store, actor, p.identity.role
-            )
-        except HTTPException as exc:  # refused or busy: after what the download said
-            return refused_saying(exc.status_code, str(exc.detail), said)
-        shown["rollout"] = RolloutAnswer.model_validate(done)
-        return UpdateAnswer.model_validate(shown)
+
+        return await answered(request, work)
 
     return router
