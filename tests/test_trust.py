@@ -1,11 +1,19 @@
 """Trust across real links: three nodes in network namespaces, mDNS discovery,
-pinned enrollment, mutual TLS, and every refusal a user should see."""
+pinned enrollment, mutual TLS, and every refusal a user should see.
+
+The lab and its nodes are shared by the module; each test asks for the state it
+needs through a given (``main``, ``child``, ``children``, ``candidates``,
+``candidate``, ``second_main``), which makes that state if an earlier test left
+another, and counts only the audit records written after it began: any test
+runs alone, or in any order."""
 
 from __future__ import annotations
 
 import json
 import math
+import shutil
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -23,11 +31,15 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(not can_make_namespaces(), reason="needs root (namespaces)")
 
 DENIAL_INTERVAL_S = 5
+# Hosts in no letsinfer group that no test ever sets up: the attackers. Each
+# attack has its own, so one's refusals never fall in another's count.
+FLOODER, PROBER, LISTENER = "flooder", "prober", "listener"
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    lab = NetLab(["main", "n1", "n2", "other", "second"]).up()
+    """The lab, a main and two candidates (n1, n2), running."""
+    lab = NetLab(["main", "n1", "n2", "other", "second", FLOODER, PROBER, LISTENER]).up()
     c = Cluster(lab, tmp_path_factory.mktemp("trust"))
     # Refusals are counted per source and reason over this interval.
     c.extra_env = {
@@ -45,20 +57,150 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         lab.down()
 
 
+def identity(c: Cluster, name: str) -> dict[str, object]:
+    """What the node with home ``name`` says of itself ({} before its init)."""
+    path = c.home(name) / "etc/node.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def running(c: Cluster, name: str) -> bool:
+    proc = c.procs.get(name)
+    return proc is not None and proc.poll() is None
+
+
+def fresh_node(c: Cluster, name: str, *init: str) -> None:
+    """Host ``name``'s node stopped, its home wiped, initialised (``node init
+    *init``) and started again: a host that was never set up."""
+    proc = c.procs.pop(name, None)
+    if proc is not None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
+    shutil.rmtree(c.home(name), ignore_errors=True)
+    c.ok(name, "node", "init", *init)
+    c.up(name)
+
+
+def listed_nodes(c: Cluster) -> dict[str, dict[str, object]]:
+    return {n["name"]: n for n in json.loads(c.ok("main", "node", "list", "--json"))}
+
+
+def audit_mark(c: Cluster, node: str) -> int:
+    """The sequence number of ``node``'s newest audit record: what a test
+    counts from."""
+    newest = json.loads(c.ok(node, "audit", "list", "--limit", "1", "--json"))
+    return max((int(r["seq"]) for r in newest), default=0)
+
+
+def audit_since(c: Cluster, node: str, mark: int) -> list[dict[str, object]]:
+    return [r for r in c.audit(node) if int(r["seq"]) > mark]  # type: ignore[call-overload]
+
+
+@pytest.fixture
+def main(cluster: Cluster) -> str:
+    """The cluster's main, a main of its own cluster: started again from an
+    empty home if an earlier test moved it into another cluster."""
+    if not (identity(cluster, "main").get("role") == "main" and running(cluster, "main")):
+        fresh_node(cluster, "main", "--main", "--name", "main")
+    return "main"
+
+
+def enrolled(c: Cluster, names: tuple[str, ...]) -> tuple[str, ...]:
+    """``names`` children of the cluster's main, reporting to it. One that is
+    not (never enrolled, removed, moved into another cluster) is removed from
+    the main's list if it is there, made a candidate again and enrolled."""
+    ours = identity(c, "main")["cluster"]
+    nodes = listed_nodes(c)
+    for n in names:
+        me = identity(c, n)
+        if (me.get("role"), me.get("cluster")) == ("child", ours) and n in nodes and running(c, n):
+            continue  # (reporting, or about to: waited for below)
+        if n in nodes:
+            c.ok("main", "node", "remove", n)
+        if not (me.get("role") == "candidate" and running(c, n)):
+            fresh_node(c, n, "--name", n)
+        c.enroll(n)
+
+    def reporting() -> bool:
+        nodes = listed_nodes(c)
+        return all(nodes.get(n, {}).get("state") == "active" for n in names)
+
+    c.wait(reporting, f"{', '.join(names)} reporting to the main")
+    return names
+
+
+@pytest.fixture
+def child(cluster: Cluster, main: str) -> str:
+    """n1, a child of the cluster's main."""
+    return enrolled(cluster, ("n1",))[0]
+
+
+@pytest.fixture
+def children(cluster: Cluster, main: str) -> tuple[str, ...]:
+    """n1 and n2, children of the cluster's main."""
+    return enrolled(cluster, ("n1", "n2"))
+
+
+@pytest.fixture
+def candidates(cluster: Cluster, main: str) -> tuple[str, ...]:
+    """n1 and n2 running as candidates that no main has enrolled, with no
+    enrollment request waiting; the main lists neither."""
+    c = cluster
+    nodes = listed_nodes(c)
+    for n in ("n1", "n2"):
+        if n in nodes:
+            c.ok("main", "node", "remove", n)
+        waiting = (
+            json.loads(c.ok(n, "node", "requests", "--json"))
+            if identity(c, n).get("role") == "candidate" and running(c, n)
+            else None
+        )
+        if waiting == []:
+            continue
+        fresh_node(c, n, "--name", n)
+    return ("n1", "n2")
+
+
+@pytest.fixture
+def candidate(cluster: Cluster) -> str:
+    """A candidate nobody has sent anything yet, on host other: made fresh for
+    each test (a test fills its requests)."""
+    fresh_node(cluster, "other", "--name", "stray")
+    return "other"
+
+
+@pytest.fixture
+def second_main(cluster: Cluster) -> str:
+    """A main of a cluster of its own, running on host second; its control
+    address."""
+    c = cluster
+    if not running(c, "second"):
+        if identity(c, "second").get("role") == "main":
+            c.up("second")
+        else:
+            fresh_node(c, "second", "--main", "--name", "second")
+    return f"{c.lab.hosts['second']}:8443"
+
+
 def pairing_fp(c: Cluster, name: str) -> str:
     from letsinfer.trust import pki
 
     return pki.fingerprint(pki.load_cert((c.home(name) / "etc/pki/pairing.crt").read_bytes()))
 
 
-def test_discovery_then_pinned_enrollment_of_two_children(cluster: Cluster) -> None:
+def test_discovery_then_pinned_enrollment_of_two_children(
+    cluster: Cluster, candidates: tuple[str, ...]
+) -> None:
     c = cluster
     found = {a["name"]: a for a in json.loads(c.ok("main", "node", "add", "--json", "--wait", "3"))}
     assert {"n1", "n2"} <= set(found), found
     assert found["n1"]["fingerprint"] == pairing_fp(c, "n1")
     assert found["n1"]["address"].startswith(c.lab.hosts["n1"])
 
-    for n in ("n1", "n2"):
+    for n in candidates:
         out = c.ok("main", "node", "add", n, "--wait", "3")
         request_id = out.split("letsinfer node accept ")[1].split()[0]
         listed = json.loads(c.ok(n, "node", "requests", "--json"))
@@ -82,11 +224,12 @@ def test_discovery_then_pinned_enrollment_of_two_children(cluster: Cluster) -> N
     assert status["role"] == "child" and status["main"].startswith(c.lab.hosts["main"])
 
 
-def counted(c: Cluster, node: str, actor: str, action: str) -> list[int]:
-    """The counts of ``node``'s denial records of one kind (one per record)."""
+def counted(c: Cluster, node: str, actor: str, action: str, since: int) -> list[int]:
+    """The counts of ``node``'s denial records of one kind written after its
+    record ``since`` (one per record)."""
     return [
-        int(r["count"] or 1)
-        for r in c.audit(node)
+        int(r["count"] or 1)  # type: ignore[call-overload]
+        for r in audit_since(c, node, since)
         if (r["actor"], r["action"], r["outcome"]) == (actor, action, "denied")
     ]
 
@@ -117,18 +260,25 @@ print(json.dumps(statuses))
 """
 
 
-def test_floods_without_credentials_add_a_bounded_number_of_records(cluster: Cluster) -> None:
+@pytest.mark.usefixtures("main")
+def test_floods_without_credentials_add_a_bounded_number_of_records(
+    cluster: Cluster, child: str
+) -> None:
     """From a host in no letsinfer group: 10,000 requests without a client
     certificate on the control plane and 10,000 with a bad key on
     `GET /v1/models`; on a child, 100 scope denials of the CLI. Each adds a
     few records (the first at once, then one per interval) whose counts add
     up to every refusal."""
     c = cluster
-    main, outsider = c.lab.hosts["main"], c.lab.hosts["other"]
+    main, outsider = c.lab.hosts["main"], c.lab.hosts[FLOODER]
+    since = {"main": audit_mark(c, "main"), child: audit_mark(c, child)}
+
+    def total(node: str, kind: tuple[str, str]) -> int:
+        return sum(counted(c, node, *kind, since=since[node]))
 
     def flood(port: int, path: str, total: int, tls: bool) -> dict[str, int]:
         done = c.lab.run(
-            "other", PY, "-c", FLOOD, main, str(port), path, str(total), "tls" if tls else "plain",
+            FLOODER, PY, "-c", FLOOD, main, str(port), path, str(total), "tls" if tls else "plain",
             timeout=600,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
@@ -138,28 +288,25 @@ def test_floods_without_credentials_add_a_bounded_number_of_records(cluster: Clu
     gateway = (f"client:{outsider}", "gateway.request")
     started = time.monotonic()
     assert flood(8443, "/v1/agent/facts", 8, tls=True) == {"403": 8}
-    c.wait(lambda: sum(counted(c, "main", *control)) > 0, "the first refusal, written at once")
+    c.wait(lambda: total("main", control) > 0, "the first refusal, written at once")
     assert flood(8443, "/v1/agent/facts", 10_000, tls=True) == {"403": 10_000}
     assert flood(8000, "/v1/models", 10_000, tls=False) == {"401": 10_000}
     elapsed = time.monotonic() - started
     c.wait(
-        lambda: (
-            (sum(counted(c, "main", *control)), sum(counted(c, "main", *gateway)))
-            == (10_008, 10_000)
-        ),
+        lambda: (total("main", control), total("main", gateway)) == (10_008, 10_000),
         "every refusal counted once its interval ended",
         timeout=DENIAL_INTERVAL_S * 4,
     )
     # At most the first record, one per interval while the flood lasts, one at its end.
     bound = 2 + math.ceil(elapsed / DENIAL_INTERVAL_S)
     for kind in (control, gateway):
-        records = counted(c, "main", *kind)
+        records = counted(c, "main", *kind, since=since["main"])
         assert len(records) <= bound, (kind, records, elapsed)
 
     # 100 denied CLI calls on a child: the real CLI once, then 99 in one process
     # (the same code path without 99 interpreter starts).
     cli = ("cli:root", "cli:model list")
-    refused = c.cli("n1", "model", "list")
+    refused = c.cli(child, "model", "list")
     assert refused.returncode == 3
     started = time.monotonic()
     loop = f"""
@@ -169,35 +316,41 @@ import letsinfer.cli.model
 codes = []
 for _ in range(99):
     try:
-        cli.main(["--home", "{c.home("n1")}", "model", "list"], prog_name="letsinfer",
+        cli.main(["--home", "{c.home(child)}", "model", "list"], prog_name="letsinfer",
                  standalone_mode=False)
     except click.ClickException as exc:
         codes.append(exc.exit_code)
 print(codes.count(3))
 """
-    assert c.py("n1", loop).strip() == "99"
+    assert c.py(child, loop).strip() == "99"
     elapsed = time.monotonic() - started
     c.wait(
-        lambda: sum(counted(c, "n1", *cli)) == 100,
+        lambda: total(child, cli) == 100,
         "every scope denial counted",
         timeout=DENIAL_INTERVAL_S * 4,
     )
-    assert len(counted(c, "n1", *cli)) <= 2 + math.ceil(elapsed / DENIAL_INTERVAL_S)
+    records = counted(c, child, *cli, since=since[child])
+    assert len(records) <= 2 + math.ceil(elapsed / DENIAL_INTERVAL_S)
     c.ok("main", "audit", "verify")
-    c.ok("n1", "audit", "verify")
+    c.ok(child, "audit", "verify")
 
 
-def test_refusals_are_clear_and_audited(cluster: Cluster) -> None:
+def test_refusals_are_clear_and_audited(
+    cluster: Cluster, children: tuple[str, ...], candidate: str
+) -> None:
     c = cluster
     main_addr = c.lab.hosts["main"]
+    since = {n: audit_mark(c, n) for n in ("main", *children)}
+
+    def audited(node: str) -> list[dict[str, object]]:
+        return audit_since(c, node, since[node])
 
     # A child running a main-scope command is told where the main is.
     refused = c.cli("n1", "model", "list")
     assert refused.returncode == 3 and f"{main_addr}:8443" in refused.stderr
 
-    # A wrong pin: refused before anything is sent.
-    c.ok("other", "node", "init", "--name", "stray")
-    c.up("other")
+    # A wrong pin: refused before anything is sent (to a candidate on other).
+    assert candidate == "other"
     before = c.ok("other", "node", "requests", "--json")
     wrong = c.cli(
         "main",
@@ -214,7 +367,7 @@ def test_refusals_are_clear_and_audited(cluster: Cluster) -> None:
         (r["actor"], r["action"], r["outcome"])
         == (f"peer:{c.lab.hosts['other']}:8444", "node.add", "denied")
         and "pinned fingerprint" in str(r["detail"])
-        for r in c.audit("main")
+        for r in audited("main")
     ), "the main audits the pin mismatch"
 
     # A second main never adopts an enrolled node silently.
@@ -235,7 +388,7 @@ def test_refusals_are_clear_and_audited(cluster: Cluster) -> None:
     assert "move-into" in adopt.stderr
     c.wait(
         lambda: any(
-            r["action"] == "node.enroll.request" and r["outcome"] == "denied" for r in c.audit("n1")
+            r["action"] == "node.enroll.request" and r["outcome"] == "denied" for r in audited("n1")
         ),
         "n1 auditing the refused adoption",
     )
@@ -249,7 +402,7 @@ def test_refusals_are_clear_and_audited(cluster: Cluster) -> None:
     assert "attached children: n1, n2" in moving.stderr
     assert not (c.home("main") / "var/move-into.json").exists()
     assert any(
-        r["action"] == "node.move-into" and r["outcome"] == "denied" for r in c.audit("main")
+        r["action"] == "node.move-into" and r["outcome"] == "denied" for r in audited("main")
     )
 
     # A certificate from another CA cannot even complete the TLS handshake, and
@@ -280,7 +433,7 @@ except (httpx.HTTPError, ssl.SSLError) as exc:
             and r["action"] == "control:handshake"
             and r["outcome"] == "denied"
             and "CA" in str(r["detail"])
-            for r in c.audit("main")
+            for r in audited("main")
         ),
         "the main audits the handshake refused over another CA's certificate",
     )
@@ -290,9 +443,9 @@ except (httpx.HTTPError, ssl.SSLError) as exc:
     c.wait(
         lambda: any(
             r["outcome"] == "denied"
-            and r["actor"].startswith("node:")
+            and str(r["actor"]).startswith("node:")
             and "revoked" in str(r["detail"])
-            for r in c.audit("main")
+            for r in audited("main")
         ),
         "the main refusing n2's heartbeat",
     )
@@ -316,7 +469,7 @@ print(r.status_code, r.text)
     assert "revoked" in c.py("n2", probe_n1)
     c.wait(
         lambda: any(
-            r["outcome"] == "denied" and "revoked" in str(r["detail"]) for r in c.audit("n1")
+            r["outcome"] == "denied" and "revoked" in str(r["detail"]) for r in audited("n1")
         ),
         "n1 auditing the refusal",
     )
@@ -324,11 +477,11 @@ print(r.status_code, r.text)
     # Removed, n2 was told so (it stopped its engines), and its main no longer
     # answers for it: the agent's live state (no engine) decides a move, which
     # says that the main could not be asked.
-    assert ("node.removed", "ok") in [(r["action"], r["outcome"]) for r in c.audit("n2")]
+    assert ("node.removed", "ok") in [(r["action"], r["outcome"]) for r in audited("n2")]
     moved = c.ok("n2", "node", "move-into", "--main", f"{c.lab.hosts['other']}:8443")
     assert "the main could not be asked" in moved and "removed from the cluster" in moved
     assert "its agent runs no engine" in moved
-    [allowed] = [r for r in c.audit("n2") if r["action"] == "node.move-into"]
+    [allowed] = [r for r in audited("n2") if r["action"] == "node.move-into"]
     assert allowed["outcome"] == "ok" and "could not be asked" in str(allowed["detail"])
 
 
@@ -467,15 +620,18 @@ def resident_kib(pid: int) -> int:
     return int(status.split("VmRSS:", 1)[1].split()[0])
 
 
-def test_an_outsider_cannot_make_a_node_hold_what_it_sends(cluster: Cluster) -> None:
-    """From a host in no letsinfer group (second, before it is ever set up):
+@pytest.mark.usefixtures("main")
+def test_an_outsider_cannot_make_a_node_hold_what_it_sends(
+    cluster: Cluster, candidate: str
+) -> None:
+    """From a host in no letsinfer group (never set up):
     the open paths of the mutual-TLS planes read at most 1 MiB of a body and
     wait at most 10 s for it; the gateway holds at most 128 KiB of headers; a
     refusal never echoes the body; a candidate keeps at most 32 requests, for
     at most a week, and a flood of them costs its audit chain a few records."""
     c = cluster
-    main, candidate = c.lab.hosts["main"], c.lab.hosts["other"]  # other: a candidate
-    before = [r for r in c.audit("other") if r["action"] == "node.enroll.request"]
+    main, candidate_addr = c.lab.hosts["main"], c.lab.hosts[candidate]
+    since = audit_mark(c, candidate)
     rss, peak, stop = resident_kib(c.procs["main"].pid), [0], threading.Event()
 
     def watch() -> None:  # the main's memory while the outsider sends
@@ -486,8 +642,8 @@ def test_an_outsider_cannot_make_a_node_hold_what_it_sends(cluster: Cluster) -> 
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
-        candidate_id = json.loads(c.ok("other", "status", "--json"))["node_id"]
-        done = c.lab.run("second", PY, "-c", EXHAUST, main, candidate, candidate_id, timeout=600)
+        candidate_id = json.loads(c.ok(candidate, "status", "--json"))["node_id"]
+        done = c.lab.run(PROBER, PY, "-c", EXHAUST, main, candidate_addr, candidate_id, timeout=600)
     finally:
         stop.set()
         watcher.join()
@@ -511,27 +667,29 @@ def test_an_outsider_cannot_make_a_node_hold_what_it_sends(cluster: Cluster) -> 
     assert all(x.startswith("HTTP/1.1 200") for x in enroll[:38]), enroll
     assert enroll[38].startswith("HTTP/1.1 422") and enroll[39].startswith("HTTP/1.1 422"), enroll
     assert enroll[40].startswith("HTTP/1.1 403"), enroll  # proves no main's key
-    pending = json.loads(c.ok("other", "node", "requests", "--json"))
+    pending = json.loads(c.ok(candidate, "node", "requests", "--json"))
     flood = [r for r in pending if r["id"].startswith("enr-flood")]
     assert len(pending) <= 32 and len(flood) == len(pending)
     assert {r["id"] for r in flood} == {f"enr-flood{i:04d}" for i in range(38 - len(flood), 38)}
     week = time.time() + 7 * 86400 + 60
     assert all(datetime.fromisoformat(r["expires"]).timestamp() < week for r in flood)
-    records = [r for r in c.audit("other") if r["action"] == "node.enroll.request"][len(before) :]
+    records = [r for r in audit_since(c, candidate, since) if r["action"] == "node.enroll.request"]
     # one each while there is room, then counted (and the unproven one refused)
     assert len(records) <= 32 + 4, records
     c.wait(
-        lambda: sum(counted(c, "other", f"anonymous:{c.lab.hosts['second']}",
-                            "node.enroll.request")) == 38 - 32 + 1,
+        lambda: sum(counted(c, candidate, f"anonymous:{c.lab.hosts[PROBER]}",
+                            "node.enroll.request", since)) == 38 - 32 + 1,
         "the requests past the room counted as a flood, and the unproven one",
         timeout=DENIAL_INTERVAL_S * 4,
     )  # fmt: skip
     assert json.loads(c.ok("main", "status", "--json"))["state"] in ("running", "active")
 
 
-def test_controller_roles(cluster: Cluster) -> None:
+@pytest.mark.usefixtures("main")
+def test_controller_roles(cluster: Cluster, child: str) -> None:
     c = cluster
     main_control = f"{c.lab.hosts['main']}:8443"
+    since = audit_mark(c, "main")
 
     def pair(role: str, home: str) -> None:
         out = c.ok("main", "auth", "controller", "add", "--role", role, "--name", home)
@@ -583,7 +741,7 @@ def test_controller_roles(cluster: Cluster) -> None:
     pair("operator", "ctl-operator")
 
     state = json.loads(c.ok("other", "controller", "state", "--json", home="ctl-viewer"))
-    assert {n["name"] for n in state["nodes"]} >= {"main", "n1"}
+    assert {n["name"] for n in state["nodes"]} >= {"main", child}
 
     denied = c.cli("other", "controller", "model", "stop", "tiny", home="ctl-viewer")
     assert denied.returncode == 1 and "needs the operator role" in denied.stderr
@@ -593,7 +751,7 @@ def test_controller_roles(cluster: Cluster) -> None:
     key = c.cli("other", "controller", "key", "create", "k1", home="ctl-operator")
     assert key.returncode == 1 and "needs the administrator role" in key.stderr
 
-    records = c.audit("main")
+    records = audit_since(c, "main", since)
     denials = [
         r for r in records if r["outcome"] == "denied" and str(r["actor"]).startswith("controller:")
     ]
@@ -637,7 +795,7 @@ print(json.dumps(packets))
 
 def mdns_packets(c: Cluster) -> list[bytes]:
     """What a host in no letsinfer group hears on the wire, asking as anyone may."""
-    listener = c.lab.run("other", PY, "-c", _MDNS_LISTENER, timeout=60)
+    listener = c.lab.run(LISTENER, PY, "-c", _MDNS_LISTENER, timeout=60)
     return [bytes.fromhex(p) for p in json.loads(listener.stdout)]
 
 
@@ -659,6 +817,7 @@ def txt_records(packets: list[bytes]) -> list[dict[str, str]]:
     return records
 
 
+@pytest.mark.usefixtures("main")
 def test_mdns_records_carry_no_secret_model_or_telemetry(cluster: Cluster) -> None:
     c = cluster
     packets = mdns_packets(c)
@@ -699,6 +858,7 @@ def presented(c: Cluster, host: str, port: int) -> str:
     return c.py("n2", script).strip()
 
 
+@pytest.mark.usefixtures("child")  # n1
 def test_certificates_are_renewed_and_presented_without_a_restart(cluster: Cluster) -> None:
     """Node certificates last 30 days. A child renews its own through the main,
     the main issues its own with its CA, and every running plane and client
@@ -709,12 +869,16 @@ def test_certificates_are_renewed_and_presented_without_a_restart(cluster: Clust
     from letsinfer.trust import pki
 
     due = {"LETSINFER_CONTROL__RENEW_CERTIFICATES_BEFORE_S": str(31 * 86400)}
+    # A child renews with its heartbeat: every 3 s here, so that what its plane
+    # presents, the authority records and its disk holds can be read between two.
+    beat = {"main": {}, "n1": {"LETSINFER_CONTROL__HEARTBEAT_INTERVAL_S": "3"}}
     saved = {n: dict(c.extra_env.get(n, {})) for n in ("main", "n1")}
+    since = audit_mark(c, "main")
 
     def renewals(target: str) -> int:
         return sum(
             r["action"] == "node.certificate.renew" and r["target"] == target
-            for r in c.audit("main")
+            for r in audit_since(c, "main", since)
         )
 
     def recorded(name: str) -> str:
@@ -728,7 +892,7 @@ def test_certificates_are_renewed_and_presented_without_a_restart(cluster: Clust
     before = {n: on_disk(n) for n in ("main", "n1")}
     try:
         for n in ("main", "n1"):
-            c.extra_env[n] = {**saved[n], **due}
+            c.extra_env[n] = {**saved[n], **due, **beat[n]}
             c.restart(n)
         c.wait(
             lambda: renewals("main") >= 2 and renewals("n1") >= 2,
@@ -784,13 +948,12 @@ def test_certificates_are_renewed_and_presented_without_a_restart(cluster: Clust
             c.restart(n)
 
 
-def test_moving_a_child_is_explicit_and_atomic(cluster: Cluster) -> None:
+@pytest.mark.usefixtures("child")  # n1
+def test_moving_a_child_is_explicit_and_atomic(cluster: Cluster, second_main: str) -> None:
     c = cluster
     from letsinfer.trust import pki
 
-    c.ok("second", "node", "init", "--main", "--name", "second")
-    c.up("second")
-    second = f"{c.lab.hosts['second']}:8443"
+    second = second_main
     n1_cert = next((c.home("n1") / "etc/clusters").glob("*/node.crt"))
     fp = pki.fingerprint(pki.load_cert(n1_cert.read_bytes()))
     before = json.loads((c.home("n1") / "etc/node.json").read_text())
@@ -853,19 +1016,21 @@ def test_moving_a_child_is_explicit_and_atomic(cluster: Cluster) -> None:
     )
 
 
-def test_a_main_without_work_moves_into_another_cluster_and_serves(cluster: Cluster) -> None:
+def test_a_main_without_work_moves_into_another_cluster_and_serves(
+    cluster: Cluster, children: tuple[str, ...], second_main: str
+) -> None:
     c = cluster
     from letsinfer.trust import pki
 
-    second = f"{c.lab.hosts['second']}:8443"
-    # Its own model stopped, the main still has a child (n1, gone to `second` but
-    # never removed here): refused, audited, nothing changed.
+    second = second_main
+    # Its own model stopped, the main still has children: refused, nothing changed.
     c.ok("main", "model", "stop", "tiny")
     refused = c.cli("main", "node", "move-into", "--main", second)
-    assert refused.returncode == 1 and "attached children: n1" in refused.stderr
+    assert refused.returncode == 1 and "attached children: n1, n2" in refused.stderr
     assert "active placement groups" not in refused.stderr
     assert not (c.home("main") / "var/move-into.json").exists()
-    c.ok("main", "node", "remove", "n1")  # n1 answers another CA now: it is not told
+    for n in children:
+        c.ok("main", "node", "remove", n)
 
     def models() -> list[str]:
         return sorted(p.name for p in (c.home("main") / "var/models").rglob("*") if p.is_file())
