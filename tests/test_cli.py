@@ -19,6 +19,7 @@ import pytest
 from letsinfer.engines.tinymodel import SENTENCE
 from letsinfer.identity import NodeIdentity, save_identity
 from tests import json_docs
+from tests.db_writer import put_back
 from tests.nodes import RunningNode, letsinfer, start_node
 
 
@@ -144,24 +145,34 @@ def test_api_keys_create_restrict_list_and_revoke(main_node: RunningNode) -> Non
 
 
 def test_audit_chain_verifies_and_names_a_tampered_record(main_node: RunningNode) -> None:
+    # its own record past the two it tampers with (alone, the chain holds three)
+    made = main_node.cli("auth", "key", "create", "audit-probe", "--json")
+    assert made.returncode == 0, made.stderr
     ok = main_node.cli("audit", "verify")
     assert ok.returncode == 0, ok.stderr
     records = json.loads(main_node.cli("audit", "list", "--json").stdout)
     assert {"node.init", "model.add", "auth.key.create"} <= {r["action"] for r in records}
     assert all("li-" not in json.dumps(r) for r in records), "no secrets in the audit chain"
 
-    db = sqlite3.connect(main_node.home / "var" / "authority.db")
+    path = main_node.home / "var" / "authority.db"
+    db = sqlite3.connect(path)
     with db:
-        db.execute("UPDATE audit SET target = 'someone-else' WHERE seq = 2")
-    bad = main_node.cli("audit", "verify")
-    assert bad.returncode == 1
-    assert "record 2" in bad.stderr and "edited" in bad.stderr
-    with db:
-        db.execute("UPDATE audit SET target = ? WHERE seq = 2", (records[1]["target"],))
-        db.execute("DELETE FROM audit WHERE seq = 3")
-    gone = main_node.cli("audit", "verify")
-    assert gone.returncode == 1 and "record 4" in gone.stderr
-    db.close()
+        saved = db.execute("SELECT * FROM audit WHERE seq IN (2, 3) ORDER BY seq").fetchall()
+    try:
+        with db:
+            db.execute("UPDATE audit SET target = 'someone-else' WHERE seq = 2")
+        bad = main_node.cli("audit", "verify")
+        assert bad.returncode == 1
+        assert "record 2" in bad.stderr and "edited" in bad.stderr
+        with db:
+            db.execute("UPDATE audit SET target = ? WHERE seq = 2", (records[1]["target"],))
+            db.execute("DELETE FROM audit WHERE seq = 3")
+        gone = main_node.cli("audit", "verify")
+        assert gone.returncode == 1 and "record 4" in gone.stderr
+    finally:
+        db.close()
+        put_back(path, saved)  # the module's main keeps a sound chain for the tests after
+    assert main_node.cli("audit", "verify").returncode == 0
 
 
 def test_main_scope_commands_refuse_elsewhere(tmp_path: Path) -> None:
