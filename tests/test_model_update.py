@@ -148,14 +148,43 @@ class Streamer:
                 self.answers.append(text)
 
 
-def audit(node: RunningNode, action: str) -> list[dict[str, object]]:
+def audit(node: RunningNode, action: str, after: int = 0) -> list[dict[str, object]]:
+    """The audit records of ``action``, those after record ``after`` (its seq)."""
     rows = json.loads(ok(node.cli("audit", "list", "--json")))
-    return [r for r in rows if r["action"] == action]
+    return [r for r in rows if r["action"] == action and int(r["seq"]) > after]
+
+
+def last_audit_seq(node: RunningNode) -> int:
+    rows = json.loads(ok(node.cli("audit", "list", "--limit", "1", "--json")))
+    return max((int(r["seq"]) for r in rows), default=0)
+
+
+def given_model(node: RunningNode, hub: FakeHub, weights: dict[str, Path]) -> None:
+    """REPO pulled and serving: pulled at weights a where there is no such model
+    yet (a test before may have pulled and updated it)."""
+    if node.cli("model", "show", REPO, "--json").returncode != 0:
+        publish(hub, weights["a"])
+        ok(node.cli("model", "pull", REPO, "--target", "cpu"))
+    assert chat(node).status_code == 200
+
+
+def given_no_model(node: RunningNode) -> None:
+    """No model REPO: its groups stopped and gone, its weights history with it."""
+    if node.cli("model", "show", REPO, "--json").returncode == 0:
+        ok(node.cli("model", "remove", REPO, "--stop"))
+
+
+def given_no_gate(node: RunningNode) -> None:
+    """REPO has no gate (a test before may have set one)."""
+    if json.loads(ok(node.cli("model", "gate", REPO, "--json")))["suite"] is not None:
+        ok(node.cli("model", "gate", REPO, "--clear"))
 
 
 def test_update_rolls_out_while_a_client_streams_and_rollback_restores_the_old_bytes(
     node: RunningNode, hub: FakeHub, weights: dict[str, Path]
 ) -> None:
+    given_no_model(node)
+    audited = last_audit_seq(node)
     commit_a = publish(hub, weights["a"])
     ok(node.cli("model", "pull", REPO, "--target", "cpu"))
     assert chat(node).status_code == 200
@@ -209,11 +238,14 @@ def test_update_rolls_out_while_a_client_streams_and_rollback_restores_the_old_b
         assert time.monotonic() < deadline, "an engine still runs commit b"
         time.sleep(0.2)
     assert chat(node).json()["choices"][0]["message"]["content"] == SENTENCE
-    assert [r["outcome"] for r in audit(node, "model.update")] == ["ok"]
-    assert [r["outcome"] for r in audit(node, "model.rollback.weights")] == ["ok"]
+    assert [r["outcome"] for r in audit(node, "model.update", audited)] == ["ok"]
+    assert [r["outcome"] for r in audit(node, "model.rollback.weights", audited)] == ["ok"]
 
 
-def test_rollback_to_weights_the_model_never_ran_is_refused(node: RunningNode) -> None:
+def test_rollback_to_weights_the_model_never_ran_is_refused(
+    node: RunningNode, hub: FakeHub, weights: dict[str, Path]
+) -> None:
+    given_model(node, hub, weights)
     before = shown(node)
     result = node.cli("model", "rollback", REPO, "--weights", "0123456789abcdef")
     assert result.returncode == 1
@@ -227,8 +259,7 @@ def test_weights_that_fail_the_gate_never_serve_and_the_old_keep_serving(
 ) -> None:
     suite = tmp_path / "says-it-all.yaml"
     suite.write_text(PASSES)
-    if "commit" not in shown(node):
-        pytest.skip("needs the model the first test pulled")
+    given_model(node, hub, weights)
     serving = shown(node)
     before = groups(node)
     commit_short = publish(hub, weights["short"])
@@ -274,8 +305,8 @@ def test_a_model_gate_they_pass_promotes_them(
 ) -> None:
     suite = tmp_path / "says-it-all.yaml"
     suite.write_text(PASSES)
-    if "commit" not in shown(node):
-        pytest.skip("needs the model the first test pulled")
+    given_model(node, hub, weights)
+    given_no_gate(node)
     assert "has no gate" in ok(node.cli("model", "gate", REPO))
     ok(node.cli("model", "gate", REPO, "--suite", str(suite), "--min-score", "0.9"))
     gate = json.loads(ok(node.cli("model", "gate", REPO, "--json")))
@@ -297,8 +328,10 @@ def test_a_model_gate_they_pass_promotes_them(
 
 
 def test_gate_options_are_checked_before_anything_changes(
-    node: RunningNode, tmp_path: Path
+    node: RunningNode, hub: FakeHub, weights: dict[str, Path], tmp_path: Path
 ) -> None:
+    given_model(node, hub, weights)
+    given_no_gate(node)
     lone = node.cli("model", "update", REPO, "--eval", "arithmetic")
     assert lone.returncode == 2 and "--eval and --min-score go together" in lone.stderr
     bad = tmp_path / "bad.yaml"
