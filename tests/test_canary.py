@@ -52,6 +52,7 @@ class Lab:
     node: RunningNode
     root: Path
     env: dict[str, str]  # the node's settings (the node's own env adds its ports)
+    first: str  # the release the model runs at the start: what the canary runs beside
     release: str  # a second release of the shim: what the canary runs
 
     def chat(self, client: httpx.Client) -> int:
@@ -96,6 +97,19 @@ class Lab:
     def audit(self) -> list[dict[str, Any]]:
         return json.loads(self.ok("audit", "list", "--json"))  # type: ignore[no-any-return]
 
+    def audit_mark(self) -> int:
+        """The newest audit record's seq: what a test counts its records from."""
+        newest = json.loads(self.ok("audit", "list", "--limit", "1", "--json"))
+        return max((int(r["seq"]) for r in newest), default=0)
+
+    def audit_since(self, mark: int) -> list[dict[str, Any]]:
+        return [r for r in self.audit() if int(r["seq"]) > mark]
+
+    def requests(self) -> int:
+        """The model's requests in the usage records so far."""
+        records = json.loads(self.ok("usage", "--by", "model", "--json"))
+        return sum(int(r["requests"]) for r in records if r["model"] == MODEL)
+
     def restart(self) -> None:
         self.node.stop()
         key = self.node.key
@@ -122,15 +136,29 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         second = shim(root / "llama-server-2", "second")
         out = letsinfer(home, "release", "add", "--llama-server", str(second), "--target", "cpu")
         assert out.returncode == 0, out.stderr
-        lab = Lab(node, root, env, out.stdout.split(": ", 1)[1].split()[0])
-        lab.wait_ready(1)
+        lab = Lab(node, root, env, "", out.stdout.split(": ", 1)[1].split()[0])
+        [group] = lab.wait_ready(1)
+        lab.first = str(group["release"])
         yield lab
     finally:
         lab_node = locals().get("lab")
         (lab_node.node if lab_node is not None else node).stop()
 
 
+def given_on_first_release(lab: Lab) -> None:
+    """The model has no canary and its one group runs the first release (a
+    test before may have promoted a canary of the second)."""
+    if letsinfer(lab.node.home, "model", "canary", MODEL, env=lab.node.env).returncode == 0:
+        lab.ok("model", "abort", MODEL)
+    if {str(g["release"]) for g in lab.wait_ready(1)} != {lab.first}:
+        lab.ok("model", "upgrade", MODEL, "--release", lab.first)
+    [group] = lab.wait_ready(1)
+    assert group["release"] == lab.first, group
+
+
 def test_a_30_percent_canary_gets_its_share_and_abort_returns_all_traffic(lab: Lab) -> None:
+    given_on_first_release(lab)
+    mark, served = lab.audit_mark(), lab.requests()
     [old] = lab.wait_ready(1)
     started = json.loads(
         lab.ok("model", "upgrade", MODEL, "--release", lab.release, "--canary", "30", "--json")
@@ -197,13 +225,14 @@ def test_a_30_percent_canary_gets_its_share_and_abort_returns_all_traffic(lab: L
     assert set(lab.chats(50)) == {200}
     gone = letsinfer(lab.node.home, "model", "canary", MODEL, env=lab.node.env)
     assert gone.returncode == 1 and "has no canary" in gone.stderr
-    records = json.loads(lab.ok("usage", "--by", "model", "--json"))
-    assert [r["requests"] for r in records if r["model"] == MODEL] == [451]
-    actions = [(r["action"], r["outcome"]) for r in lab.audit() if r["target"] == MODEL]
+    assert lab.requests() - served == 451
+    actions = [(r["action"], r["outcome"]) for r in lab.audit_since(mark) if r["target"] == MODEL]
     assert ("model.canary.start", "ok") in actions and ("model.canary.abort", "ok") in actions
 
 
 def test_promote_keeps_the_canary_and_moves_the_rest(lab: Lab) -> None:
+    given_on_first_release(lab)
+    mark = lab.audit_mark()
     [old] = lab.wait_ready(1)
     started = json.loads(
         lab.ok("model", "upgrade", MODEL, "--release", lab.release, "--canary", "50", "--json")
@@ -220,7 +249,7 @@ def test_promote_keeps_the_canary_and_moves_the_rest(lab: Lab) -> None:
     assert set(lab.chats(20)) == {200}
     again = letsinfer(lab.node.home, "model", "promote", MODEL, env=lab.node.env)
     assert again.returncode == 1 and "has no canary" in again.stderr
-    actions = [r["action"] for r in lab.audit() if r["target"] == MODEL]
+    actions = [r["action"] for r in lab.audit_since(mark) if r["target"] == MODEL]
     assert "model.promote" in actions
 
 

@@ -110,9 +110,39 @@ def test_a_promotion_below_the_gate_changes_nothing(tmp_path: Path) -> None:
     store.close()
 
 
+def audit_mark(node: RunningNode) -> int:
+    """The newest audit record's seq: what a test counts its records from."""
+    newest = json.loads(ok(node.cli("audit", "list", "--limit", "1", "--json")))
+    return max((int(r["seq"]) for r in newest), default=0)
+
+
+def audit_since(node: RunningNode, action: str, mark: int) -> list[dict[str, object]]:
+    return [r for r in audit(node, action) if int(str(r["seq"])) > mark]
+
+
+def given_no_model(node: RunningNode) -> None:
+    """No model REPO (a test before may have pulled it)."""
+    if node.cli("model", "show", REPO, "--json").returncode == 0:
+        ok(node.cli("model", "remove", REPO, "--stop"))
+
+
+def given_serving(node: RunningNode, hub: FakeHub, weights: dict[str, Path]) -> None:
+    """Model REPO pulled (weights a where it is not yet) and answering, with
+    no canary and no gate of its own."""
+    if node.cli("model", "show", REPO, "--json").returncode != 0:
+        publish(hub, weights["a"])
+        ok(node.cli("model", "pull", REPO, "--target", "cpu"))
+    if node.cli("model", "canary", REPO).returncode == 0:
+        ok(node.cli("model", "abort", REPO))
+    ok(node.cli("model", "gate", REPO, "--clear"))
+    assert chat(node).json()["choices"][0]["message"]["content"] == SENTENCE
+
+
 def test_an_update_canary_serves_beside_the_old_and_promote_moves_the_rest(
     node: RunningNode, hub: FakeHub, weights: dict[str, Path], tmp_path: Path
 ) -> None:
+    given_no_model(node)
+    mark = audit_mark(node)
     commit_a = publish(hub, weights["a"])
     ok(node.cli("model", "pull", REPO, "--target", "cpu"))
     assert chat(node).status_code == 200
@@ -144,7 +174,7 @@ def test_an_update_canary_serves_beside_the_old_and_promote_moves_the_rest(
     assert "below 0.5" in gated["detail"]
     assert groups(node) == sorted([old, new])
     assert json.loads(ok(node.cli("model", "canary", REPO, "--json")))["group"] == new
-    assert audit(node, "model.gate")[-1]["outcome"] == "failed"
+    assert audit_since(node, "model.gate", mark)[-1]["outcome"] == "failed"
     ok(node.cli("model", "gate", REPO, "--clear"))
 
     promoted = json.loads(ok(node.cli("model", "promote", REPO, "--json")))
@@ -167,8 +197,8 @@ def test_an_update_canary_serves_beside_the_old_and_promote_moves_the_rest(
 def test_a_canary_below_the_gate_is_removed_and_the_old_serves_on(
     node: RunningNode, hub: FakeHub, weights: dict[str, Path], tmp_path: Path
 ) -> None:
-    if "commit" not in shown(node):
-        pytest.skip("needs the model the first end-to-end test pulled")
+    given_serving(node, hub, weights)
+    mark = audit_mark(node)
     suite = tmp_path / "says-it-all.yaml"
     suite.write_text(PASSES)
     serving, before = shown(node), groups(node)
@@ -190,6 +220,6 @@ def test_a_canary_below_the_gate_is_removed_and_the_old_serves_on(
     gone = node.cli("model", "canary", REPO)
     assert gone.returncode == 1 and "has no canary" in gone.stderr
     assert chat(node).json()["choices"][0]["message"]["content"] == SENTENCE
-    gate = audit(node, "model.gate")[-1]
+    gate = audit_since(node, "model.gate", mark)[-1]
     assert gate["outcome"] == "failed" and "score=0.0000" in str(gate["detail"])
-    assert audit(node, "model.canary.start")[-1]["outcome"] == "failed"
+    assert audit_since(node, "model.canary.start", mark)[-1]["outcome"] == "failed"

@@ -55,15 +55,39 @@ def groups(c: Cluster, model: str) -> list[dict[str, object]]:
     return json.loads(c.ok("main", "model", "show", model, "--json"))["placement_groups"]  # type: ignore[no-any-return]
 
 
-def test_load_above_the_target_adds_a_group_on_another_node_and_calm_removes_it(
-    cluster: Cluster,
-) -> None:
-    c = cluster
+def audit_mark(c: Cluster) -> int:
+    """The seq of the main's newest audit record: what a test counts from."""
+    newest = json.loads(c.ok("main", "audit", "list", "--limit", "1", "--json"))
+    return max((int(r["seq"]) for r in newest), default=0)
+
+
+def audit_since(c: Cluster, mark: int) -> list[dict[str, object]]:
+    return [r for r in c.audit("main") if int(str(r["seq"])) > mark]
+
+
+def given_busy_once_on_main(c: Cluster) -> None:
+    """Model busy with one ready group, on the main, held there (min = max =
+    1): a test before may have left its group on n1 (a scale-down keeps either)."""
+    if c.cli("main", "model", "show", "busy", "--json").returncode == 0 and any(
+        g["node"] != "main" for g in groups(c, "busy")
+    ):
+        c.ok("main", "model", "remove", "busy", "--stop", timeout=120)
     if c.cli("main", "model", "show", "busy", "--json").returncode != 0:
         write_tiny_model(c.root / "busy.gguf", name="tiny-busy")
         c.ok("main", "model", "add", "busy", "--gguf", str(c.root / "busy.gguf"))
     c.ok("main", "model", "scale", "busy", "--min", "1", "--max", "1")
-    c.wait(lambda: [g["state"] for g in groups(c, "busy")] == ["ready"], "busy serves, once")
+    c.wait(
+        lambda: [(g["node"], g["state"]) for g in groups(c, "busy")] == [("main", "ready")],
+        "busy serves, once, on the main",
+    )
+
+
+def test_load_above_the_target_adds_a_group_on_another_node_and_calm_removes_it(
+    cluster: Cluster,
+) -> None:
+    c = cluster
+    given_busy_once_on_main(c)
+    mark = audit_mark(c)
     c.ok(
         "main",
         *("model", "scale", "busy", "--min", "1", "--max", "2"),
@@ -80,7 +104,7 @@ def test_load_above_the_target_adds_a_group_on_another_node_and_calm_removes_it(
         )
     assert results and not broken(results), (broken(results)[:3], len(results))
     c.wait(lambda: len(groups(c, "busy")) == 1, "one group fewer after the calm", timeout=60)
-    records = c.audit("main")
+    records = audit_since(c, mark)
     loads = [r for r in records if r["action"] == "model.load" and r["target"] == "busy@n1"]
     assert loads and "requests in flight per group" in str(loads[-1]["detail"])
     scaled = [r for r in records if r["action"] == "model.scale" and r["target"] == "busy"]
@@ -121,6 +145,7 @@ def test_a_child_lost_during_a_load_makes_the_main_place_it_elsewhere(cluster: C
     c.ok("main", "model", "scale", "roam", "--min", "0", "--idle", "0s", "--min-resident", "0s")
     c.wait(lambda: not groups(c, "roam"), "roam unloaded", timeout=60)
     c.ok("main", "model", "scale", "roam", "--idle", "1h")
+    mark = audit_mark(c)
     url = f"http://{c.lab.hosts['main']}:8000/v1/chat/completions"
     # The client starts first and waits for a line: its start-up (Python, httpx)
     # must not eat the few seconds n1's facts stay fresh after it dies.
@@ -149,7 +174,7 @@ def test_a_child_lost_during_a_load_makes_the_main_place_it_elsewhere(cluster: C
         c.up("n1")  # back for the other tests, whatever happened here
         c.wait(lambda: "n1" in active(c), "n1 back in the cluster", timeout=60)
     assert out.split(" ", 1)[0] == "200", err
-    records = c.audit("main")
+    records = audit_since(c, mark)
     lost = [r for r in records if r["action"] == "model.unload" and r["target"] == "roam"]
     assert any("was lost during the load" in str(r["detail"]) for r in lost), lost
     assert any(r["action"] == "model.load" and r["target"] == "roam@main" for r in records)
