@@ -547,6 +547,10 @@ def test_top_writes_a_view_per_interval_when_its_output_is_not_a_terminal(
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, **main_node.env},
+        # Ctrl-C reaches top as a terminal's foreground job: SIGINT as the
+        # default, even when the suite itself runs as a background job (which
+        # starts with SIGINT ignored, and top rightly keeps that).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert top.stdout is not None
     seen: list[str] = []
