@@ -132,11 +132,14 @@ class Cluster:
 
     def wait(self, predicate: object, what: str, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout
-        while not predicate():  # type: ignore[operator]
+        while True:
+            began = time.monotonic()
+            if predicate():  # type: ignore[operator]
+                return
             if time.monotonic() > deadline:
                 logs = {p.name: p.read_text()[-2000:] for p in self.root.glob("*.log")}
                 raise AssertionError(f"timed out waiting for {what}; logs: {logs}")
-            time.sleep(0.2)
+            time.sleep(max(0.2, 2 * (time.monotonic() - began)))
 
     def restart(self, name: str) -> str:
         """`letsinfer service restart` on a running node; the new process is
