@@ -47,7 +47,7 @@ pytestmark = [
     ),
     pytest.mark.timeout(
         1200
-    ),  # a bundle, then check, bundle.yml and site.yml runs in the first test's setup
+    ),  # a bundle, then check, bundle.yml and site.yml runs (twice) in a test's setup
 ]
 
 
@@ -166,12 +166,12 @@ def no_route(namespace: str, address: str) -> bool:
     return False
 
 
-def ask_the_gateway(lab: Lab) -> str:
+def gateway_answer(lab: Lab) -> subprocess.CompletedProcess[str]:
     """The bundled model's answer through the main's gateway, from the LAN."""
     key = (Path(lab.workdir) / "api-key").read_text().strip()
     request = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "Hi?"}]})
     url = f"http://{lab.hosts['main'].address}:8000/v1/chat/completions"
-    answer = subprocess.run(
+    return subprocess.run(
         lab.in_ctl(
             *("curl", "-sf", "-m", "60", url, "-H", f"Authorization: Bearer {key}"),
             *("-H", "Content-Type: application/json", "-d", request),
@@ -179,8 +179,21 @@ def ask_the_gateway(lab: Lab) -> str:
         capture_output=True,
         text=True,
     )
+
+
+def content(answer: subprocess.CompletedProcess[str]) -> str:
     assert answer.returncode == 0, answer.stderr
     return str(json.loads(answer.stdout)["choices"][0]["message"]["content"])
+
+
+def ask_the_gateway(lab: Lab) -> str:
+    return content(gateway_answer(lab))
+
+
+def output(result: subprocess.CompletedProcess[str]) -> str:
+    """What a command a fixture ran on a host printed (it must have succeeded)."""
+    assert result.returncode == 0, f"{result.args[-1]}: {result.stderr}"
+    return result.stdout.strip()
 
 
 def flip_a_byte_in_the_letsinfer_wheel(bundle: Path, dest: Path) -> None:
@@ -194,9 +207,21 @@ def flip_a_byte_in_the_letsinfer_wheel(bundle: Path, dest: Path) -> None:
     dest.with_name(dest.name + ".sha256").write_text(digest.stdout.split()[0] + "  site.tar\n")
 
 
+@pytest.fixture
+def new_hosts(lab: Lab) -> Iterator[Lab]:
+    """Hosts letsinfer has not touched: the module's lab before it is onboarded,
+    else a lab of their own (on a running site the node itself changes its files)."""
+    if not any(letsinfer_files(lab).values()):
+        yield lab
+        return
+    with running_lab(list(HOSTS)) as fresh:
+        yield fresh
+
+
 def test_a_tampered_bundle_stops_site_yml_before_any_host_is_touched(
-    lab: Lab, bundle: Bundle, tmp_path: Path
+    new_hosts: Lab, bundle: Bundle, tmp_path: Path
 ) -> None:
+    lab = new_hosts
     tampered = tmp_path / "site.tar"
     flip_a_byte_in_the_letsinfer_wheel(bundle.path, tampered)
     before = letsinfer_files(lab)
@@ -213,22 +238,59 @@ def test_a_tampered_bundle_stops_site_yml_before_any_host_is_touched(
 
 @dataclass(frozen=True)
 class Runs:
+    """The onboarding runs, and what the tests check of the site they made, read
+    right after them (the upgrade test moves the site to another release)."""
+
     untouched_by_check: bool
     check: subprocess.CompletedProcess[str]
     bundle: subprocess.CompletedProcess[str]
     site: subprocess.CompletedProcess[str]
+    pip_lists: dict[str, subprocess.CompletedProcess[str]]  # host -> `pip list --format json`
+    configs: dict[str, subprocess.CompletedProcess[str]]  # host -> its config.toml
+    mirrored: subprocess.CompletedProcess[str]  # the main's `mirror list --bundles --json`
+    answer: subprocess.CompletedProcess[str]  # the gateway's, to a chat request
+    # then bundle.yml and site.yml again, with the main's status before and after
+    status_before_again: subprocess.CompletedProcess[str]
+    bundle_again: subprocess.CompletedProcess[str]
+    site_again: subprocess.CompletedProcess[str]
+    status_after_again: subprocess.CompletedProcess[str]
 
 
 @pytest.fixture(scope="module")
 def onboarded(lab: Lab, bundle: Bundle) -> Runs:
     """site.yml --check, then bundle.yml and site.yml, as an operator of an
-    air-gapped site runs them on new hosts."""
+    air-gapped site runs them on new hosts; then both again, as they are run
+    once more on a site that has not changed."""
     before = letsinfer_files(lab)
     check = playbook(lab, "site.yml", bundle.path, bundle.public_key, "--check")
     untouched = letsinfer_files(lab) == before
     first = playbook(lab, "bundle.yml", bundle.path, bundle.public_key)
     site = playbook(lab, "site.yml", bundle.path, bundle.public_key, "-v")
-    return Runs(untouched, check, first, site)
+    pip_lists = {
+        h: lab.ssh(h, "/opt/letsinfer/current/bin/python -m pip list --format json") for h in HOSTS
+    }
+    configs = {h: lab.ssh(h, "cat /etc/letsinfer/config.toml") for h in HOSTS}
+    mirrored = lab.ssh("main", "/opt/letsinfer/current/bin/letsinfer mirror list --bundles --json")
+    answer = gateway_answer(lab)
+    main_status = "/opt/letsinfer/current/bin/letsinfer status --json"
+    status_before = lab.ssh("main", main_status)
+    bundle_again = playbook(lab, "bundle.yml", bundle.path, bundle.public_key)
+    site_again = playbook(lab, "site.yml", bundle.path, bundle.public_key)
+    status_after = lab.ssh("main", main_status)
+    return Runs(
+        untouched,
+        check,
+        first,
+        site,
+        pip_lists,
+        configs,
+        mirrored,
+        answer,
+        status_before,
+        bundle_again,
+        site_again,
+        status_after,
+    )
 
 
 def test_bundle_and_site_onboard_hosts_that_have_no_route_to_any_index(
@@ -251,36 +313,33 @@ def test_bundle_and_site_onboard_hosts_that_have_no_route_to_any_index(
     )
     assert pip_runs == [bundle_wheels] * len(HOSTS)
     for host in HOSTS:
-        listed = sh(lab, host, "/opt/letsinfer/current/bin/python -m pip list --format json")
+        listed = output(onboarded.pip_lists[host])
         installed = {_dist(d["name"]): d["version"] for d in json.loads(listed)}
         for own in ("pip", "setuptools"):  # the virtual environment's own
             installed.pop(own, None)
         assert installed["letsinfer"] == "0.1.0"
         assert {d: bundle.wheels.get(d) for d in installed} == installed, host
-        config = sh(lab, host, "cat /etc/letsinfer/config.toml")
+        config = output(onboarded.configs[host])
         assert f'trusted_keys = ["{bundle.public_key}"]' in config
 
     # the main's mirror holds the bundle, and its gateway serves the bundle's model
-    listed = sh(lab, "main", "/opt/letsinfer/current/bin/letsinfer mirror list --bundles --json")
-    mirrored = json.loads(listed)
+    mirrored = json.loads(output(onboarded.mirrored))
     assert [(b["id"], b["models"][0]["name"]) for b in mirrored] == [(bundle.id, MODEL)]
-    assert ask_the_gateway(lab) == SENTENCE
+    assert content(onboarded.answer) == SENTENCE
 
 
-def test_a_second_run_of_bundle_and_site_changes_nothing(
-    lab: Lab, bundle: Bundle, onboarded: Runs
-) -> None:
+def test_a_second_run_of_bundle_and_site_changes_nothing(onboarded: Runs) -> None:
     assert onboarded.site.returncode == 0
-    pid = json.loads(sh(lab, "main", "/opt/letsinfer/current/bin/letsinfer status --json"))["pid"]
+    pid = json.loads(output(onboarded.status_before_again))["pid"]
 
-    again = playbook(lab, "bundle.yml", bundle.path, bundle.public_key)
+    again = onboarded.bundle_again
     assert again.returncode == 0, again.stdout
     assert changed(again) == dict.fromkeys(HOSTS, 0), again.stdout
-    site = playbook(lab, "site.yml", bundle.path, bundle.public_key)
+    site = onboarded.site_again
     assert site.returncode == 0, site.stdout
     assert changed(site) == dict.fromkeys(HOSTS, 0), site.stdout
 
-    status = json.loads(sh(lab, "main", "/opt/letsinfer/current/bin/letsinfer status --json"))
+    status = json.loads(output(onboarded.status_after_again))
     assert status["pid"] == pid
 
 
