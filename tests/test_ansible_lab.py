@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
@@ -61,22 +62,69 @@ def playbook(lab: Lab, wheels: Path, name: str, *extra: str) -> subprocess.Compl
     )
 
 
-@pytest.fixture(scope="module")
-def converged(lab: Lab, wheels: Path) -> Lab:
-    """site.yml (which loads the firewall table too) through `letsinfer fleet
-    apply`, as an operator runs it."""
-    for name in ("site",):
+# What the man-page test checks on n1, read right after site.yml (an upgrade
+# test moves n1 to another release).
+MAN_CHECKS = (
+    "man -M /opt/man -w letsinfer-model-pull",
+    "readlink /opt/man/man1/letsinfer-model-pull.1",
+    "cat /opt/man/man1/letsinfer-model-pull.1",
+    "MANWIDTH=100 man -M /opt/man letsinfer-model-pull",
+    "ls /opt/man/man1",
+)
+
+
+@dataclass
+class Site:
+    """The module's lab and what its tests have done to it, so that each test
+    gets the hosts it needs whatever ran before it: converged ones (site.yml
+    again only after the wipe test), or hosts nothing was ever installed on."""
+
+    lab: Lab
+    wheels: Path
+    installed: bool = False  # site.yml ran on these hosts (wiped since or not)
+    converged: bool = False  # site.yml's result, not wiped since
+    man: dict[str, subprocess.CompletedProcess[str]] = field(default_factory=dict)
+
+    def converge(self) -> None:
+        """site.yml (which loads the firewall table too) through `letsinfer
+        fleet apply`, as an operator runs it."""
+        if self.converged:
+            return
+        self.installed = True
         result = subprocess.run(
-            [sys.executable, "-m", "letsinfer", "fleet", "apply", name, "-i", "inventories/lab"],
+            [sys.executable, "-m", "letsinfer", "fleet", "apply", "site", "-i", "inventories/lab"],
             capture_output=True,
             text=True,
             cwd=ROOT,
-            env=env(lab, wheels),
+            env=env(self.lab, self.wheels),
             timeout=600,
         )
         assert result.returncode == 0, result.stdout + result.stderr
         assert "summary" in result.stdout
-    return lab
+        self.man = {command: self.lab.ssh("n1", command) for command in MAN_CHECKS}
+        self.converged = True
+
+
+@pytest.fixture(scope="module")
+def site(lab: Lab, wheels: Path) -> Site:
+    return Site(lab, wheels)
+
+
+@pytest.fixture
+def converged(site: Site) -> Lab:
+    site.converge()
+    return site.lab
+
+
+@pytest.fixture
+def bare(site: Site) -> Iterator[Lab]:
+    """Hosts nothing was installed on: the module's lab before site.yml first
+    runs on it, else a lab of its own."""
+    if not site.installed:
+        yield site.lab
+        return
+    with running_lab(["main", "n1"]) as fresh:
+        yield fresh
 
 
 def sh(lab: Lab, host: str, command: str) -> str:
@@ -170,14 +218,31 @@ def tiny_on(lab: Lab, node: str) -> dict[str, object]:
     return next(pg for pg in shown["placement_groups"] if pg["node"] == node)
 
 
+@pytest.fixture
+def tiny_ready_on_n1(converged: Lab) -> dict[str, object]:
+    """The tiny model's placement group on n1 once its engine is ready: the main
+    places it there (main_placements) after site.yml enrolled n1."""
+    deadline = time.monotonic() + 180
+    while True:
+        shown = json.loads(
+            sh(converged, "main", "/opt/letsinfer/current/bin/letsinfer model show tiny --json")
+        )
+        engine = next((pg for pg in shown["placement_groups"] if pg["node"] == "n1"), {})
+        if engine.get("state") == "ready" and engine.get("pid"):
+            return dict(engine)
+        assert time.monotonic() < deadline, shown
+        time.sleep(1)
+
+
 def served_by(lab: Lab, pg_id: object) -> int:
     log = "/var/lib/letsinfer/logs/node.log"
     return int(sh(lab, "main", f"grep -c 'pg={pg_id} status=200' {log} || true"))
 
 
-def test_site_changes_nothing_when_a_host_fails_doctor(lab: Lab, wheels: Path) -> None:
+def test_site_changes_nothing_when_a_host_fails_doctor(bare: Lab, wheels: Path) -> None:
     """n1's agent port is taken: site.yml's doctor (run from the wheel, before
     anything is installed) names n1 and the port, and no host is changed."""
+    lab = bare
     holder = subprocess.Popen(
         [
             "ip",
@@ -208,23 +273,29 @@ def test_site_changes_nothing_when_a_host_fails_doctor(lab: Lab, wheels: Path) -
     assert "Nodes | Install" not in result.stdout
 
 
-def test_an_installed_host_has_the_man_pages_where_man_looks(converged: Lab) -> None:
+def test_an_installed_host_has_the_man_pages_where_man_looks(converged: Lab, site: Site) -> None:
     """The wheel's pages, linked by the node role (the lab's node_man_dir is
-    /opt/man/man1: /usr is shared by every lab host)."""
-    lab = converged
+    /opt/man/man1: /usr is shared by every lab host), as n1 had them right
+    after site.yml."""
+
+    def seen(command: str) -> str:
+        result = site.man[command]
+        assert result.returncode == 0, f"n1: {command}: {result.stderr}"
+        return result.stdout.strip()
+
     # man finds the page by the link (and names the file the link resolves to)
-    found = sh(lab, "n1", "man -M /opt/man -w letsinfer-model-pull")
+    found = seen("man -M /opt/man -w letsinfer-model-pull")
     assert found == "/opt/letsinfer/releases/0.1.0/share/man/man1/letsinfer-model-pull.1"
     link = "/opt/man/man1/letsinfer-model-pull.1"
-    assert sh(lab, "n1", f"readlink {link}") == (
+    assert seen(f"readlink {link}") == (
         "/opt/letsinfer/current/share/man/man1/letsinfer-model-pull.1"
     )
-    assert sh(lab, "n1", f"cat {link}") == (
+    assert seen(f"cat {link}") == (
         (ROOT / "docs" / "man" / "letsinfer-model-pull.1").read_text().strip()
     )
-    shown = sh(lab, "n1", "MANWIDTH=100 man -M /opt/man letsinfer-model-pull")
+    shown = seen("MANWIDTH=100 man -M /opt/man letsinfer-model-pull")
     assert "letsinfer-model-pull - Pull a GGUF model" in shown
-    pages = sh(lab, "n1", "ls /opt/man/man1").split()
+    pages = seen("ls /opt/man/man1").split()
     assert sorted(pages) == sorted(p.name for p in (ROOT / "docs" / "man").glob("*.1"))
 
 
@@ -234,6 +305,7 @@ def test_upgrade_to_a_broken_build_stops_at_the_first_host_and_restores_it(
     lab = converged
     n1_before = node_status(lab, "n1")
     assert n1_before["running"]
+    n1_releases = sh(lab, "n1", "ls /opt/letsinfer/releases")  # 0.1.0 (and 0.1.2 after that test)
     main_before = node_status(lab, "main")
 
     # A release the site's source (node_wheelhouse, as site.yml used) does not
@@ -272,12 +344,13 @@ def test_upgrade_to_a_broken_build_stops_at_the_first_host_and_restores_it(
     assert healthy(lab, "main")
 
     # the next host was never touched
-    assert sh(lab, "n1", "ls /opt/letsinfer/releases") == "0.1.0"
+    n1_releases_after = sh(lab, "n1", "ls /opt/letsinfer/releases")
+    assert n1_releases_after == n1_releases and "0.1.1" not in n1_releases_after.split()
     assert node_status(lab, "n1")["pid"] == n1_before["pid"]
 
 
 def test_upgrade_to_a_good_build_keeps_the_previous_release_and_runs_once(
-    converged: Lab, wheels: Path, tmp_path: Path
+    converged: Lab, tiny_ready_on_n1: dict[str, object], wheels: Path, tmp_path: Path
 ) -> None:
     lab = converged
     good = wheelhouse.build_variant(tmp_path / "good", "0.1.2", broken=False)
@@ -289,8 +362,7 @@ def test_upgrade_to_a_good_build_keeps_the_previous_release_and_runs_once(
 
     # The tiny model also runs on n1 (main_placements): it serves on through the
     # upgrade, from the very same engine.
-    engine = tiny_on(lab, "n1")
-    assert engine["state"] == "ready" and engine["pid"]
+    engine = tiny_ready_on_n1
     served_before = served_by(lab, engine["id"])
     key = Path(f"/tmp/letsinfer-lab-{lab.prefix}/api-key").read_text().strip()
     flag = tmp_path / "upgraded"
@@ -331,9 +403,10 @@ def test_upgrade_to_a_good_build_keeps_the_previous_release_and_runs_once(
 
 
 def test_wipe_needs_the_host_name_then_removes_everything_but_models(
-    converged: Lab, wheels: Path
+    converged: Lab, tiny_ready_on_n1: dict[str, object], site: Site, wheels: Path
 ) -> None:
     lab = converged
+    site.converged = False  # a test after this one runs site.yml again
     other = "table inet othertool {\n chain c {\n  type filter hook input priority 5;\n }\n}\n"
     sh(lab, "n1", f"printf '{other}' | nft -f -")  # another tool's table must survive
     models = sh(lab, "n1", "find /var/lib/letsinfer/models -type f | sort")
