@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import pytest
@@ -171,12 +171,18 @@ def plain_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("LETSINFER_")}
 
 
-def by_hand(lab: Lab, host: str, *args: str, home: str | None = None) -> str:
+def by_hand_run(
+    lab: Lab, host: str, *args: str, home: str | None = None
+) -> subprocess.CompletedProcess[str]:
     """`letsinfer ARGS` run by a person on ``host`` with this checkout's
     letsinfer (the default home there, or ``home``)."""
     homed = ["--home", home] if home else []
     argv = lab.hosts[host].nsenter(sys.executable, "-m", "letsinfer", *homed, *args)
-    result = subprocess.run(argv, capture_output=True, text=True, env=plain_env(), timeout=180)
+    return subprocess.run(argv, capture_output=True, text=True, env=plain_env(), timeout=180)
+
+
+def by_hand(lab: Lab, host: str, *args: str, home: str | None = None) -> str:
+    result = by_hand_run(lab, host, *args, home=home)
     assert result.returncode == 0, f"{host}: letsinfer {' '.join(args)}: {result.stderr}"
     return result.stdout
 
@@ -198,6 +204,12 @@ def one(data: object) -> dict[str, object]:
 
 def status(lab: Lab, host: str) -> dict[str, object]:
     return one(json.loads(sh(lab, host, f"{LETSINFER} status --json")))
+
+
+def parsed(result: subprocess.CompletedProcess[str]) -> Any:
+    """The JSON a command the story ran printed (it must have succeeded)."""
+    assert result.returncode == 0, f"{result.args[-1]}: {result.stderr}"
+    return json.loads(result.stdout)
 
 
 def playbook(
@@ -251,6 +263,16 @@ class Story:
     run1: subprocess.CompletedProcess[str]
     run2: subprocess.CompletedProcess[str]
     watch: Watch
+    # read right after run 2 (a later test removes, wipes and enrolls n2 again,
+    # and places tiny on it): the members' status, n2's requests and audit, the
+    # mains' node lists, where tiny runs
+    main_status: subprocess.CompletedProcess[str]
+    n2_status: subprocess.CompletedProcess[str]
+    n2_requests: subprocess.CompletedProcess[str]
+    n2_audit: subprocess.CompletedProcess[str]
+    main_nodes: subprocess.CompletedProcess[str]
+    outsider_nodes: subprocess.CompletedProcess[str]
+    tiny: subprocess.CompletedProcess[str]
 
 
 @pytest.fixture(scope="module")
@@ -335,6 +357,13 @@ def story(lab: Lab, wheels: Path) -> Iterator[Story]:
         run1,
         run2,
         watch,
+        main_status=on(lab, "main", f"{LETSINFER} status --json"),
+        n2_status=on(lab, "n2", f"{LETSINFER} status --json"),
+        n2_requests=on(lab, "n2", f"{LETSINFER} node requests --json"),
+        n2_audit=on(lab, "n2", f"{LETSINFER} audit list --json"),
+        main_nodes=on(lab, "main", f"{LETSINFER} node list --json"),
+        outsider_nodes=by_hand_run(lab, "outsider", "node", "list", "--json", home=home),
+        tiny=on(lab, "main", f"{LETSINFER} model show tiny --json"),
     )
 
 
@@ -392,7 +421,7 @@ def forge_requests(lab: Lab, main_ca: str) -> list[tuple[dict[str, object], str,
 def test_site_yml_enrolls_the_child_with_the_real_main_and_rejects_the_planted_request(
     lab: Lab, story: Story
 ) -> None:
-    main = status(lab, "main")
+    main = one(parsed(story.main_status))
     planted_id = str(story.planted["id"])
     # the request as n2 saw it: the outsider's own words, and the one thing it cannot forge
     [seen] = [r for r in story.pending_on_n2 if r["id"] == planted_id]
@@ -410,21 +439,19 @@ def test_site_yml_enrolls_the_child_with_the_real_main_and_rejects_the_planted_r
     assert story.requests_after_refusal == story.pending_on_n2
 
     # site.yml: n2 joined the real main's cluster, never the outsider's
-    n2 = status(lab, "n2")
-    theirs = json.loads(
-        by_hand(lab, "outsider", "node", "list", "--json", home=story.outsider_home)
-    )
+    n2 = one(parsed(story.n2_status))
+    theirs = parsed(story.outsider_nodes)
     assert [n["name"] for n in theirs] == [lab.hosts["main"].address], "n2 joined the outsider"
     assert n2["role"] == "child"
     assert n2["ca_fingerprint"] == main["ca_fingerprint"], (n2, story.run2.stdout[-3000:])
     assert n2["main"] == f"{lab.hosts['main'].address}:8443"
     assert story.run2.returncode == 0, story.run2.stdout[-6000:]
-    listed = json.loads(sh(lab, "main", f"{LETSINFER} node list --json"))
+    listed = parsed(story.main_nodes)
     assert {n["name"]: n["state"] for n in listed}.get("n2") == "active"
 
     # the planted request: gone, and n2's audit says who rejected what, and why not accepted
-    assert json.loads(sh(lab, "n2", f"{LETSINFER} node requests --json")) == []
-    audit = json.loads(sh(lab, "n2", f"{LETSINFER} audit list --json"))
+    assert parsed(story.n2_requests) == []
+    audit = parsed(story.n2_audit)
     rejected = [r for r in audit if r["action"] == "node.reject"]
     assert len(rejected) == 1 and planted_id in str(rejected[0]["detail"]), rejected
     assert f"sha256:{seen['ca_fingerprint']}" in str(rejected[0]["detail"])
@@ -442,7 +469,7 @@ def test_a_request_forged_with_the_real_main_s_ca_never_takes_the_main_s_place(
     n2 kept, and site.yml enrolls n2 with the real main on the first run. n2's
     audit names the address each request came from, not the one it claims."""
     outsider, real_main = lab.hosts["outsider"].address, lab.hosts["main"].address
-    main = status(lab, "main")
+    main = one(parsed(story.main_status))
     for forged, code, answer in story.forged:
         assert forged["ca"] and forged["main_address"] == f"{real_main}:8443"
         assert code == "403", (forged["enrollment_id"], code, answer)
@@ -450,10 +477,10 @@ def test_a_request_forged_with_the_real_main_s_ca_never_takes_the_main_s_place(
     assert story.requests_after_forgery == story.requests_after_refusal  # nothing kept, none gone
 
     assert story.run2.returncode == 0, story.run2.stdout[-6000:]
-    n2 = status(lab, "n2")
+    n2 = one(parsed(story.n2_status))
     assert n2["role"] == "child" and n2["ca_fingerprint"] == main["ca_fingerprint"]
 
-    audit = json.loads(sh(lab, "n2", f"{LETSINFER} audit list --json"))
+    audit = parsed(story.n2_audit)
     asked = [r for r in audit if r["action"] == "node.enroll.request"]
     refused = [r for r in asked if r["outcome"] == "denied"]
     assert refused and {r["actor"] for r in refused} == {f"anonymous:{outsider}"}, refused
@@ -479,7 +506,7 @@ def test_no_moment_of_onboarding_opens_a_member_s_planes_to_the_outsider(
     assert watch.closed_since("n2") is not None  # its hand-started candidate, closed by run 2
 
     # the watch saw what it was meant to watch, engines included
-    show = json.loads(sh(lab, "main", f"{LETSINFER} model show tiny --json"))
+    show = parsed(story.tiny)
     engines = [
         (pg["node"], urlsplit(pg["endpoint"]).port)
         for pg in show["placement_groups"]
