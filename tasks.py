@@ -205,7 +205,7 @@ def test(c: Context, k: str = "") -> None:
         print("molecule's lab scenario and the lab tests need root: skipped", file=sys.stderr)
     selector = f" -k '{k}'" if k else ""
     # The tests start hundreds of nodes and thousands of CLI calls from this
-    # checkout; where PYTHONDONTWRITEBYTECODE is set (as in CI's image) each of
+    # checkout; where PYTHONDONTWRITEBYTECODE is set (this machine's image) each of
     # them would compile every letsinfer module it imports (test_cli.py: 16 %
     # less CPU with the bytecode written once, here).
     c.run(f"{PY} -m compileall -q -j 0 letsinfer tests", pty=False, env=env)
