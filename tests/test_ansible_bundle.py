@@ -29,7 +29,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 from letsinfer.engines.tinymodel import SENTENCE
 from letsinfer.release.keys import generate
 from tests.lab import wheelhouse
-from tests.lab.netns import Lab, running_lab
+from tests.lab.netns import Lab, printed, running_lab
 from tests.nodes import letsinfer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -138,9 +138,7 @@ def playbook(
 
 
 def sh(lab: Lab, host: str, command: str) -> str:
-    result = lab.ssh(host, command)
-    assert result.returncode == 0, f"{host}: {command}: {result.stderr}"
-    return result.stdout.strip()
+    return printed(lab.ssh(host, command))
 
 
 def letsinfer_files(lab: Lab) -> dict[str, str]:
@@ -188,12 +186,6 @@ def content(answer: subprocess.CompletedProcess[str]) -> str:
 
 def ask_the_gateway(lab: Lab) -> str:
     return content(gateway_answer(lab))
-
-
-def output(result: subprocess.CompletedProcess[str]) -> str:
-    """What a command a fixture ran on a host printed (it must have succeeded)."""
-    assert result.returncode == 0, f"{result.args[-1]}: {result.stderr}"
-    return result.stdout.strip()
 
 
 def flip_a_byte_in_the_letsinfer_wheel(bundle: Path, dest: Path) -> None:
@@ -313,24 +305,24 @@ def test_bundle_and_site_onboard_hosts_that_have_no_route_to_any_index(
     )
     assert pip_runs == [bundle_wheels] * len(HOSTS)
     for host in HOSTS:
-        listed = output(onboarded.pip_lists[host])
+        listed = printed(onboarded.pip_lists[host])
         installed = {_dist(d["name"]): d["version"] for d in json.loads(listed)}
         for own in ("pip", "setuptools"):  # the virtual environment's own
             installed.pop(own, None)
         assert installed["letsinfer"] == "0.1.0"
         assert {d: bundle.wheels.get(d) for d in installed} == installed, host
-        config = output(onboarded.configs[host])
+        config = printed(onboarded.configs[host])
         assert f'trusted_keys = ["{bundle.public_key}"]' in config
 
     # the main's mirror holds the bundle, and its gateway serves the bundle's model
-    mirrored = json.loads(output(onboarded.mirrored))
+    mirrored = json.loads(printed(onboarded.mirrored))
     assert [(b["id"], b["models"][0]["name"]) for b in mirrored] == [(bundle.id, MODEL)]
     assert content(onboarded.answer) == SENTENCE
 
 
 def test_a_second_run_of_bundle_and_site_changes_nothing(onboarded: Runs) -> None:
     assert onboarded.site.returncode == 0
-    pid = json.loads(output(onboarded.status_before_again))["pid"]
+    pid = json.loads(printed(onboarded.status_before_again))["pid"]
 
     again = onboarded.bundle_again
     assert again.returncode == 0, again.stdout
@@ -339,7 +331,7 @@ def test_a_second_run_of_bundle_and_site_changes_nothing(onboarded: Runs) -> Non
     assert site.returncode == 0, site.stdout
     assert changed(site) == dict.fromkeys(HOSTS, 0), site.stdout
 
-    status = json.loads(output(onboarded.status_after_again))
+    status = json.loads(printed(onboarded.status_after_again))
     assert status["pid"] == pid
 
 

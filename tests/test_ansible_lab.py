@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.lab import wheelhouse
-from tests.lab.netns import Lab, running_lab
+from tests.lab.netns import Lab, printed, running_lab
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -128,9 +128,7 @@ def bare(site: Site) -> Iterator[Lab]:
 
 
 def sh(lab: Lab, host: str, command: str) -> str:
-    result = lab.ssh(host, command)
-    assert result.returncode == 0, f"{host}: {command}: {result.stderr}"
-    return result.stdout.strip()
+    return printed(lab.ssh(host, command))
 
 
 def healthy(lab: Lab, host: str, timeout: float = 60) -> bool:
@@ -215,7 +213,7 @@ def tiny_on(lab: Lab, node: str) -> dict[str, object]:
     """The tiny model's placement group on ``node``, as the main shows it."""
     cli = "/opt/letsinfer/current/bin/letsinfer"
     shown = json.loads(sh(lab, "main", f"{cli} model show tiny --json"))
-    return next(pg for pg in shown["placement_groups"] if pg["node"] == node)
+    return next((pg for pg in shown["placement_groups"] if pg["node"] == node), {})
 
 
 @pytest.fixture
@@ -224,13 +222,10 @@ def tiny_ready_on_n1(converged: Lab) -> dict[str, object]:
     places it there (main_placements) after site.yml enrolled n1."""
     deadline = time.monotonic() + 180
     while True:
-        shown = json.loads(
-            sh(converged, "main", "/opt/letsinfer/current/bin/letsinfer model show tiny --json")
-        )
-        engine = next((pg for pg in shown["placement_groups"] if pg["node"] == "n1"), {})
+        engine = tiny_on(converged, "n1")
         if engine.get("state") == "ready" and engine.get("pid"):
-            return dict(engine)
-        assert time.monotonic() < deadline, shown
+            return engine
+        assert time.monotonic() < deadline, f"tiny not ready on n1: {engine}"
         time.sleep(1)
 
 
@@ -279,9 +274,7 @@ def test_an_installed_host_has_the_man_pages_where_man_looks(converged: Lab, sit
     after site.yml."""
 
     def seen(command: str) -> str:
-        result = site.man[command]
-        assert result.returncode == 0, f"n1: {command}: {result.stderr}"
-        return result.stdout.strip()
+        return printed(site.man[command])
 
     # man finds the page by the link (and names the file the link resolves to)
     found = seen("man -M /opt/man -w letsinfer-model-pull")

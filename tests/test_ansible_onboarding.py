@@ -43,7 +43,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.lab.netns import Lab, running_lab
+from tests.lab.netns import Lab, printed, running_lab
 from tests.lab.probes import connects, enter_network_namespace, listening_ports, protected
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -192,9 +192,7 @@ def on(lab: Lab, host: str, command: str) -> subprocess.CompletedProcess[str]:
 
 
 def sh(lab: Lab, host: str, command: str) -> str:
-    result = on(lab, host, command)
-    assert result.returncode == 0, f"{host}: {command}: {result.stderr}"
-    return result.stdout.strip()
+    return printed(on(lab, host, command))
 
 
 def one(data: object) -> dict[str, object]:
@@ -208,8 +206,7 @@ def status(lab: Lab, host: str) -> dict[str, object]:
 
 def parsed(result: subprocess.CompletedProcess[str]) -> Any:
     """The JSON a command the story ran printed (it must have succeeded)."""
-    assert result.returncode == 0, f"{result.args[-1]}: {result.stderr}"
-    return json.loads(result.stdout)
+    return json.loads(printed(result))
 
 
 def playbook(

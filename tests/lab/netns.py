@@ -175,6 +175,13 @@ class Lab:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
+def printed(result: subprocess.CompletedProcess[str]) -> str:
+    """What a command run on a lab host (``Lab.ssh``) printed; it must have
+    succeeded (the failure names the host, the command and its stderr)."""
+    assert result.returncode == 0, f"{' '.join(result.args[-2:])}: {result.stderr}"
+    return result.stdout.strip()
+
+
 def new_prefix() -> str:
     return "li" + secrets.token_hex(3)
 
