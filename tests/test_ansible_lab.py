@@ -75,13 +75,12 @@ MAN_CHECKS = (
 
 @dataclass
 class Site:
-    """The module's lab and what its tests have done to it, so that each test
-    gets the hosts it needs whatever ran before it: converged ones (site.yml
-    again only after the wipe test), or hosts nothing was ever installed on."""
+    """The module's lab and whether it holds site.yml's result, so that each
+    test gets converged hosts whatever ran before it (site.yml again only
+    after the wipe test)."""
 
     lab: Lab
     wheels: Path
-    installed: bool = False  # site.yml ran on these hosts (wiped since or not)
     converged: bool = False  # site.yml's result, not wiped since
     man: dict[str, subprocess.CompletedProcess[str]] = field(default_factory=dict)
 
@@ -90,7 +89,6 @@ class Site:
         fleet apply`, as an operator runs it."""
         if self.converged:
             return
-        self.installed = True
         result = subprocess.run(
             [sys.executable, "-m", "letsinfer", "fleet", "apply", "site", "-i", "inventories/lab"],
             capture_output=True,
@@ -118,9 +116,11 @@ def converged(site: Site) -> Lab:
 
 @pytest.fixture
 def bare(site: Site) -> Iterator[Lab]:
-    """Hosts nothing was installed on: the module's lab before site.yml first
-    runs on it, else a lab of its own."""
-    if not site.installed:
+    """Hosts nothing was installed on: the module's lab while letsinfer has
+    written none of its paths there (before site.yml first runs), else a lab
+    of its own."""
+    written = "ls -A /opt/letsinfer /etc/letsinfer /var/lib/letsinfer 2>/dev/null; true"
+    if not any(sh(site.lab, host, written) for host in site.lab.hosts):
         yield site.lab
         return
     with running_lab(["main", "n1"]) as fresh:
