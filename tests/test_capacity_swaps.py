@@ -13,6 +13,7 @@ from letsinfer.capacity.eviction import Resident, Waiting, choose, to_drain, wor
 from letsinfer.capacity.placing import Found
 from letsinfer.capacity.policy import ScalingPolicy
 from letsinfer.config import CapacitySettings
+from letsinfer.gateway.admission import AdmissionLimits
 from letsinfer.gateway.routing import Replica, RoutingTable
 
 DEFER_S = 5.0
@@ -45,6 +46,30 @@ def test_a_model_asked_for_less_defers_to_the_resident_one_then_takes_its_turn()
     # A model asked for as much (its queued requests count) swaps at once.
     crowd = Waiting("crowd", waiting=12, recent_requests=30.0, waited_s=0.1)
     assert worth_swapping(busy_model, crowd, DEFER_S)
+
+
+def test_the_most_used_model_does_not_go_while_a_cheaper_group_is_only_too_young() -> None:
+    """Two GPUs: the popular model on one, a rare model loaded seconds ago on
+    the other. A third model's load waits for the rare one's residence to end
+    rather than evict (or drain) the popular one, as long as its requests can
+    wait that long; past that, the popular one goes as before."""
+    popular = resident("popular", recent_requests=40.0)  # idle this instant, used often
+    just_loaded = resident("rare", recent_requests=1.0, resident_s=4.0)  # 6 s left
+    third = Waiting("third", 1, 1.0, DEFER_S, patience_s=20.0)
+    assert choose([popular, just_loaded], "third") == popular  # the only one it may take now
+    assert not worth_swapping(popular, third, DEFER_S, [popular, just_loaded])
+    busy = resident("popular", in_flight=1, recent_requests=40.0)
+    assert to_drain([busy, just_loaded], third, DEFER_S) is None
+    # Its requests cannot wait 6 s more: the popular group goes, as without the rule.
+    hurried = Waiting("third", 1, 1.0, DEFER_S, patience_s=3.0)
+    assert worth_swapping(popular, hurried, DEFER_S, [popular, just_loaded])
+    assert to_drain([busy, just_loaded], hurried, DEFER_S) == busy
+    # A young group that is busy, or costlier, is no reason to wait.
+    for other in (
+        resident("rare", in_flight=1, recent_requests=1.0, resident_s=4.0),
+        resident("rare", recent_requests=90.0, resident_s=4.0),
+    ):
+        assert worth_swapping(popular, third, DEFER_S, [popular, other])
 
 
 def test_a_busy_group_past_its_residence_is_drained_once_the_wait_is_due() -> None:
@@ -117,6 +142,7 @@ def _controller(
         clock=lambda: now[0],
     )
     controller.admission = SimpleNamespace(  # type: ignore[assignment]
+        limits=AdmissionLimits(),
         depth=lambda service=None: waiting.get(service, 0) if service else sum(waiting.values()),
         refuse_waiters=lambda service, error: None,
     )
@@ -233,3 +259,61 @@ def test_a_canary_or_a_group_a_gate_judges_is_not_scaled_away() -> None:
     assert asyncio.run(scenario(canary=False, held=False)) != []  # one group too many: it goes
     assert asyncio.run(scenario(canary=True, held=False)) == []
     assert asyncio.run(scenario(canary=False, held=True)) == []
+
+
+class _TwoGpus(_Placer):
+    """Two GPUs, each held by one group: a load takes a GPU that is free."""
+
+    def __init__(self, groups: dict[str, str]) -> None:
+        super().__init__(groups)
+        self.loading: list[str] = []  # models whose engines were started, in order
+
+    def find(self, service: str) -> Found:
+        if len(self.groups) >= 2:
+            return Found(None, (("main", "both GPUs are taken"),))
+        node = SimpleNamespace(id="main", name="main")
+        return Found(SimpleNamespace(node=node), ())  # type: ignore[arg-type]
+
+    def load(self, service: str, placement: object, reason: str) -> str:
+        pg = f"pg-{service}"
+        self.groups[pg] = service
+        self.loading.append(service)
+        return pg
+
+
+def test_two_loads_for_two_gpus_make_room_side_by_side() -> None:
+    """A load whose engine is starting holds no other load back: the second
+    model evicts the other idle group at once instead of waiting until the
+    first engine answers (loads were one at a time on the whole cluster)."""
+
+    async def scenario() -> None:
+        now = [1000.0]
+        routing = RoutingTable(clock=lambda: now[0])
+        for model in ("popular", "rare"):
+            routing.publish(Replica(f"pg-{model}", model, "http://e", "Bearer k", 4, "main"))
+        placer = _TwoGpus({"pg-popular": "popular", "pg-rare": "rare"})
+        controller = _controller(placer, routing, now, {"third": 2, "fourth": 2})
+        on_demand = ScalingPolicy(min_groups=0, min_resident_s=10.0)
+        names = controller.directory.current().names
+        for model in ("third", "fourth"):
+            names[model] = SimpleNamespace(scaling=on_demand, groups=(), running=True, canary=None)
+            controller._model(model).recent = 50.0  # asked for more than either resident
+        controller._model("rare").loaded_at = {"pg-rare": now[0] - 100.0}
+        loads = [
+            asyncio.create_task(controller._place_and_wait(model, "a request"))
+            for model in ("third", "fourth")
+        ]
+        try:
+            # Neither engine ever answers here: both loads must still begin.
+            await _until("both loads", lambda: len(placer.loading) == 2)
+            assert placer.loading == ["third", "fourth"]
+            assert sorted(placer.gone) == [
+                ("pg-popular", "model.evict"),
+                ("pg-rare", "model.evict"),
+            ]
+        finally:
+            for load in loads:
+                load.cancel()
+            await asyncio.gather(*loads, return_exceptions=True)
+
+    asyncio.run(scenario())

@@ -230,10 +230,11 @@ class CapacityController:
                     self._waiting(service),
                     self._model(service).recent,
                     self.clock() - started,
+                    self._patience(service, self.clock() - started),
                 )
                 defer_s = self.settings.max_defer_s
                 if victim is not None and (
-                    rule == "lru" or eviction.worth_swapping(victim, asking, defer_s)
+                    rule == "lru" or eviction.worth_swapping(victim, asking, defer_s, residents)
                 ):
                     if self._evict(victim, service):
                         evicted_at = self.clock()
@@ -251,6 +252,10 @@ class CapacityController:
                 self._exhausted(service, f"no room within {self.settings.load_timeout_s:g}s")
                 return False
             await asyncio.sleep(0.2)
+        # Room found: the next load waiting for room may make its own now (on
+        # another GPU) rather than wait for this engine to come up.
+        if service in self._needs_room:
+            self._needs_room.remove(service)
         placement = found.placement
         pg_id = self.placer.load(service, placement, reason)
         log.info(
@@ -302,6 +307,14 @@ class CapacityController:
             return False
         finally:
             self.routing.unsubscribe(heard)
+
+    def _patience(self, service: str, waited_s: float) -> float:
+        """How much longer ``service``'s waiting requests may wait for room and
+        still be answered within the queue's wait limit (less a load's time)."""
+        if self.admission is None:
+            return math.inf
+        reload_s = self._model(service).reload_s or eviction.DEFAULT_RELOAD_S
+        return self.admission.limits.max_wait_s - waited_s - reload_s
 
     def _lost(self, node_id: str) -> bool:
         """A child that stopped reporting (or was removed) while a load waited on it."""

@@ -14,10 +14,19 @@ model's requests would wait for the second). The wait this imposes is
 bounded: once a waiting request has deferred ``defer_s`` the swap is made,
 and if every candidate is busy the cheapest one past its residence is
 drained (admits nothing new, finishes what it runs) and goes then.
+
+Neither is done to a group while a cheaper one, idle but still inside its
+minimum residence, will be free before the waiting request runs out of
+patience (its queue timeout): the load waits for that one. Otherwise the
+most used model, often the only group past its residence, would go each
+time a rare model's load had just taken the other GPU, and its own
+requests would wait for it to load again.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 DEFAULT_RELOAD_S = 5.0  # a model never loaded here yet
@@ -66,6 +75,9 @@ class Waiting:
     waiting: int  # requests queued for it now
     recent_requests: float  # its requests lately (decayed), as Resident's
     waited_s: float  # since its load began (its oldest request's arrival)
+    # How much longer its requests can wait and still be served in time (their
+    # queue timeout, less what they waited and a load's time).
+    patience_s: float = math.inf
 
 
 def choose(residents: list[Resident], exclude_service: str, rule: str = "cost") -> Resident | None:
@@ -79,12 +91,35 @@ def choose(residents: list[Resident], exclude_service: str, rule: str = "cost") 
     return min(candidates, key=lambda r: (r.cost, -r.resident_s, r.pg_id))
 
 
-def worth_swapping(victim: Resident, loading: Waiting, defer_s: float) -> bool:
-    """Whether ``victim`` should go for ``loading`` now: the waiting model is
-    asked for at least as much as the victim's (its queued requests and its
-    recent ones against the victim's recent ones), or its oldest request has
-    deferred ``defer_s`` already."""
-    if victim.draining or loading.waited_s >= defer_s:
+def cheaper_soon(residents: Sequence[Resident], than: Resident, loading: Waiting) -> bool:
+    """Whether a group cheaper than ``than`` sits idle, only too young to go,
+    and will be old enough within ``loading``'s patience."""
+    return any(
+        r.on_demand
+        and not r.draining
+        and r.in_flight == 0
+        and r.waiting == 0
+        and not r.past_residence
+        and r.service != loading.service
+        and r.cost < than.cost
+        and r.min_resident_s - r.resident_s <= loading.patience_s
+        for r in residents
+    )
+
+
+def worth_swapping(
+    victim: Resident, loading: Waiting, defer_s: float, residents: Sequence[Resident] = ()
+) -> bool:
+    """Whether ``victim`` should go for ``loading`` now: no cheaper group is
+    about to be free (``residents``), and the waiting model is asked for at
+    least as much as the victim's (its queued requests and its recent ones
+    against the victim's recent ones), or its oldest request has deferred
+    ``defer_s`` already."""
+    if victim.draining:
+        return True
+    if cheaper_soon(residents, victim, loading):
+        return False
+    if loading.waited_s >= defer_s:
         return True
     return loading.waiting + loading.recent_requests >= victim.recent_requests
 
@@ -92,7 +127,8 @@ def worth_swapping(victim: Resident, loading: Waiting, defer_s: float) -> bool:
 def to_drain(residents: list[Resident], loading: Waiting, defer_s: float) -> Resident | None:
     """A busy group to drain for ``loading`` once its wait reached ``defer_s``
     and no group is idle: the cheapest past its residence (never pinned, never
-    the loading model's, never one drained already); None otherwise."""
+    the loading model's, never one drained already) unless a cheaper one is
+    about to be free; None otherwise."""
     if loading.waited_s < defer_s:
         return None
     if any(r.draining and r.service != loading.service for r in residents):
@@ -102,7 +138,10 @@ def to_drain(residents: list[Resident], loading: Waiting, defer_s: float) -> Res
         for r in residents
         if r.past_residence and not r.evictable and r.service != loading.service
     ]
-    return min(candidates, key=lambda r: (r.cost, -r.resident_s, r.pg_id)) if candidates else None
+    if not candidates:
+        return None
+    cheapest = min(candidates, key=lambda r: (r.cost, -r.resident_s, r.pg_id))
+    return None if cheaper_soon(residents, cheapest, loading) else cheapest
 
 
 def may_free_later(residents: list[Resident], exclude_service: str) -> bool:
