@@ -13,24 +13,40 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
-from rich.console import Console
-from rich.table import Table
+if TYPE_CHECKING:
+    from rich.console import Console
 
 # Wide enough that rich never cuts or wraps anything written to a pipe.
 _UNBOUNDED = 100_000
 
 
 def _console(stderr: bool = False) -> Console:
+    from rich.console import Console
+
     stream = sys.stderr if stderr else sys.stdout
     if stream.isatty():
         return Console(stderr=stderr)
     return Console(stderr=stderr, width=_UNBOUNDED, soft_wrap=True)
 
 
-console = _console()
-errors = _console(stderr=True)
+class _FirstUse:
+    """A console made when first used: a call that prints only JSON never
+    imports rich (about 30 ms of every such CLI call)."""
+
+    def __init__(self, stderr: bool) -> None:
+        self._stderr = stderr
+        self._made: Console | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._made is None:
+            self._made = _console(self._stderr)
+        return getattr(self._made, name)
+
+
+console = cast("Console", _FirstUse(stderr=False))
+errors = cast("Console", _FirstUse(stderr=True))
 
 
 def brief(text: str, n: int) -> str:
@@ -60,6 +76,8 @@ def emit(
     if not rows:
         console.print(f"[dim]no {title or 'entries'}[/dim]")
         return
+    from rich.table import Table
+
     table = Table(title=title)
     for col in columns:
         table.add_column(col, overflow="fold")

@@ -9,10 +9,8 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import dataclass, field
-from importlib import metadata
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from letsinfer.engines import package
 from letsinfer.engines.binary import BinaryError, BinaryIdentity, check_bytes, identify
 
 
@@ -32,10 +30,15 @@ XLLAMACPP_ARTIFACT = "xllamacpp"  # an xllamacpp release's installed package, by
 _UNBOUND_SAID: set[str] = set()  # releases from before the binding, warned about once
 log = logging.getLogger("letsinfer.engines")
 
+if TYPE_CHECKING:
+    from importlib import metadata
+
 
 def xllamacpp_cpu(dist: metadata.Distribution | None = None) -> Release:
     """The release of the xllamacpp this letsinfer imports, by its installed bytes
     (see engines/package.py): another build of the same version is another release."""
+    from letsinfer.engines import package  # importlib.metadata: not for every CLI call
+
     dist = dist or package.installed("xllamacpp")
     return xllamacpp_release(dist.version, package.distribution_digest(dist))
 
@@ -81,6 +84,8 @@ def check_binary(release: Release, dist: metadata.Distribution | None = None) ->
             f"runtime release {release.id}",
         )
     elif release.engine == "xllamacpp":
+        from letsinfer.engines import package
+
         _check_package(release, dist or package.installed("xllamacpp"))
 
 
@@ -103,6 +108,8 @@ def _check_package(release: Release, dist: metadata.Distribution) -> None:
                 again,
             )
         return
+    from letsinfer.engines import package
+
     now = package.distribution_digest(dist)
     if now != released or dist.version != release.version:
         raise BinaryError(

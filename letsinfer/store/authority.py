@@ -20,7 +20,6 @@ import json
 import logging
 import os
 import sqlite3
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,6 +29,7 @@ from letsinfer.home import admin_gid, share_with_group
 from letsinfer.store.adapters import AdapterTables
 from letsinfer.store.audit import AuditTables, HeadKeeper
 from letsinfer.store.canaries import CanaryTables
+from letsinfer.store.connection import Connection
 from letsinfer.store.controllers import ControllerTables
 from letsinfer.store.evals import EvalTables
 from letsinfer.store.groups import GroupTables
@@ -85,22 +85,6 @@ __all__ = [
 ]
 
 
-def _import_sqlite_utils() -> Any:
-    """sqlite_utils imports numpy when it can, only to store numpy values
-    (never done here); numpy would cost every CLI call a tenth of a second.
-    It is hidden during that one import, and importable again afterwards."""
-    hidden = "numpy" not in sys.modules
-    if hidden:
-        sys.modules["numpy"] = None  # type: ignore[assignment]  # import fails: "not installed"
-    try:
-        import sqlite_utils
-    finally:
-        if hidden:
-            del sys.modules["numpy"]
-    return sqlite_utils
-
-
-sqlite_utils = _import_sqlite_utils()
 log = logging.getLogger("letsinfer.store")
 CLUSTER_STOPPED = "cluster.stopped"  # the settings key `cluster stop` writes
 
@@ -141,7 +125,7 @@ class AuthorityStore(
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA busy_timeout=10000")
         conn.execute("PRAGMA foreign_keys=OFF")  # on once migrated (see _migrate)
-        self.db = sqlite_utils.Database(conn)
+        self.db = Connection(conn)
         self._depth = 0
         self.queries = 0
         self.rows_read = 0

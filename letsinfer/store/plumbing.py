@@ -9,10 +9,13 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
+if TYPE_CHECKING:
+    from letsinfer.store.connection import Connection
+
 
 class Plumbing:
     if TYPE_CHECKING:
-        db: Any  # sqlite_utils.Database
+        db: Connection
 
         def transaction(self) -> AbstractContextManager[None]: ...
 
