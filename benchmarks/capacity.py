@@ -266,6 +266,7 @@ async def paced(url: str, headers: dict[str, str], models: list[str], interval: 
     """Send one request every ``interval`` seconds whatever the answers (an
     open loop); each one's latency and any failures."""
     waits: list[float] = []
+    by_model: dict[str, list[float]] = {}
     failures: list[str] = []
     async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=1000)) as c:
 
@@ -283,6 +284,7 @@ async def paced(url: str, headers: dict[str, str], models: list[str], interval: 
                 return
             if r.status_code == 200:
                 waits.append(time.perf_counter() - started)
+                by_model.setdefault(model, []).append(waits[-1])
             else:
                 failures.append(f"{model}: {r.status_code} {r.text[:200]}")
 
@@ -293,7 +295,7 @@ async def paced(url: str, headers: dict[str, str], models: list[str], interval: 
             tasks.append(asyncio.create_task(one(model)))
         await asyncio.gather(*tasks)
         took = time.perf_counter() - begun
-    return {"waits": waits, "failures": failures, "seconds": took}
+    return {"waits": waits, "by_model": by_model, "failures": failures, "seconds": took}
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -327,6 +329,11 @@ def zipf_mix(
         "p50_s": percentile(waits, 0.5),
         "p99_s": percentile(waits, 0.99),
         "max_s": max(waits, default=0.0),
+        # Where the wait falls: the popular model's requests or the rare ones'.
+        "by_model": {
+            model: {"requests": len(w), "p50_s": percentile(w, 0.5), "p99_s": percentile(w, 0.99)}
+            for model, w in sorted(ran["by_model"].items())
+        },
     }
 
 
@@ -374,6 +381,13 @@ def report_mix(plan: Plan, min_resident: str, load_s: float) -> dict[str, dict[s
             f"{name:<16} {r['requests']:>8} {r['failures']:>6} {r['loads']:>6} "
             f"{r['loads_per_min']:>9.1f} {r['p50_s']:>8.2f}s {r['p99_s']:>8.2f}s "
             f"{r['max_s']:>7.2f}s"
+        )
+        print(
+            "  per model (requests, p50, p99): "
+            + "; ".join(
+                f"{m} {w['requests']}, {w['p50_s']:.1f}s, {w['p99_s']:.1f}s"
+                for m, w in r["by_model"].items()  # type: ignore[attr-defined]
+            )
         )
     base, ours = rows["lru, every miss"], rows["letsinfer"]
     fewer = float(base["loads"]) / max(float(ours["loads"]), 1.0)  # type: ignore[arg-type]

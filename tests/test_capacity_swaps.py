@@ -49,8 +49,8 @@ def test_a_model_asked_for_less_defers_to_the_resident_one_then_takes_its_turn()
 
 
 def test_the_most_used_model_does_not_go_while_a_cheaper_group_is_only_too_young() -> None:
-    """Two GPUs: the popular model on one, a rare model loaded seconds ago on
-    the other. A third model's load waits for the rare one's residence to end
+    """Two GPUs: the popular model on one, a rare model loaded (or loading)
+    seconds ago on the other. A third model's load waits for the rare one's residence to end
     rather than evict (or drain) the popular one, as long as its requests can
     wait that long; past that, the popular one goes as before."""
     popular = resident("popular", recent_requests=40.0)  # idle this instant, used often
@@ -64,10 +64,13 @@ def test_the_most_used_model_does_not_go_while_a_cheaper_group_is_only_too_young
     hurried = Waiting("third", 1, 1.0, DEFER_S, patience_s=3.0)
     assert worth_swapping(popular, hurried, DEFER_S, [popular, just_loaded])
     assert to_drain([busy, just_loaded], hurried, DEFER_S) == busy
-    # A young group that is busy, or costlier, is no reason to wait.
+    # Still loading, with requests waiting for it: the same (it serves them, then goes).
+    loading = resident("rare", waiting=3, recent_requests=1.0, resident_s=1.0)
+    assert not worth_swapping(popular, third, DEFER_S, [popular, loading])
+    # A young group that is costlier, or pinned, is no reason to wait.
     for other in (
-        resident("rare", in_flight=1, recent_requests=1.0, resident_s=4.0),
         resident("rare", recent_requests=90.0, resident_s=4.0),
+        resident("rare", on_demand=False, recent_requests=1.0, resident_s=4.0),
     ):
         assert worth_swapping(popular, third, DEFER_S, [popular, other])
 
@@ -78,7 +81,7 @@ def test_a_busy_group_past_its_residence_is_drained_once_the_wait_is_due() -> No
     pinned one, a young one, or the loading model's own)."""
     streaming = resident("streaming", in_flight=2, recent_requests=20.0)
     heavy = resident("heavy", in_flight=1, recent_requests=90.0)
-    young = resident("young", in_flight=1, resident_s=3.0)
+    young = resident("young", in_flight=1, resident_s=3.0, recent_requests=30.0)
     pinned = resident("pinned", in_flight=1, on_demand=False)
     own = resident("other", service="rare", in_flight=1)
     everyone = [streaming, heavy, young, pinned, own]

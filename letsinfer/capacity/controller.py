@@ -257,6 +257,7 @@ class CapacityController:
         if service in self._needs_room:
             self._needs_room.remove(service)
         placement = found.placement
+        placed_at = self.clock()
         pg_id = self.placer.load(service, placement, reason)
         log.info(
             "model %s: loading on %s (%s), for %s", service, placement.node.name, pg_id, reason
@@ -278,7 +279,8 @@ class CapacityController:
             while self.clock() < deadline:
                 if any(r.pg_id == pg_id for r in self.routing.replicas(service)):
                     took = self.clock() - started
-                    model.reload_s = took
+                    # Its cost of being evicted: the load alone, not the wait for room.
+                    model.reload_s = self.clock() - placed_at
                     model.loaded_at[pg_id] = self.clock()
                     model.last_active = self.clock()
                     if self.metrics is not None:

@@ -15,12 +15,12 @@ bounded: once a waiting request has deferred ``defer_s`` the swap is made,
 and if every candidate is busy the cheapest one past its residence is
 drained (admits nothing new, finishes what it runs) and goes then.
 
-Neither is done to a group while a cheaper one, idle but still inside its
-minimum residence, will be free before the waiting request runs out of
-patience (its queue timeout): the load waits for that one. Otherwise the
-most used model, often the only group past its residence, would go each
-time a rare model's load had just taken the other GPU, and its own
-requests would wait for it to load again.
+Neither is done to a group while a cheaper one, still inside its minimum
+residence (often still loading), will be past it before the waiting request
+runs out of patience (its queue timeout): the load waits for that one.
+Otherwise the most used model, often the only group past its residence,
+would go each time a rare model's load had just taken the other GPU, and
+its own requests would wait for it to load again.
 """
 
 from __future__ import annotations
@@ -92,13 +92,12 @@ def choose(residents: list[Resident], exclude_service: str, rule: str = "cost") 
 
 
 def cheaper_soon(residents: Sequence[Resident], than: Resident, loading: Waiting) -> bool:
-    """Whether a group cheaper than ``than`` sits idle, only too young to go,
-    and will be old enough within ``loading``'s patience."""
+    """Whether a group cheaper than ``than``, only too young to go (loading,
+    or serving what waited for its load), will be past its residence within
+    ``loading``'s patience: it can go then (idle, or drained)."""
     return any(
         r.on_demand
         and not r.draining
-        and r.in_flight == 0
-        and r.waiting == 0
         and not r.past_residence
         and r.service != loading.service
         and r.cost < than.cost
