@@ -39,10 +39,21 @@ class _FirstUse:
         self._stderr = stderr
         self._made: Console | None = None
 
-    def __getattr__(self, name: str) -> Any:
+    def _console(self) -> Console:
         if self._made is None:
             self._made = _console(self._stderr)
-        return getattr(self._made, name)
+        return self._made
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._console(), name)
+
+    # rich's Live and Progress hold the console as a context manager, and a
+    # `with` looks these up on the class, never through __getattr__.
+    def __enter__(self) -> Console:
+        return self._console().__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self._console().__exit__(*exc)  # type: ignore[arg-type]
 
 
 console = cast("Console", _FirstUse(stderr=False))
