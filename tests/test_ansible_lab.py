@@ -251,18 +251,22 @@ def test_site_changes_nothing_when_a_host_fails_doctor(bare: Lab, wheels: Path) 
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
-        result = playbook(lab, wheels, "site.yml")
+        result = playbook(lab, wheels, "site.yml", "-v")  # -v: the temporary folders it made
     finally:
         holder.kill()
         holder.wait()
     out = " ".join(result.stdout.split())
+    # /tmp is the machine's own, shared by every lab host and by other modules'
+    # playbooks: the folders to look for are the ones this run named.
+    made = set(re.findall(r"(/\S+?-letsinfer-doctor)\b", result.stdout))
+    assert len(made) >= 2, result.stdout  # the hosts' and the controller's
     assert result.returncode != 0
     assert "letsinfer doctor failed on n1, so nothing was changed there" in out, out
     assert "[port 8444] agent plane port 8444 on 0.0.0.0 is taken by python" in out, out
     assert "move the agent plane to another port ([agent] api_port)" in out, out
     for host in ("main", "n1"):  # the doctor ran on the main too, then the run stopped
         left = "/opt/letsinfer /etc/letsinfer /var/lib/letsinfer/authority.db"
-        left += " /tmp/*-letsinfer-doctor"  # the doctor's own temporary folder is gone too
+        left += " " + " ".join(sorted(made))  # the doctor's own temporary folders are gone too
         assert sh(lab, host, f"for p in {left}; do test -e $p && echo $p; done; true") == ""
         assert lab.ssh(host, "getent passwd letsinfer").returncode == 2
     assert "Nodes | Install" not in result.stdout
