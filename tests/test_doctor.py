@@ -332,3 +332,46 @@ def test_a_missing_firewall_table_gets_one_verdict_and_a_fix_that_works(
     (tmp_path / "letsinfer.nft").write_text("table inet letsinfer {}\n")
     assert firewall.firewall_finding(False).fix == f"nft -f {tmp_path / 'letsinfer.nft'}"
     assert firewall.firewall_finding(True).level == "ok"
+
+
+_FORKING_NODE = """
+import os, socket, time
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+s.listen()
+print(s.getsockname()[1], flush=True)
+child = os.fork()  # holds the listening socket as a forked engine does until it execs
+if child == 0:
+    time.sleep(60)
+    os._exit(0)
+print(child, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_port_held_by_the_node_and_a_child_it_forked_is_the_node_s_own() -> None:
+    """A re-run of site.yml failed the doctor on the main ("gateway port 8000
+    is taken by python3 (pid A), python3 (pid B)"): B was a process the node
+    had just forked, not yet running its own program. A process outside the
+    node holding the port still fails the check."""
+    from letsinfer.doctor.ports import Port, check_port, listeners, owners
+
+    node = subprocess.Popen(
+        [sys.executable, "-c", _FORKING_NODE], stdout=subprocess.PIPE, text=True
+    )
+    assert node.stdout is not None
+    child = 0
+    try:
+        port = int(node.stdout.readline())
+        child = int(node.stdout.readline())
+        assert set(owners(listeners(port, "127.0.0.1"))) == {node.pid, child}
+        gateway = Port("gateway", "127.0.0.1", port, "[gateway] port")
+        assert check_port(gateway, {node.pid}).level == "ok"
+        elsewhere = check_port(gateway, {2**22 + 7})  # no such process: not the node's
+        assert elsewhere.level == "fail"
+        assert f"(pid {node.pid})" in elsewhere.message and f"(pid {child})" in elsewhere.message
+    finally:
+        if child:
+            os.kill(child, 9)
+        node.kill()
+        node.wait()

@@ -79,6 +79,23 @@ def owners(inodes: set[int], proc: Path = Path("/proc")) -> dict[int, str]:
     return found
 
 
+def descends_from(pid: int, own_pids: set[int], proc: Path = Path("/proc")) -> bool:
+    """``pid`` is one of ``own_pids`` or a process they started: a child the
+    node has forked (an engine, a command) holds its sockets until it runs
+    its own program, and is the node's all the same."""
+    for _ in range(64):  # (a bound: a parent loop cannot be, but /proc changes as it is read)
+        if pid in own_pids:
+            return True
+        if pid <= 1:
+            return False
+        try:
+            stat = (proc / str(pid) / "stat").read_text()
+        except OSError:
+            return False
+        pid = int(stat.rpartition(")")[2].split()[1])  # "pid (comm) state ppid ..."
+    return False
+
+
 def _bind_error(host: str, port: int) -> OSError | None:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
@@ -91,13 +108,14 @@ def _bind_error(host: str, port: int) -> OSError | None:
 
 
 def check_port(p: Port, own_pids: set[int]) -> Finding:
-    """Free, or listened on only by ``own_pids`` (this node's process): ok."""
+    """Free, or listened on only by ``own_pids`` (this node's process) and
+    the processes it started: ok."""
     check = f"port {p.port}"
     fix = f"stop the process holding it, or move the {p.name} to another port ({p.setting})"
     held = listeners(p.port, p.host)
     if held:
         by = owners(held)
-        if by and set(by) <= own_pids:
+        if by and all(descends_from(pid, own_pids) for pid in by):
             return ok(check, f"{p.name} port {p.port}: in use by this node (pid {min(by)})")
         who = ", ".join(f"{name} (pid {pid})" for pid, name in sorted(by.items()))
         return fail(
