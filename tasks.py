@@ -209,11 +209,12 @@ def test(c: Context, k: str = "") -> None:
     # them would compile every letsinfer module it imports (test_cli.py: 16 %
     # less CPU with the bytecode written once, here).
     c.run(f"{PY} -m compileall -q -j 0 letsinfer tests", pty=False, env=env)
-    # Most of the suite waits on servers, engines and lab hosts: two workers
-    # keep 2 cores busy (about 40% less time). A file's tests stay in one
-    # worker: its module-scoped main nodes and labs are built once. Files are
-    # handed out in collection order, the longest first (tests/conftest.py).
-    workers = min(len(os.sched_getaffinity(0)), MAX_TEST_WORKERS)
+    # Much of the suite waits on servers, engines and lab hosts: one worker per
+    # core left both cores idle about a tenth of the run, so there is one
+    # worker more (docs/testing.md). A file's tests stay in one worker: its
+    # module-scoped main nodes and labs are built once. Files are handed out
+    # in collection order, the longest first (tests/conftest.py).
+    workers = min(len(os.sched_getaffinity(0)) + 1, MAX_TEST_WORKERS)
     parallel = f" -n {workers} --dist loadfile --no-loadscope-reorder" if workers > 1 else ""
     result = c.run(f"{PY} -m pytest{parallel}{selector}", warn=True, pty=False, env=env)
     assert result is not None
