@@ -80,6 +80,11 @@ class Waiting:
     patience_s: float = math.inf
 
 
+def _cheapest(candidates: Sequence[Resident]) -> Resident:
+    """The one to go first: the lowest cost, then the longest resident."""
+    return min(candidates, key=lambda r: (r.cost, -r.resident_s, r.pg_id))
+
+
 def choose(residents: list[Resident], exclude_service: str, rule: str = "cost") -> Resident | None:
     """The cheapest evictable group not of ``exclude_service`` (the model
     loading); with ``rule`` "lru", the one whose model was used least recently."""
@@ -88,7 +93,7 @@ def choose(residents: list[Resident], exclude_service: str, rule: str = "cost") 
         return None
     if rule == "lru":
         return max(candidates, key=lambda r: (r.idle_s, r.pg_id))
-    return min(candidates, key=lambda r: (r.cost, -r.resident_s, r.pg_id))
+    return _cheapest(candidates)
 
 
 def cheaper_soon(residents: Sequence[Resident], than: Resident, loading: Waiting) -> bool:
@@ -139,7 +144,7 @@ def to_drain(residents: list[Resident], loading: Waiting, defer_s: float) -> Res
     ]
     if not candidates:
         return None
-    cheapest = min(candidates, key=lambda r: (r.cost, -r.resident_s, r.pg_id))
+    cheapest = _cheapest(candidates)
     return None if cheaper_soon(residents, cheapest, loading) else cheapest
 
 
