@@ -41,15 +41,16 @@ def run_benchmark(
     return run, strict_json(out.read_text())
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(600)
 def test_the_short_gateway_benchmark_runs_end_to_end(tmp_path: Path) -> None:
-    # (the first run installs the LiteLLM proxy into its own venv)
+    # Without LiteLLM: its proxy is pip-installed from the index on first use (a
+    # minute of CI, and a venv left in root's ~/.cache); nothing here checks it.
     run, figures = run_benchmark(
-        "benchmarks.gateway", tmp_path / "bench.json", "--short", timeout=900
+        "benchmarks.gateway", tmp_path / "bench.json", "--short", "--no-litellm", timeout=600
     )
-    # A baseline may only be missing when it could not be installed, and then loudly.
-    for name, why in figures["skipped"].items():
-        assert f"{name} SKIPPED: {why}" in run.stdout
+    # A skipped baseline says so, and why.
+    assert figures["skipped"] == {"litellm": "--no-litellm given"}
+    assert "litellm SKIPPED: --no-litellm given" in run.stdout
     assert "nginx" not in figures["skipped"], "nginx is a test system package (tasks.py)"
     for cell, rows in figures["results"].items():
         ours = rows["letsinfer"]
