@@ -23,7 +23,7 @@ from letsinfer.cli.scope import load_context
 # the two together), shown by `letsinfer --help` without importing the module.
 COMMANDS: dict[str, tuple[tuple[str, ...], str]] = {
     "audit": (("audit",), "The audit chain of every mutation and denial."),
-    "auth": (("auth", "controller"), "API keys and controllers."),
+    "auth": (("auth",), "API keys and controllers."),  # `auth controller`: cli/auth.py
     "bundle": (
         ("bundle",),
         "Offline bundles: create on a connected machine, import on an air-gapped one.",

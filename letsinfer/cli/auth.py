@@ -21,14 +21,16 @@ from letsinfer.authority.apikeys import (
     revoke_key,
     set_policy,
 )
-from letsinfer.cli import cli
+from letsinfer.cli import LazyGroup, cli
 from letsinfer.cli.local import segment
 from letsinfer.cli.output import console, emit
 from letsinfer.cli.remote import ask_main
 from letsinfer.cli.scope import CliContext, scoped
 
 
-@cli.group()
+# `auth controller` lives in cli/controller.py: an `auth key` call does not
+# import its HTTP client and TLS peer code.
+@cli.group(cls=LazyGroup, modules={"controller": "controller"})
 def auth() -> None:
     """API keys and controllers.
 
