@@ -9,7 +9,8 @@ import signal
 import socket
 import stat
 import sys
-from typing import IO
+from types import FrameType
+from typing import IO, TYPE_CHECKING
 
 import click
 
@@ -20,6 +21,9 @@ from letsinfer.authority.bootstrap import init_main
 from letsinfer.cli import cli
 from letsinfer.cli.scope import CliContext, scoped
 from letsinfer.identity import load_identity
+
+if TYPE_CHECKING:
+    import uvicorn
 
 
 def _lock_pid_file(ctx: CliContext) -> IO[str]:
@@ -159,7 +163,7 @@ def up(
     # Ctrl-C stops the node from its first line on: a shell script's
     # background job inherits SIGINT ignored, and the server takes the signal
     # only once it serves, so one sent while it starts would be lost.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGINT, _ctrl_c)
     lock = _lock_pid_file(ctx)
     try:
         _run(ctx, settings, name)
@@ -167,6 +171,46 @@ def up(
         click.echo("letsinfer: stopped (Ctrl-C)")
     finally:
         _release_pid_file(ctx, lock)
+
+
+class _CtrlC:
+    """SIGINT for `up`: the first Ctrl-C stops the node, later ones are ignored.
+
+    Not Python's default_int_handler: under uvicorn's server.run, asyncio.Runner
+    swaps that one for its own handler, which cancels the server's task, so a
+    Ctrl-C in the instant before uvicorn takes the signal cancelled the node
+    half-way through its start (a traceback, the lifespan torn down by the
+    interpreter's exit); and a KeyboardInterrupt raised inside the event loop's
+    own start-up code breaks the loop. So: before the server runs, a Ctrl-C
+    raises KeyboardInterrupt where the node is; once it runs, it only asks the
+    server to stop (uvicorn then finishes starting, stops cleanly and returns),
+    and _serve turns that into the KeyboardInterrupt that `up` reports."""
+
+    def __init__(self) -> None:
+        self.asked = False
+        self.server: uvicorn.Server | None = None
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if self.asked:
+            return  # already stopping
+        self.asked = True
+        if self.server is None:
+            raise KeyboardInterrupt
+        self.server.should_exit = True
+
+
+_ctrl_c = _CtrlC()
+
+
+def _serve(server: uvicorn.Server) -> None:
+    """server.run(), a Ctrl-C at any moment of it being a stop (KeyboardInterrupt)."""
+    _ctrl_c.server = server
+    try:
+        server.run()
+    finally:
+        _ctrl_c.server = None
+    if _ctrl_c.asked:
+        raise KeyboardInterrupt
 
 
 def _run(ctx: CliContext, settings: config.Settings, name: str | None) -> None:
@@ -260,7 +304,7 @@ def _run(ctx: CliContext, settings: config.Settings, name: str | None) -> None:
         keep_listener=lambda sock: handover.asked(ctx.home) and listener.hand_over(ctx.home, sock),
     )
     node.server = server
-    server.run()
+    _serve(server)
     if node.moved:  # `node accept` made this main a child of another cluster
         retirement.complete(ctx.home)
         click.echo("the former authority is retired; starting as a child")
@@ -298,6 +342,6 @@ def _run_agent(ctx: CliContext, settings: config.Settings) -> None:
             name="agent plane",
         )
         node.server = server
-        server.run()
+        _serve(server)
         if not node.reload_requested:
             return
