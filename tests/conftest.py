@@ -51,8 +51,9 @@ LONGEST_FILES = (
     "tests/test_cluster_serving.py",
     "tests/test_ansible_onboarding.py",
     "tests/test_ansible_lab.py",
-    "tests/test_ansible_molecule.py",
     "tests/test_trust.py",
+    "tests/test_ansible_molecule.py",
+    "tests/test_node_add_ssh.py",
     "tests/test_bundles.py",
 )
 TIMES = Path(__file__).resolve().parent.parent / "build" / "test-times.tsv"
