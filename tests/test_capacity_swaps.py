@@ -75,6 +75,34 @@ def test_the_most_used_model_does_not_go_while_a_cheaper_group_is_only_too_young
         assert worth_swapping(popular, third, DEFER_S, [popular, other])
 
 
+def test_the_most_used_model_does_not_go_while_a_cheaper_group_is_only_busy() -> None:
+    """Requests that take GPU time: the popular model idle this instant, a rare
+    one past its residence answering a request. The rare one is drained once the
+    wait is due (it goes when its request finishes), not the popular one evicted.
+    One with requests queued for it is waited for, not drained (they would need
+    a load of their own), while the waiting requests have time; a costlier busy
+    group is no reason to spare the idle one."""
+    popular = resident("popular", recent_requests=40.0)
+    answering = resident("rare", in_flight=1, recent_requests=1.0)
+    third = Waiting("third", 1, 1.0, DEFER_S)
+    assert choose([popular, answering], "third") == popular  # the only idle one...
+    assert not worth_swapping(popular, third, DEFER_S, [popular, answering])  # ... stays
+    early = Waiting("third", 1, 1.0, 1.0)
+    assert to_drain([popular, answering], early, DEFER_S, idle=popular) is None  # not yet
+    assert to_drain([popular, answering], third, DEFER_S, idle=popular) == answering
+    # Drained and done, it is the one that goes.
+    done = resident("rare", recent_requests=1.0, draining=True)
+    assert choose([popular, done], "third") == done
+    queued = resident("rare", in_flight=1, waiting=2, recent_requests=1.0)
+    assert not worth_swapping(popular, third, DEFER_S, [popular, queued])
+    assert to_drain([popular, queued], third, DEFER_S, idle=popular) is None
+    out_of_time = Waiting("third", 1, 1.0, DEFER_S, patience_s=0.0)
+    assert worth_swapping(popular, out_of_time, DEFER_S, [popular, queued])
+    costlier = resident("rare", in_flight=1, recent_requests=90.0)
+    assert worth_swapping(popular, third, DEFER_S, [popular, costlier])
+    assert to_drain([popular, costlier], third, DEFER_S, idle=popular) is None
+
+
 def test_a_busy_group_past_its_residence_is_drained_once_the_wait_is_due() -> None:
     """Steady requests for the resident model never leave it idle: after the
     bound the cheapest busy group past its residence is drained (never a

@@ -239,8 +239,8 @@ class CapacityController:
                     if self._evict(victim, service):
                         evicted_at = self.clock()
                         continue
-                elif victim is None and rule != "lru":
-                    busy = eviction.to_drain(residents, asking, defer_s)
+                elif rule != "lru":  # no group may go now, or a cheaper busy one should
+                    busy = eviction.to_drain(residents, asking, defer_s, idle=victim)
                     if busy is not None:
                         self._drain_for_room(busy, service)
                 if victim is None and not eviction.may_free_later(residents, service):

@@ -21,6 +21,13 @@ runs out of patience (its queue timeout): the load waits for that one.
 Otherwise the most used model, often the only group past its residence,
 would go each time a rare model's load had just taken the other GPU, and
 its own requests would wait for it to load again.
+
+Nor is an idle group evicted while a cheaper one past its residence is only
+busy this instant, as long as the waiting requests have time: the cheaper
+one goes once idle, or, with nothing queued for its model, is drained once
+the wait is due and goes when its requests finish. Otherwise requests that
+take GPU time (seconds each) left the most used model the only idle group
+as often as not, and it went for a rare one.
 """
 
 from __future__ import annotations
@@ -111,28 +118,45 @@ def cheaper_soon(residents: Sequence[Resident], than: Resident, loading: Waiting
     )
 
 
+def cheaper_busy(residents: Sequence[Resident], than: Resident, loading: Waiting) -> bool:
+    """Whether a group cheaper than ``than``, past its residence, is only busy
+    this instant (requests in flight or queued for its model) while
+    ``loading``'s requests can still wait: it goes once idle, or drained."""
+    return loading.patience_s > 0 and any(
+        r.past_residence
+        and not r.draining
+        and not r.evictable
+        and r.service != loading.service
+        and r.cost < than.cost
+        for r in residents
+    )
+
+
 def worth_swapping(
     victim: Resident, loading: Waiting, defer_s: float, residents: Sequence[Resident] = ()
 ) -> bool:
     """Whether ``victim`` should go for ``loading`` now: no cheaper group is
-    about to be free (``residents``), and the waiting model is asked for at
-    least as much as the victim's (its queued requests and its recent ones
-    against the victim's recent ones), or its oldest request has deferred
-    ``defer_s`` already."""
+    about to be free or only busy (``residents``; to_drain takes that one),
+    and the waiting model is asked for at least as much as the victim's (its
+    queued requests and its recent ones against the victim's recent ones), or
+    its oldest request has deferred ``defer_s`` already."""
     if victim.draining:
         return True
-    if cheaper_soon(residents, victim, loading):
+    if cheaper_soon(residents, victim, loading) or cheaper_busy(residents, victim, loading):
         return False
     if loading.waited_s >= defer_s:
         return True
     return loading.waiting + loading.recent_requests >= victim.recent_requests
 
 
-def to_drain(residents: list[Resident], loading: Waiting, defer_s: float) -> Resident | None:
-    """A busy group to drain for ``loading`` once its wait reached ``defer_s``
-    and no group is idle: the cheapest past its residence (never pinned, never
-    the loading model's, never one drained already) unless a cheaper one is
-    about to be free; None otherwise."""
+def to_drain(
+    residents: list[Resident], loading: Waiting, defer_s: float, idle: Resident | None = None
+) -> Resident | None:
+    """A busy group to drain for ``loading`` once its wait reached ``defer_s``:
+    the cheapest past its residence (never pinned, never the loading model's,
+    never one drained already) unless a cheaper one is about to be free; None
+    otherwise. With ``idle`` (the group that could go now), only one cheaper
+    than it with nothing queued for its model."""
     if loading.waited_s < defer_s:
         return None
     if any(r.draining and r.service != loading.service for r in residents):
@@ -140,7 +164,10 @@ def to_drain(residents: list[Resident], loading: Waiting, defer_s: float) -> Res
     candidates = [
         r
         for r in residents
-        if r.past_residence and not r.evictable and r.service != loading.service
+        if r.past_residence
+        and not r.evictable
+        and r.service != loading.service
+        and (idle is None or (r.cost < idle.cost and r.in_flight > 0 and r.waiting == 0))
     ]
     if not candidates:
         return None
