@@ -304,13 +304,16 @@ def percentile(samples: list[float], q: float) -> float:
 
 
 def zipf_mix(
-    plan: Plan, policy: list[str], env: dict[str, str], load_s: float
+    plan: Plan, policy: list[str], env: dict[str, str], load_s: float, request_s: float
 ) -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix="letsinfer-capacity-") as tmp:
         work = Path(tmp)
         # The stand-in loads in about half a second; a real model takes seconds
         # (a GPU's share of a 7-8B model from the page cache) to minutes.
         slow = {"LLAMA_SHIM_SLOW_START": f"{load_s:g}"} if load_s else {}
+        # A GPU's answer takes time (decode); the stand-in's takes milliseconds.
+        if request_s:
+            slow["LLAMA_SHIM_REQUEST_S"] = f"{request_s:g}"
         with running_main(work, {**fake_gpus(work), **env, **slow}) as main:
             for i in range(1, MODELS + 1):
                 gguf = write_tiny_model(work / f"m{i}.gguf", name=f"tiny-m{i}")
@@ -353,23 +356,31 @@ def report_cold(plan: Plan) -> dict[str, object]:
     return cold
 
 
-def report_mix(plan: Plan, min_resident: str, load_s: float) -> dict[str, dict[str, object]]:
+def report_mix(
+    plan: Plan, min_resident: str, load_s: float, request_s: float
+) -> dict[str, dict[str, object]]:
     loads = f"loads {load_s:g}s longer than the stand-in's" if load_s else "the stand-in's loads"
+    answers = f"each answer holds a slot {request_s:g}s" if request_s else "answers at once"
     print(
         f"\nZipf mix: {MODELS} on-demand models, {GPUS} GPUs, a request every "
         f"{plan.interval_s:g}s for {plan.mix_seconds:g}s (Zipf s={plan.zipf_s:g}, seed {SEED}); "
-        f"{loads}",
+        f"{loads}; {answers}",
         flush=True,
     )
     rows = {
         "lru, every miss": zipf_mix(
-            plan, ["--min-resident", "0s"], {"LETSINFER_CAPACITY__EVICTION": "lru"}, load_s
+            plan,
+            ["--min-resident", "0s"],
+            {"LETSINFER_CAPACITY__EVICTION": "lru"},
+            load_s,
+            request_s,
         ),
         "letsinfer": zipf_mix(
             plan,
             ["--min-resident", min_resident],
             {"LETSINFER_CAPACITY__EVICTION": "cost"},
             load_s,
+            request_s,
         ),
     }
     print(
@@ -415,6 +426,13 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="seconds each load of the mix takes on top of the stand-in's own (0)",
     )
+    parser.add_argument(
+        "--request-s",
+        type=float,
+        default=0.0,
+        help="seconds each answer of the mix holds one of its engine's slots, as decode on a GPU "
+        "does (0: the stand-in's own milliseconds)",
+    )
     args = parser.parse_args(argv)
     plan = SHORT if args.short else FULL
     print(f"capacity benchmark on {os.cpu_count()} cores; {plan}", flush=True)
@@ -423,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
         figures["cold"] = report_cold(plan)
     failed = False
     if args.only != "cold":
-        figures["mix"] = rows = report_mix(plan, args.min_resident, args.load_s)
+        figures["mix"] = rows = report_mix(plan, args.min_resident, args.load_s, args.request_s)
         failed = any(r["failures"] for r in rows.values())
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))
