@@ -90,6 +90,9 @@ def test_the_most_used_model_does_not_go_while_a_cheaper_group_is_only_busy() ->
     early = Waiting("third", 1, 1.0, 1.0)
     assert to_drain([popular, answering], early, DEFER_S, idle=popular) is None  # not yet
     assert to_drain([popular, answering], third, DEFER_S, idle=popular) == answering
+    # Being drained, it still spares the idle one: both would go otherwise.
+    draining = resident("rare", in_flight=1, recent_requests=1.0, draining=True)
+    assert not worth_swapping(popular, third, DEFER_S, [popular, draining])
     # Drained and done, it is the one that goes.
     done = resident("rare", recent_requests=1.0, draining=True)
     assert choose([popular, done], "third") == done

@@ -122,12 +122,10 @@ def cheaper_busy(residents: Sequence[Resident], than: Resident, loading: Waiting
     """Whether a group cheaper than ``than``, past its residence, is only busy
     this instant (requests in flight or queued for its model) while
     ``loading``'s requests can still wait: it goes once idle, or drained."""
+    # (one drained already for this load counts until it goes: otherwise the
+    # idle group went too, the instant after the drain began)
     return loading.patience_s > 0 and any(
-        r.past_residence
-        and not r.draining
-        and not r.evictable
-        and r.service != loading.service
-        and r.cost < than.cost
+        r.past_residence and not r.evictable and r.service != loading.service and r.cost < than.cost
         for r in residents
     )
 
