@@ -118,15 +118,23 @@ def cheaper_soon(residents: Sequence[Resident], than: Resident, loading: Waiting
     )
 
 
+def _busy_past_residence(residents: Sequence[Resident], loading: Waiting) -> list[Resident]:
+    """Groups (not ``loading``'s) past their residence that could go but for
+    their requests: in flight or queued, or still draining."""
+    return [
+        r
+        for r in residents
+        if r.past_residence and not r.evictable and r.service != loading.service
+    ]
+
+
 def cheaper_busy(residents: Sequence[Resident], than: Resident, loading: Waiting) -> bool:
     """Whether a group cheaper than ``than``, past its residence, is only busy
-    this instant (requests in flight or queued for its model) while
-    ``loading``'s requests can still wait: it goes once idle, or drained."""
-    # (one drained already for this load counts until it goes: otherwise the
-    # idle group went too, the instant after the drain began)
+    this instant while ``loading``'s requests can still wait: it goes once
+    idle, or drained. (One drained already for this load counts until it goes:
+    otherwise the idle group went too, the instant after the drain began.)"""
     return loading.patience_s > 0 and any(
-        r.past_residence and not r.evictable and r.service != loading.service and r.cost < than.cost
-        for r in residents
+        r.cost < than.cost for r in _busy_past_residence(residents, loading)
     )
 
 
@@ -161,11 +169,8 @@ def to_drain(
         return None  # one makes room already
     candidates = [
         r
-        for r in residents
-        if r.past_residence
-        and not r.evictable
-        and r.service != loading.service
-        and (idle is None or (r.cost < idle.cost and r.in_flight > 0 and r.waiting == 0))
+        for r in _busy_past_residence(residents, loading)
+        if idle is None or (r.cost < idle.cost and r.waiting == 0)
     ]
     if not candidates:
         return None
