@@ -303,18 +303,10 @@ def percentile(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else 0.0
 
 
-def zipf_mix(
-    plan: Plan, policy: list[str], env: dict[str, str], load_s: float, request_s: float
-) -> dict[str, object]:
+def zipf_mix(plan: Plan, policy: list[str], env: dict[str, str]) -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix="letsinfer-capacity-") as tmp:
         work = Path(tmp)
-        # The stand-in loads in about half a second; a real model takes seconds
-        # (a GPU's share of a 7-8B model from the page cache) to minutes.
-        slow = {"LLAMA_SHIM_SLOW_START": f"{load_s:g}"} if load_s else {}
-        # A GPU's answer takes time (decode); the stand-in's takes milliseconds.
-        if request_s:
-            slow["LLAMA_SHIM_REQUEST_S"] = f"{request_s:g}"
-        with running_main(work, {**fake_gpus(work), **env, **slow}) as main:
+        with running_main(work, {**fake_gpus(work), **env}) as main:
             for i in range(1, MODELS + 1):
                 gguf = write_tiny_model(work / f"m{i}.gguf", name=f"tiny-m{i}")
                 main.add_on_demand(f"m{i}", gguf, "--idle", "1h", *policy)
@@ -367,20 +359,22 @@ def report_mix(
         f"{loads}; {answers}",
         flush=True,
     )
+    # The stand-in loads in about half a second (a real model takes seconds, a
+    # GPU's share of a 7-8B model from the page cache, to minutes) and answers
+    # in milliseconds (a GPU's decode takes seconds): the same for both rows.
+    stand_in: dict[str, str] = {}
+    if load_s:
+        stand_in["LLAMA_SHIM_SLOW_START"] = f"{load_s:g}"
+    if request_s:
+        stand_in["LLAMA_SHIM_REQUEST_S"] = f"{request_s:g}"
     rows = {
         "lru, every miss": zipf_mix(
-            plan,
-            ["--min-resident", "0s"],
-            {"LETSINFER_CAPACITY__EVICTION": "lru"},
-            load_s,
-            request_s,
+            plan, ["--min-resident", "0s"], {**stand_in, "LETSINFER_CAPACITY__EVICTION": "lru"}
         ),
         "letsinfer": zipf_mix(
             plan,
             ["--min-resident", min_resident],
-            {"LETSINFER_CAPACITY__EVICTION": "cost"},
-            load_s,
-            request_s,
+            {**stand_in, "LETSINFER_CAPACITY__EVICTION": "cost"},
         ),
     }
     print(
