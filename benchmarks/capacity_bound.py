@@ -143,6 +143,8 @@ def fewest_loads(
     if status == highspy.HighsModelStatus.kInfeasible:
         return Bound(at_least=0, found=None, optimal=False, feasible=False)
     info = h.getInfo()
+    if status not in (highspy.HighsModelStatus.kOptimal, highspy.HighsModelStatus.kTimeLimit):
+        raise RuntimeError(f"HiGHS stopped without a bound: {h.modelStatusToString(status)}")
     # Loads are whole: a dual bound of 33.2 proves 34.
     at_least = max(0, math.ceil(info.mip_dual_bound - 1e-6))
     found = None
