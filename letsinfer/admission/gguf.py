@@ -117,6 +117,7 @@ def admit_gguf(
                     threads=settings.engine.threads,
                     ready_timeout_s=settings.engine.ready_timeout_s,
                     ports=(settings.engine.port_first, settings.engine.port_last),
+                    scratch=home.run,
                 ),
             ),
             fallback=fallback,

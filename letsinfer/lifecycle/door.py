@@ -49,6 +49,10 @@ class Door:
     # connection could be taken before the trial engine binds it, and a good
     # file would be refused for "address already in use".
     ports: tuple[int, int] | None = None
+    # Where the trial engine's files go (the system's temp otherwise): the
+    # node's own run directory, so a prover killed mid-trial leaves its
+    # folder with the node's files, not in /tmp.
+    scratch: Path | None = None
 
 
 def _child_setup() -> None:  # between fork and exec: dies with the prover
@@ -62,7 +66,9 @@ def prove_model_file(release: Release, model: Path, kind: str, door: Door) -> No
         check_binary(release)
     except Exception as exc:
         raise DoorRefused(str(exc)) from exc
-    with tempfile.TemporaryDirectory(prefix="letsinfer-door-") as tmp:
+    if door.scratch is not None:
+        door.scratch.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="letsinfer-door-", dir=door.scratch) as tmp:
         run_dir = Path(tmp)
         task = EngineTask(
             pg_id="door",
