@@ -28,9 +28,13 @@ pytestmark = [
 ]
 
 
-def test_molecule_s_lab_scenario_converges_idempotently_and_verifies(wheels: Path) -> None:
+def test_molecule_s_lab_scenario_converges_idempotently_and_verifies(
+    wheels: Path, tmp_path: Path
+) -> None:
     env = {
         **os.environ,
+        # its state and inventory in the test's folder, not ~/.ansible/tmp
+        "MOLECULE_EPHEMERAL_DIRECTORY": str(tmp_path / "molecule"),
         "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",  # molecule calls ansible-config
         "LETSINFER_LAB_PREFIX": new_prefix(),
         "LETSINFER_LAB_WHEELHOUSE": str(wheels),

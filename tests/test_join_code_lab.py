@@ -19,7 +19,7 @@ from tests.netlab import NetLab, can_make_namespaces
 pytestmark = pytest.mark.skipif(not can_make_namespaces(), reason="needs root (namespaces)")
 
 FAKE_MAIN = """
-import http.server, json, pathlib, ssl, sys, tempfile
+import http.server, json, pathlib, ssl, sys
 from letsinfer.trust import pki
 
 host, port, log_path, shown_ca = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
@@ -27,7 +27,8 @@ ca_key, ca = pki.create_ca("m-fake")
 key = pki.new_key()
 cert = pki.issue(ca_key, ca, key.public_key(), kind="node", subject_id="m-fake", role="main",
                  days=1)
-d = pathlib.Path(tempfile.mkdtemp())
+d = pathlib.Path(log_path).parent / f"fake-main-{port}"  # the test's own folder
+d.mkdir()
 pki.write_pem(d / "c.pem", pki.cert_pem(cert))
 pki.write_private_key(d / "k.pem", key)
 # its own CA, or (as an attacker could) a copy of the real main's, which is public
@@ -75,9 +76,10 @@ from letsinfer.trust.join_code import JoinCode
 
 address, text = sys.argv[1], sys.argv[2]
 known = JoinCode.parse(text)  # the id and the CA are no secret: the guess is the secret
+homes = tempfile.TemporaryDirectory(prefix="letsinfer-guesses-")
 for i in range(20):
     guess = replace(known, secret=os.urandom(len(known.secret)))
-    home = Home.under(Path(tempfile.mkdtemp()))
+    home = Home.under(Path(homes.name) / f"guess{i}")
     ident = init_candidate(home, name=f"guess{i}")
     checked = join.check_main(address, guess)
     try:

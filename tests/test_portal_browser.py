@@ -8,6 +8,7 @@ links the main ones)."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,14 +42,25 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningNode]:
 
 
 @pytest.fixture
-def browser(monkeypatch: pytest.MonkeyPatch) -> Iterator[WebDriver]:
+def browser(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[WebDriver]:
     monkeypatch.setenv("SE_OFFLINE", "true")  # Selenium Manager: never to the network
+    # Chromium keeps its crash reports' settings and GLib its dconf cache under
+    # the user's home: the test's own folder stands in for it.
+    own = {name: str(tmp_path / name) for name in ("home", "config", "cache")}
+    env = {
+        **os.environ,
+        "HOME": own["home"],
+        "XDG_CONFIG_HOME": own["config"],
+        "XDG_CACHE_HOME": own["cache"],
+    }
     options = Options()
     options.binary_location = CHROMIUM
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
         options.add_argument(arg)
     options.add_argument("--window-size=1100,900")
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    driver = webdriver.Chrome(
+        service=Service(executable_path=CHROMEDRIVER, env=env), options=options
+    )
     try:
         yield driver
     finally:
