@@ -32,13 +32,19 @@ def test_the_trial_engine_s_files_go_to_the_scratch_folder_and_are_removed(
     binary = tmp_path / "llama-server"
     binary.write_text(f'#!/bin/sh\necho "$@" > {said}\nexit 3\n')
     binary.chmod(0o755)
-    scratch = tmp_path / "run"
+    scratch = tmp_path / "store"  # as the model store's folder, which staging made
+    scratch.mkdir()
     temp_before = set(Path(tempfile.gettempdir()).glob("letsinfer-door-*"))
     with pytest.raises(DoorRefused, match="exited with code 3"):
         prove_model_file(
-            release_of(binary), tmp_path / "m.gguf", "completion", Door(scratch=scratch)
+            release_of(binary),
+            tmp_path / "m.gguf",
+            "completion",
+            Door(scratch=scratch, scratch_prefix=".import-1-door-"),
         )
     key_file = Path(said.read_text().split("--api-key-file ")[1].split()[0])
-    assert key_file.parent.parent == scratch and key_file.parent.name.startswith("letsinfer-door-")
+    trial = key_file.parent
+    assert trial.parent == scratch and trial.name.startswith(".import-1-door-")
+    assert trial.name.endswith(".part")  # named as the store's partial imports
     assert list(scratch.iterdir()) == []  # the trial's folder is gone
     assert set(Path(tempfile.gettempdir()).glob("letsinfer-door-*")) == temp_before

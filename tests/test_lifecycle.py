@@ -9,6 +9,7 @@ import json
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -114,9 +115,12 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     key = init.stdout.split("API key (shown once): ")[1].split()[0]
 
     # A `model add` killed while its trial engine loads the file: the partial
-    # copy stays in the store until the node starts; the trial engine dies with it.
+    # copy and the trial's folder beside it stay in the store until the node
+    # starts; the trial engine dies with it.
     source = write_tiny_model(root / "killed.gguf", name="killed")
     cli = [sys.executable, "-m", "letsinfer", "--home", str(home)]
+    temp = Path(tempfile.gettempdir())
+    temp_before = set(temp.iterdir())
     adding = subprocess.Popen(
         [*cli, "model", "add", "killed", "--gguf", str(source)],
         stdout=subprocess.DEVNULL,
@@ -124,12 +128,16 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     )
     store = home / "var/models/sha256"
     deadline = time.monotonic() + 60
-    while not (partials := list(store.glob(".import-*.part"))) or not processes_using(partials[0]):
+    while not (copies := [p for p in store.glob(".import-*.part") if p.is_file()]) or not (
+        processes_using(copies[0])
+    ):
         assert adding.poll() is None and time.monotonic() < deadline, "no trial engine seen"
         time.sleep(0.05)
     adding.send_signal(signal.SIGKILL)
     adding.wait()
-    assert partials[0].exists()
+    partials = list(store.glob(".import-*"))
+    assert copies[0] in partials and any(p.is_dir() for p in partials), partials
+    assert not [p for p in set(temp.iterdir()) - temp_before if "door" in p.name]
 
     node = start_node(home, env={**env, "LETSINFER_GATEWAY__METRICS_PORT": str(metrics)})
     node.key = key
@@ -148,6 +156,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
 
 def test_a_model_add_killed_midway_leaves_nothing_once_the_node_starts(lab: Lab) -> None:
     assert lab.killed_partials and not any(p.exists() for p in lab.killed_partials)
+    assert not list((lab.node.home / "var/models/sha256").glob(".import-*"))
     assert "a model import killed midway left it" in lab.node.log()
     assert processes_using(lab.killed_partials[0]) == [], "the trial engine died with its CLI"
     models = {m["name"] for m in json.loads(lab.node.cli("model", "list", "--json").stdout)}

@@ -512,8 +512,15 @@ def test_only_partial_imports_of_dead_processes_are_cleaned(tmp_path: Path) -> N
     model = store / f"{'a' * 64}.gguf"
     for path in (dead, alive, model):
         path.write_bytes(b"GGUF")
-    assert clean_partials(tmp_path) == [dead]
-    assert not dead.exists() and alive.exists() and model.exists()
+    # the trial engine's folders beside them (`model add`'s proof at the door)
+    dead_trial = store / ".import-999999999-door-x1.part"
+    alive_trial = store / f".import-{os.getpid()}-door-x2.part"
+    for folder in (dead_trial, alive_trial):
+        folder.mkdir()
+        (folder / "door.key").write_text("k")
+    assert sorted(clean_partials(tmp_path)) == sorted([dead, dead_trial])
+    assert not dead.exists() and not dead_trial.exists()
+    assert alive.exists() and alive_trial.exists() and model.exists()
 
 
 def test_an_engine_whose_adapters_changed_while_its_node_was_away_starts_afresh(

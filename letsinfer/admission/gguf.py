@@ -13,6 +13,7 @@ from letsinfer.admission.said import Say
 from letsinfer.audit.anchor import open_authority
 from letsinfer.authority import install as install_mod
 from letsinfer.authority.models import FirstGroup, add_gguf_model
+from letsinfer.authority.modelstore import partial_prefix, partials_dir
 from letsinfer.engines import releases
 from letsinfer.engines.binary import BinaryError
 from letsinfer.fit.estimate import size_text
@@ -117,7 +118,8 @@ def admit_gguf(
                     threads=settings.engine.threads,
                     ready_timeout_s=settings.engine.ready_timeout_s,
                     ports=(settings.engine.port_first, settings.engine.port_last),
-                    scratch=home.run,
+                    scratch=partials_dir(home.model_store),
+                    scratch_prefix=partial_prefix() + "door-",
                 ),
             ),
             fallback=fallback,

@@ -2,8 +2,10 @@
 
 A file is checked (GGUF magic and a full header/tensor parse), hashed while it
 is copied under a temporary name (``.import-<pid>-<name>.part``), and only then
-renamed into place, so a bad file leaves nothing. Temporary files of a process
-that was killed midway are removed at the next node start (:func:`clean_partials`).
+renamed into place, so a bad file leaves nothing. The trial engine that proves
+the copy keeps its own files in a folder named the same way (see
+:func:`partial_prefix`). Temporary files and folders of a process that was
+killed midway are removed at the next node start (:func:`clean_partials`).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,6 +58,17 @@ def check_gguf(path: Path) -> str:
 _PARTIAL = re.compile(r"^\.import-(\d+)-.*\.part$")
 
 
+def partials_dir(store_dir: Path) -> Path:
+    """Where imports stage their temporary files: beside the files they become."""
+    return store_dir / "sha256"
+
+
+def partial_prefix() -> str:
+    """How this process's temporary names in the store begin (they end in
+    ``.part``): the pid tells :func:`clean_partials` whether they are still in use."""
+    return f".import-{os.getpid()}-"
+
+
 @dataclass
 class StagedFile:
     """A checked, hashed copy under a temporary name in the store: commit it
@@ -85,9 +99,9 @@ class StagedFile:
 def stage_gguf(store_dir: Path, source: Path) -> StagedFile:
     """Check ``source`` and copy it into the store under a temporary name."""
     kind = check_gguf(source)
-    target_dir = store_dir / "sha256"
+    target_dir = partials_dir(store_dir)
     target_dir.mkdir(parents=True, exist_ok=True)
-    tmp = target_dir / f".import-{os.getpid()}-{source.name}.part"
+    tmp = target_dir / f"{partial_prefix()}{source.name}.part"
     h = hashlib.sha256()
     size = 0
     try:
@@ -103,14 +117,17 @@ def stage_gguf(store_dir: Path, source: Path) -> StagedFile:
 
 
 def clean_partials(store_dir: Path) -> list[Path]:
-    """Remove temporary import files whose process is gone (killed midway);
-    returns what was removed. Files of a live process (an import under way)
-    stay."""
+    """Remove temporary import files and folders whose process is gone (killed
+    midway); returns what was removed. Those of a live process (an import under
+    way) stay."""
     removed = []
-    for path in (store_dir / "sha256").glob(".import-*.part"):
+    for path in partials_dir(store_dir).glob(".import-*.part"):
         found = _PARTIAL.match(path.name)
         if found is None or Path(f"/proc/{found.group(1)}").exists():
             continue
-        path.unlink(missing_ok=True)
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
         removed.append(path)
     return removed

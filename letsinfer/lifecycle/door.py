@@ -49,10 +49,12 @@ class Door:
     # connection could be taken before the trial engine binds it, and a good
     # file would be refused for "address already in use".
     ports: tuple[int, int] | None = None
-    # Where the trial engine's files go (the system's temp otherwise): the
-    # node's own run directory, so a prover killed mid-trial leaves its
-    # folder with the node's files, not in /tmp.
+    # Where the trial engine's files go (the system's temp otherwise), in a
+    # folder named ``scratch_prefix...part``: `model add` puts it beside the
+    # file it proves, named as that file is, so the next node start removes
+    # the folder of a prover killed mid-trial as it removes the partial file.
     scratch: Path | None = None
+    scratch_prefix: str = "letsinfer-door-"
 
 
 def _child_setup() -> None:  # between fork and exec: dies with the prover
@@ -66,9 +68,9 @@ def prove_model_file(release: Release, model: Path, kind: str, door: Door) -> No
         check_binary(release)
     except Exception as exc:
         raise DoorRefused(str(exc)) from exc
-    if door.scratch is not None:
-        door.scratch.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="letsinfer-door-", dir=door.scratch) as tmp:
+    with tempfile.TemporaryDirectory(
+        prefix=door.scratch_prefix, suffix=".part", dir=door.scratch
+    ) as tmp:
         run_dir = Path(tmp)
         task = EngineTask(
             pg_id="door",
