@@ -51,8 +51,11 @@ import numpy as np
 class Bound:
     at_least: int  # no policy makes fewer loads (proven)
     found: int | None  # the fewest the solver found a schedule for (None: none)
-    optimal: bool  # at_least == found, proven
     feasible: bool = True  # False: no schedule serves that many in time
+
+    @property
+    def optimal(self) -> bool:
+        return self.found is not None and self.found == self.at_least
 
     def describe(self) -> str:
         if not self.feasible:
@@ -77,7 +80,7 @@ def fewest_loads(
     index) each, every model unloaded at step 0) have their model ready at
     most ``within_steps`` after they arrive."""
     if enough > len(requests):
-        return Bound(at_least=0, found=None, optimal=False, feasible=False)
+        return Bound(at_least=0, found=None, feasible=False)
     steps = max((t for t, _ in requests), default=0) + within_steps + 1
     n_ready = models * steps
 
@@ -141,19 +144,17 @@ def fewest_loads(
     h.run()
     status = h.getModelStatus()
     if status == highspy.HighsModelStatus.kInfeasible:
-        return Bound(at_least=0, found=None, optimal=False, feasible=False)
+        return Bound(at_least=0, found=None, feasible=False)
     info = h.getInfo()
     if status not in (highspy.HighsModelStatus.kOptimal, highspy.HighsModelStatus.kTimeLimit):
         raise RuntimeError(f"HiGHS stopped without a bound: {h.modelStatusToString(status)}")
-    # Loads are whole: a dual bound of 33.2 proves 34.
+    # Loads are whole: a dual bound of 33.2 proves 34 (and HiGHS stops, optimal,
+    # within its gap of the schedule it found, which the ceiling then meets).
     at_least = max(0, math.ceil(info.mip_dual_bound - 1e-6))
     found = None
     if info.primal_solution_status == highspy.SolutionStatus.kSolutionStatusFeasible:
         found = round(info.objective_function_value)
-    optimal = status == highspy.HighsModelStatus.kOptimal
-    return Bound(
-        at_least=found if optimal and found is not None else at_least, found=found, optimal=optimal
-    )
+    return Bound(at_least=at_least, found=found)
 
 
 def mix_bound(
